@@ -1,0 +1,2 @@
+//! Dataplanes: what turns composed elements into kernel state.
+pub mod ebpf;

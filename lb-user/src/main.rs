@@ -1,0 +1,3 @@
+fn main() {
+    println!("lb: not built yet");
+}

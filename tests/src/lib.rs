@@ -1,0 +1,20 @@
+//! Shared helpers of the root-only tests: the root guard, packet builders, netns guards.
+
+/// Whether a root-only test may run. Off root it prints why and returns false so the test can
+/// return early; under `CI=true` (CI runs as root) an unprivileged run is a failure, never a
+/// silent pass.
+pub fn require_root(test: &str) -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    assert!(
+        !ci,
+        "{test}: needs root (BPF, netns), and CI=true forbids skipping it"
+    );
+    eprintln!("{test}: SKIPPED: needs root (BPF, netns); run `cargo xtask test` as root");
+    false
+}
+
+pub mod packet;
