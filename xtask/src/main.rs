@@ -304,7 +304,7 @@ fn output(cmd: &mut Command) -> Result<String> {
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    Ok(String::from_utf8(out.stdout).context("command output is not UTF-8")?)
+    String::from_utf8(out.stdout).context("command output is not UTF-8")
 }
 
 fn show(cmd: &Command) -> String {
