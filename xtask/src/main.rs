@@ -135,7 +135,47 @@ fn test(extra: &[String]) -> Result<()> {
             "xtask: not running as root: program-level and netns tests will say they are skipped"
         );
     }
-    run(cargo().args(["test", "--locked"]).args(extra))
+    // Doc-tests would close the run on a "0 passed" block; the crates have none to run.
+    let mut cmd = cargo();
+    cmd.args(["test", "--locked", "--all-targets", "--no-fail-fast"])
+        .args(extra);
+    let (passed, failed) = run_counting(&mut cmd)?;
+    println!("xtask test: {passed} passed, {failed} failed");
+    if failed > 0 {
+        bail!("{failed} tests failed");
+    }
+    Ok(())
+}
+
+/// Runs `cargo test`, passing its output through, and adds up its `test result:` lines so the
+/// run ends with one total rather than the last test binary's count.
+fn run_counting(cmd: &mut Command) -> Result<(u64, u64)> {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("failed to start {}", show(cmd)))?;
+    let (mut passed, mut failed) = (0, 0);
+    for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
+        let line = line.context("reading cargo test output")?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |what: &str| -> u64 {
+                rest.split(';')
+                    .filter_map(|part| part.trim().rsplit_once(' '))
+                    .find(|(_, name)| name.trim_end_matches('.') == what)
+                    .and_then(|(n, _)| n.rsplit(' ').next()?.parse().ok())
+                    .unwrap_or(0)
+            };
+            passed += count("passed");
+            failed += count("failed");
+        }
+    }
+    let status = child.wait().context("waiting for cargo test")?;
+    if !status.success() && failed == 0 {
+        bail!("{} failed ({status})", show(cmd));
+    }
+    Ok((passed, failed))
 }
 
 fn setup() -> Result<()> {
