@@ -18,13 +18,15 @@ pub const MAX_BACKENDS_PER_SET: u32 = BUCKETS;
 /// Capacity of the VIP and published-port service maps (entries per network).
 pub const MAX_SERVICES: u32 = 65536;
 /// Capacity of the backend-slot map: every slot of every live set plus the sets being swapped in.
-pub const MAX_BACKEND_SLOTS: u32 = 1 << 20;
+pub const MAX_BACKEND_SLOTS: u32 = 1 << 18;
 /// Capacity of the LRU connection table; each flow takes two entries (one per direction).
 pub const MAX_FLOWS: u32 = 1 << 18;
 /// Capacity of the node-local address set (what a published port answers on).
 pub const MAX_LOCAL_ADDRS: u32 = 1024;
 /// Slots in the per-CPU counter array: one per service and one per backend.
 pub const MAX_COUNTERS: u32 = 1 << 17;
+/// Capacity of the interface map (the network's interfaces, by ifindex).
+pub const MAX_IFACES: u32 = 64;
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
@@ -166,9 +168,9 @@ map_layout! {
         pub sport: u16,
         pub dport: u16,
         pub flags: u32,
-        /// Counter slot the flow's packets are accounted to (the backend's).
+        /// Counter slots the flow's packets are accounted to: its backend's and its service's.
         pub counter: u32,
-        pub _pad: u32,
+        pub service_counter: u32,
         /// `bpf_ktime_get_ns` of the last packet, for `lb conntrack`'s age and idle expiry.
         pub last_seen_ns: u64,
     }
@@ -182,10 +184,44 @@ map_layout! {
     }
 }
 
-/// [`Translation::flags`]: this entry is the reply direction of its flow.
-pub const FLOW_REPLY: u32 = 1 << 0;
-/// [`Translation::flags`]: the flow is masqueraded (its source was rewritten too).
+map_layout! {
+    /// The one value of the per-network config array.
+    pub struct Config {
+        /// One of the `MASQ_*` modes.
+        pub masquerade: u32,
+        pub flags: u32,
+    }
+}
+
+map_layout! {
+    /// Value of the interface map (keyed by ifindex): the address a masqueraded flow leaving by
+    /// this interface takes as its source.
+    pub struct Iface {
+        pub addr: u32,
+        pub flags: u32,
+    }
+}
+
+/// [`Config::masquerade`]: SNAT only hairpin flows (those that leave by the interface they came in on).
+pub const MASQ_AUTO: u32 = 0;
+/// [`Config::masquerade`]: SNAT every load-balanced flow (moby's `ct status dnat masquerade`).
+pub const MASQ_ALWAYS: u32 = 1;
+/// [`Config::masquerade`]: never SNAT; backends see the client's address.
+pub const MASQ_NEVER: u32 = 2;
+
+/// Source ports masqueraded flows are given: above the kernel's default ephemeral range
+/// (32768-60999), so they do not collide with the node's own connections.
+pub const MASQ_PORT_MIN: u16 = 61000;
+pub const MASQ_PORT_MAX: u16 = 65535;
+
+/// [`Translation::flags`]: the entry is applied on egress (it rewrites the source); entries
+/// without it are applied on ingress (they rewrite the destination). Keys of the two kinds
+/// never collide, but a reply's ingress lookup could otherwise find its egress entry.
+pub const FLOW_EGRESS: u32 = 1 << 0;
+/// [`Translation::flags`]: the entry belongs to a masqueraded flow.
 pub const FLOW_MASQ: u32 = 1 << 1;
+/// [`Translation::flags`]: the entry is the reply direction (backend → client) of its flow.
+pub const FLOW_REPLY: u32 = 1 << 2;
 
 #[cfg(test)]
 mod tests {

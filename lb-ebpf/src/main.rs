@@ -1,8 +1,16 @@
-//! Entry points of the `lb` dataplane. Each is one line that calls a `try_` function returning
-//! `Result`, so what a program does on an unexpected error is decided here and nowhere else:
-//! pass the packet to the stack, never drop traffic the balancer does not understand.
+//! Entry points of the `lb` dataplane; the journey of a packet is in [`nat`]. Each entry point
+//! is one line around a function returning `Option`: `None` means "not ours, or not
+//! translatable" and the packet goes on to the stack untouched. The balancer never drops
+//! traffic it does not understand.
 #![no_std]
 #![no_main]
+
+mod conntrack;
+mod csum;
+mod maps;
+mod nat;
+mod parse;
+mod stats;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, xdp_action},
@@ -10,35 +18,33 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 
+/// Ingress fast path (`attach xdp`): DNAT of new and tracked flows before an skb exists.
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
-    try_lb_xdp(&ctx).unwrap_or(xdp_action::XDP_PASS)
+    let _ = nat::ingress(&ctx);
+    xdp_action::XDP_PASS
 }
 
+/// Ingress (`attach tc`): the same path as [`lb_xdp`], on the skb.
 #[classifier]
 pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
-    try_lb_tc(&ctx).unwrap_or(TC_ACT_OK)
+    let _ = nat::ingress(&ctx);
+    TC_ACT_OK
 }
 
+/// Egress, always attached: reverse NAT of replies and masquerade.
 #[classifier]
 pub fn lb_tc_egress(ctx: TcContext) -> i32 {
-    try_lb_tc(&ctx).unwrap_or(TC_ACT_OK)
-}
-
-// The foundation passes every packet; the NAT dataplane fills these in.
-fn try_lb_xdp(_ctx: &XdpContext) -> Result<u32, ()> {
-    Ok(xdp_action::XDP_PASS)
-}
-
-fn try_lb_tc(_ctx: &TcContext) -> Result<i32, ()> {
-    Ok(TC_ACT_OK)
+    let _ = nat::egress(&ctx);
+    TC_ACT_OK
 }
 
 #[cfg(not(test))]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo) -> ! {
-    // The verifier rejects any path that could reach here; there is no unwinding in BPF.
-    loop {}
+    // No path the verifier accepts can reach a panic (there is no unwinding in BPF); telling
+    // the compiler so keeps the unreachable code out of the object.
+    unsafe { core::hint::unreachable_unchecked() }
 }
 
 #[unsafe(link_section = "license")]
