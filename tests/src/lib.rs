@@ -17,4 +17,6 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+pub mod netns;
 pub mod packet;
+pub mod traffic;

@@ -1,0 +1,380 @@
+//! Real TCP and UDP traffic inside test namespaces, std only.
+//!
+//! Sockets are created inside a namespace through [`Netns::run`] and keep that namespace for
+//! life, so the serving and asking threads themselves need not be in it. The wire protocol is
+//! one line per request, answered by one [`Reply`] line `"<backend> <peer_ip>:<peer_port>\n"`:
+//! which backend answered, and which client address it saw (the real client, or the node when
+//! lb masquerades).
+use std::fmt;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, ensure};
+
+use crate::netns::{Netns, Topology};
+
+/// The default for every client timeout: long enough for a first packet's ARP on a loaded
+/// 2-CPU VM, short enough that a broken dataplane fails a test instead of hanging it.
+pub const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What clients send; backends ignore the content and answer each line (or datagram).
+const REQUEST: &[u8] = b"hello\n";
+
+/// One backend answer: who answered and the client address it saw.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub backend: String,
+    pub peer: SocketAddrV4,
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.backend, self.peer)
+    }
+}
+
+impl FromStr for Reply {
+    type Err = anyhow::Error;
+
+    fn from_str(line: &str) -> Result<Reply> {
+        let (backend, peer) = line
+            .trim_end()
+            .split_once(' ')
+            .with_context(|| format!("not a backend reply: {line:?}"))?;
+        Ok(Reply {
+            backend: backend.to_owned(),
+            peer: peer
+                .parse()
+                .with_context(|| format!("bad peer in backend reply {line:?}"))?,
+        })
+    }
+}
+
+/// A TCP + UDP answering server in a backend namespace, listening on 0.0.0.0. Dropping it stops
+/// every thread it started and closes every socket, so the namespace can go away.
+pub struct Backend {
+    name: String,
+    listener: Arc<TcpListener>,
+    udp: Arc<UdpSocket>,
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+/// What the accept thread and `Drop` agree on. A connection is registered under the lock only
+/// while `stopping` is false, and `Drop` sets `stopping` before it takes the lock to shut the
+/// registered ones down: no connection escapes the shutdown.
+#[derive(Default)]
+struct Shared {
+    stopping: AtomicBool,
+    conns: Mutex<Vec<(TcpStream, JoinHandle<()>)>>,
+}
+
+impl Shared {
+    fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+}
+
+/// Starts a backend called `name` in `ns`, answering TCP on `tcp_port` (many lines per
+/// connection: a long-lived connection keeps getting answers) and UDP on `udp_port` (one answer
+/// per datagram).
+pub fn spawn_backend(ns: &Netns, name: &str, tcp_port: u16, udp_port: u16) -> Result<Backend> {
+    let any = Ipv4Addr::UNSPECIFIED;
+    let (listener, udp) = ns
+        .run(|| {
+            io::Result::Ok((
+                TcpListener::bind((any, tcp_port))?,
+                UdpSocket::bind((any, udp_port))?,
+            ))
+        })?
+        .with_context(|| {
+            format!(
+                "backend {name}: bind tcp/{tcp_port}, udp/{udp_port} in {}",
+                ns.name()
+            )
+        })?;
+    let (listener, udp) = (Arc::new(listener), Arc::new(udp));
+    let shared = Arc::new(Shared::default());
+    let mut backend = Backend {
+        name: name.to_owned(),
+        listener: listener.clone(),
+        udp: udp.clone(),
+        shared: shared.clone(),
+        threads: Vec::new(),
+    };
+    // Pushed one by one so that a failed second spawn still stops the first thread on drop.
+    let accept = {
+        let (name, shared) = (backend.name.clone(), shared.clone());
+        spawn(format!("{name}-tcp"), move || {
+            accept_loop(&name, &listener, &shared)
+        })?
+    };
+    backend.threads.push(accept);
+    let answer = {
+        let name = backend.name.clone();
+        spawn(format!("{name}-udp"), move || {
+            udp_loop(&name, &udp, &shared)
+        })?
+    };
+    backend.threads.push(answer);
+    Ok(backend)
+}
+
+/// One backend per namespace of `topo.backends`, named `b0`, `b1`, ...
+pub fn spawn_backends(topo: &Topology, tcp_port: u16, udp_port: u16) -> Result<Vec<Backend>> {
+    topo.backends
+        .iter()
+        .enumerate()
+        .map(|(i, ns)| spawn_backend(ns, &format!("b{i}"), tcp_port, udp_port))
+        .collect()
+}
+
+impl Backend {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    thread::Builder::new()
+        .name(name.clone())
+        .spawn(f)
+        .with_context(|| format!("spawn thread {name}"))
+}
+
+fn reply_line(name: &str, peer: SocketAddr) -> Option<String> {
+    match peer {
+        SocketAddr::V4(peer) => Some(format!(
+            "{}\n",
+            Reply {
+                backend: name.to_owned(),
+                peer
+            }
+        )),
+        SocketAddr::V6(_) => None,
+    }
+}
+
+fn accept_loop(name: &str, listener: &TcpListener, shared: &Shared) {
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionAborted | io::ErrorKind::Interrupted
+                ) && !shared.stopping() =>
+            {
+                continue;
+            }
+            Err(e) => {
+                if !shared.stopping() {
+                    eprintln!("lb-tests: backend {name}: accept: {e}");
+                }
+                return;
+            }
+        };
+        let mut conns = shared.conns.lock().unwrap();
+        if shared.stopping() {
+            return;
+        }
+        let Ok(handle) = stream.try_clone() else {
+            continue;
+        };
+        let conn_name = name.to_owned();
+        match spawn(format!("{name}-conn"), move || {
+            serve_tcp(&conn_name, stream)
+        }) {
+            Ok(thread) => {
+                conns.retain(|(_, t)| !t.is_finished());
+                conns.push((handle, thread));
+            }
+            Err(e) => eprintln!("lb-tests: backend {name}: {e:#}"),
+        }
+    }
+}
+
+fn serve_tcp(name: &str, stream: TcpStream) {
+    let Some(answer) = stream.peer_addr().ok().and_then(|p| reply_line(name, p)) else {
+        return;
+    };
+    let mut lines = BufReader::new(&stream);
+    let mut line = String::new();
+    // Ends at EOF, on any error, and when `Drop` shuts the socket down (read returns 0).
+    while matches!(lines.read_line(&mut line), Ok(n) if n > 0) {
+        if (&stream).write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+        line.clear();
+    }
+}
+
+fn udp_loop(name: &str, udp: &UdpSocket, shared: &Shared) {
+    let mut buf = [0u8; 2048];
+    while !shared.stopping() {
+        if let Ok((_, peer)) = udp.recv_from(&mut buf)
+            && let Some(answer) = reply_line(name, peer)
+            && !shared.stopping()
+        {
+            let _ = udp.send_to(answer.as_bytes(), peer);
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Linux wakes a thread blocked in accept(2) or recvfrom(2) when the socket is shut
+        // down (accept fails with EINVAL, recvfrom returns 0), even for a listening or an
+        // unconnected UDP socket, where shutdown itself reports ENOTCONN; so the threads end
+        // at once, without polling.
+        for fd in [self.listener.as_raw_fd(), self.udp.as_raw_fd()] {
+            // SAFETY: both fds stay open while `self` holds the sockets.
+            unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        }
+        let conns = std::mem::take(&mut *self.shared.conns.lock().unwrap());
+        for (stream, _) in &conns {
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        let conn_threads = conns.into_iter().map(|(_, thread)| thread);
+        for thread in self.threads.drain(..).chain(conn_threads) {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Adds what a timed-out or failed exchange needs to be diagnosed from the test log.
+fn exchange_error(
+    e: io::Error,
+    what: &str,
+    peer: SocketAddrV4,
+    timeout: Duration,
+) -> anyhow::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
+            anyhow!("{what} {peer}: no answer within {timeout:?}")
+        }
+        _ => anyhow!(e).context(format!("{what} {peer}")),
+    }
+}
+
+/// A TCP connection made from inside a namespace, asked many times: the flow (and so the
+/// backend lb picked for it) stays the same for its whole life.
+pub struct TcpSession {
+    lines: BufReader<TcpStream>,
+    peer: SocketAddrV4,
+    timeout: Duration,
+}
+
+impl TcpSession {
+    /// Connects from `ns` to `addr:port`; connect, every send and every read time out after
+    /// `timeout`.
+    pub fn connect(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<TcpSession> {
+        let peer = SocketAddrV4::new(addr, port);
+        let stream = ns
+            .run(|| TcpStream::connect_timeout(&peer.into(), timeout))?
+            .map_err(|e| {
+                exchange_error(
+                    e,
+                    &format!("tcp connect from {} to", ns.name()),
+                    peer,
+                    timeout,
+                )
+            })?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        Ok(TcpSession {
+            lines: BufReader::new(stream),
+            peer,
+            timeout,
+        })
+    }
+
+    /// Sends one request line and returns the answer line, without its newline.
+    pub fn ask(&mut self) -> Result<String> {
+        let (peer, timeout) = (self.peer, self.timeout);
+        self.lines
+            .get_ref()
+            .write_all(REQUEST)
+            .map_err(|e| exchange_error(e, "tcp send to", peer, timeout))?;
+        let mut line = String::new();
+        let n = self
+            .lines
+            .read_line(&mut line)
+            .map_err(|e| exchange_error(e, "tcp answer from", peer, timeout))?;
+        ensure!(n > 0, "tcp answer from {peer}: connection closed");
+        Ok(line.trim_end_matches('\n').to_owned())
+    }
+
+    /// The client's own address of this connection.
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.lines.get_ref().local_addr()?)
+    }
+}
+
+/// A UDP socket bound in a namespace (one source port for its whole life), asking one peer.
+pub struct UdpSession {
+    sock: UdpSocket,
+    peer: SocketAddrV4,
+    timeout: Duration,
+}
+
+impl UdpSession {
+    /// Binds an ephemeral port on 0.0.0.0 in `ns` for talking to `addr:port`.
+    pub fn connect(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<UdpSession> {
+        let sock = ns
+            .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))?
+            .with_context(|| format!("udp bind in {}", ns.name()))?;
+        sock.set_read_timeout(Some(timeout))?;
+        Ok(UdpSession {
+            sock,
+            peer: SocketAddrV4::new(addr, port),
+            timeout,
+        })
+    }
+
+    /// Sends one datagram and returns the answer, without its newline. No retry: a lost first
+    /// datagram is a dataplane bug to see, not to hide. The socket is unconnected, so that an
+    /// answer from the wrong source (a missing reverse translation) is reported as such instead
+    /// of being filtered by the kernel into a timeout.
+    pub fn ask(&mut self) -> Result<String> {
+        let (peer, timeout) = (self.peer, self.timeout);
+        self.sock
+            .send_to(REQUEST, peer)
+            .map_err(|e| exchange_error(e, "udp send to", peer, timeout))?;
+        let mut buf = [0u8; 2048];
+        let (n, from) = self
+            .sock
+            .recv_from(&mut buf)
+            .map_err(|e| exchange_error(e, "udp answer from", peer, timeout))?;
+        ensure!(
+            from == SocketAddr::V4(peer),
+            "udp answer for {peer} came from {from}: {:?}",
+            String::from_utf8_lossy(&buf[..n])
+        );
+        let answer = std::str::from_utf8(&buf[..n])
+            .with_context(|| format!("udp answer from {peer} is not UTF-8"))?;
+        Ok(answer.trim_end_matches('\n').to_owned())
+    }
+
+    /// The client's own address (0.0.0.0 and the bound port).
+    pub fn local_addr(&self) -> Result<SocketAddr> {
+        Ok(self.sock.local_addr()?)
+    }
+}
+
+/// One request on a fresh TCP connection from `ns` to `addr:port`: the answer line.
+pub fn tcp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
+    TcpSession::connect(ns, addr, port, timeout)?.ask()
+}
+
+/// One datagram from a fresh UDP port in `ns` to `addr:port`: the answer line.
+pub fn udp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
+    UdpSession::connect(ns, addr, port, timeout)?.ask()
+}
