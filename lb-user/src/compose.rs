@@ -1,1 +1,60 @@
-//! placeholder, being written
+//! Compose (moby `composeNFTLB`): fold every contribution of a network into one backend set
+//! per VIP and one per published port.
+//!
+//! A network's maps have one writer, and each VIP's and each published port's bucket space
+//! must be partitioned by whoever owns it: two generations of a service partitioning a shared
+//! port independently would claim overlapping buckets. So the sets are composed here, from
+//! every contribution at once, and partitioned once downstream ([`crate::elements`] and the
+//! dataplanes).
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use crate::model::Network;
+pub use crate::model::PortKey;
+
+/// The composed backend sets of one network. Every set is sorted and free of duplicates: its
+/// order is the slot order the buckets are partitioned in, so both dataplanes and
+/// `lb elements` agree bucket for bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Composed {
+    /// Every VIP a contribution claims, with the union of their enabled backends.
+    pub vips: BTreeMap<Ipv4Addr, Vec<Ipv4Addr>>,
+    /// Every published port key a contribution claims, with the union of their enabled
+    /// backends, each carrying the target port of the contribution it came from.
+    pub ports: BTreeMap<PortKey, Vec<(Ipv4Addr, u16)>>,
+}
+
+/// Composes `network`'s contributions.
+///
+/// As in moby, a contribution whose backends are all disabled still claims its VIP and its
+/// ports, with nothing added: the key exists with an empty set, so the VIP alias stays while
+/// the service exists and the set simply gets no elements. A removed contribution is absent
+/// from the network and so releases its share. Unlike moby (which appends), a backend that two
+/// generations share is one member of the union, not two, so it is not given double weight.
+pub fn compose(network: &Network) -> Composed {
+    let mut composed = Composed::default();
+    for service in &network.services {
+        let backends: Vec<Ipv4Addr> = service.enabled_backends().collect();
+        composed
+            .vips
+            .entry(service.vip)
+            .or_default()
+            .extend(&backends);
+        for port in &service.ports {
+            let target = port.target();
+            composed
+                .ports
+                .entry(port.key())
+                .or_default()
+                .extend(backends.iter().map(|&ip| (ip, target)));
+        }
+    }
+    composed.vips.values_mut().for_each(sort_dedup);
+    composed.ports.values_mut().for_each(sort_dedup);
+    composed
+}
+
+fn sort_dedup<T: Ord>(set: &mut Vec<T>) {
+    set.sort_unstable();
+    set.dedup();
+}

@@ -1,1 +1,184 @@
-//! placeholder, being written
+//! Element rendering (moby `nftLBNATElements` and the DSR real-server map): every composed set
+//! partitioned over the bucket space, in DESIGN.md's notation.
+//!
+//! This is the whole observable output of the load balancer's data plane, and it is the same
+//! for both dataplanes (the nftables one loads these elements, the eBPF one loads the same
+//! partition as slots), so it can be asserted without root, a namespace or an `nft` binary.
+//!
+//! Order: by map name, then by the structured key — VIP address, or published port (ports on
+//! every address first, then per host address; each by protocol number, then port number) —
+//! then by interval start, all compared as numbers, never as rendered text. So
+//! `10.0.0.5 . 0-32767` precedes `10.0.0.5 . 32768-65535`, `10.0.0.5` precedes `10.0.0.10` and
+//! port 80 precedes 443. Within a set, interval order is slot order, which is the set's sorted
+//! order, so the output is stable.
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use lb_common::{BUCKETS, bucket_interval};
+
+use crate::compose::{Composed, PortKey, compose};
+use crate::model::{Mode, Network};
+
+/// NAT map of VIP → backend (any port).
+pub const NAT_SERVICE_VIP: &str = "nat-service-vip";
+/// NAT map of published port → backend and target port.
+pub const NAT_PUBLISH_PORT: &str = "nat-publish-port";
+/// DSR map of VIP → backend whose MAC the packet is sent to.
+pub const REAL_SERVER: &str = "real-server";
+
+/// One map element: `{map} {key} : {value}`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Element {
+    pub map: &'static str,
+    pub key: String,
+    pub value: String,
+}
+
+impl fmt::Display for Element {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {} : {}", self.map, self.key, self.value)
+    }
+}
+
+/// An inclusive range `start-end` of buckets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Interval {
+    pub start: u32,
+    pub end: u32,
+}
+
+impl Interval {
+    pub fn contains(self, bucket: u32) -> bool {
+        self.start <= bucket && bucket <= self.end
+    }
+}
+
+impl fmt::Display for Interval {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.start, self.end)
+    }
+}
+
+impl FromStr for Interval {
+    type Err = String;
+
+    /// The rendered `start-end` form, as `nft list` prints it back.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || format!("invalid interval {s:?}: expected START-END");
+        let (start, end) = s.split_once('-').ok_or_else(bad)?;
+        let (start, end) = (
+            start.parse().map_err(|_| bad())?,
+            end.parse().map_err(|_| bad())?,
+        );
+        if start > end {
+            return Err(bad());
+        }
+        Ok(Interval { start, end })
+    }
+}
+
+/// moby's `EqualWeightIntervals`: the interval of `0..length` each value owns, in the order
+/// given, from [`lb_common::bucket_interval`] (the one partition rule the programs share).
+/// Values beyond `length` get none; no values, or `length` 0, yield nothing. The iterator is
+/// `Clone` and restartable: collecting it twice gives the same result.
+pub fn equal_weight_intervals<T>(
+    values: &[T],
+    length: u32,
+) -> impl Iterator<Item = (Interval, &T)> + Clone + '_ {
+    let n = u32::try_from(values.len()).unwrap_or(u32::MAX);
+    values.iter().zip(0..).map_while(move |(value, index)| {
+        let (start, end) = bucket_interval(index, n, length)?;
+        Some((Interval { start, end }, value))
+    })
+}
+
+/// The elements of the NAT maps: every VIP's and every published port's set.
+pub fn nat_elements(composed: &Composed) -> Vec<Element> {
+    elements(composed, Maps::Nat)
+}
+
+/// The elements of the DSR real-server map: every VIP's set.
+pub fn dsr_elements(composed: &Composed) -> Vec<Element> {
+    elements(composed, Maps::Dsr)
+}
+
+/// Everything `network` programs. A NAT network has the NAT maps; a DSR network has, as in
+/// moby, the NAT table as well as the real-server map (validation keeps its published-port
+/// map empty, so its NAT part is the VIP map alone).
+pub fn network_elements(network: &Network) -> Vec<Element> {
+    let maps = match network.mode {
+        Mode::Nat => Maps::Nat,
+        Mode::Dsr => Maps::Both,
+    };
+    elements(&compose(network), maps)
+}
+
+/// One element per line, each ending in a newline; nothing for no elements.
+pub fn render(elements: &[Element]) -> String {
+    elements.iter().map(|e| format!("{e}\n")).collect()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Maps {
+    Nat,
+    Dsr,
+    Both,
+}
+
+/// The key of one composed set, ordered structurally (see the module comment).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum SetKey {
+    Vip(Ipv4Addr),
+    Port(PortKey),
+}
+
+fn elements(composed: &Composed, maps: Maps) -> Vec<Element> {
+    let nat = maps != Maps::Dsr;
+    let dsr = maps != Maps::Nat;
+    let mut rows: Vec<(&'static str, SetKey, Interval, String)> = Vec::new();
+    for (&vip, backends) in &composed.vips {
+        for (interval, backend) in equal_weight_intervals(backends, BUCKETS) {
+            let value = backend.to_string();
+            if dsr {
+                rows.push((REAL_SERVER, SetKey::Vip(vip), interval, value.clone()));
+            }
+            if nat {
+                rows.push((NAT_SERVICE_VIP, SetKey::Vip(vip), interval, value));
+            }
+        }
+    }
+    if nat {
+        for (&key, backends) in &composed.ports {
+            for (interval, (ip, target)) in equal_weight_intervals(backends, BUCKETS) {
+                rows.push((
+                    NAT_PUBLISH_PORT,
+                    SetKey::Port(key),
+                    interval,
+                    format!("{ip} . {target}"),
+                ));
+            }
+        }
+    }
+    // (map, set, interval) is unique per element, so the value never decides the order.
+    rows.sort_unstable_by_key(|(map, set, interval, _)| (*map, *set, *interval));
+    rows.into_iter()
+        .map(|(map, set, interval, value)| Element {
+            map,
+            key: match set {
+                SetKey::Vip(vip) => format!("{vip} . {interval}"),
+                SetKey::Port(PortKey {
+                    host_ip: None,
+                    proto,
+                    port,
+                }) => format!("{proto} . {port} . {interval}"),
+                SetKey::Port(PortKey {
+                    host_ip: Some(host_ip),
+                    proto,
+                    port,
+                }) => format!("{host_ip} . {proto} . {port} . {interval}"),
+            },
+            value,
+        })
+        .collect()
+}
