@@ -20,3 +20,5 @@ pub fn require_root(test: &str) -> bool {
 pub mod netns;
 pub mod packet;
 pub mod traffic;
+
+pub mod bpffs;
