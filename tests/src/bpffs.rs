@@ -6,7 +6,7 @@ use std::{
     sync::atomic::{AtomicU32, Ordering},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{bail, Context as _, Result};
 
 const PREFIX: &str = "lbt-bpffs-";
 
@@ -29,7 +29,13 @@ impl Bpffs {
         let target = CString::new(path.as_os_str().as_encoded_bytes())?;
         // SAFETY: valid C strings; no data argument.
         let rc = unsafe {
-            libc::mount(c"bpf".as_ptr(), target.as_ptr(), c"bpf".as_ptr(), 0, std::ptr::null())
+            libc::mount(
+                c"bpf".as_ptr(),
+                target.as_ptr(),
+                c"bpf".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
         };
         if rc != 0 {
             let err = std::io::Error::last_os_error();
@@ -61,11 +67,17 @@ impl Drop for Bpffs {
 }
 
 fn stale_cleanup() {
-    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
     for entry in dir.flatten() {
         let name = entry.file_name();
-        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else { continue };
-        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
             unmount(&entry.path());
         }
