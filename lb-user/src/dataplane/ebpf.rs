@@ -633,6 +633,39 @@ pub fn detach_all(dir: &Path, ifnames: &[String], tc_mode: TcMode) -> Result<()>
     Ok(())
 }
 
+/// The system's bpffs mount point, which systemd mounts at boot on most distributions.
+const SYSTEM_BPFFS: &str = "/sys/fs/bpf";
+
+/// Makes sure pins under `dir` land on a bpffs: if `dir` lies under /sys/fs/bpf and nothing
+/// is mounted there yet, mounts it (as systemd would at boot); any other directory must
+/// already be on one.
+pub fn ensure_bpffs(dir: &Path) -> Result<()> {
+    if check_bpffs(dir).is_ok() {
+        return Ok(());
+    }
+    let system = Path::new(SYSTEM_BPFFS);
+    if dir.starts_with(system) && system.is_dir() {
+        // SAFETY: constant C strings; no data argument.
+        let rc = unsafe {
+            libc::mount(
+                c"bpf".as_ptr(),
+                c"/sys/fs/bpf".as_ptr(),
+                c"bpf".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            bail!(
+                "mounting a bpffs on {SYSTEM_BPFFS}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        tracing::info!("mounted a bpffs on {SYSTEM_BPFFS}");
+    }
+    check_bpffs(dir)
+}
+
 /// Fails with a clear message unless `dir` (or its nearest existing parent) is on a bpffs.
 pub fn check_bpffs(dir: &Path) -> Result<()> {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;

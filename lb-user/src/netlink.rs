@@ -1,0 +1,199 @@
+//! Interface addresses over rtnetlink, and running work inside a network's namespace.
+//!
+//! Contract: [`Netlink`] talks to the namespace of the thread that created it, so it is only
+//! made inside [`in_netns`], which gives every call a fresh thread that joined the namespace
+//! (setns changes only the calling thread; the caller's own thread, and the daemon's tokio
+//! workers, never leave the host namespace). The methods block; they own a private
+//! current-thread runtime, so they are safe to call from a thread that is not a tokio worker.
+use std::{
+    ffi::CString,
+    net::{IpAddr, Ipv4Addr},
+    os::fd::AsRawFd as _,
+    path::PathBuf,
+};
+
+use anyhow::{Context as _, Result, bail};
+use futures_util::TryStreamExt as _;
+use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+
+/// Runs `f` on a new thread that has joined network namespace `netns` (a name under
+/// /run/netns, or a path such as /proc/PID/ns/net); `None` runs it in the caller's namespace,
+/// still on a new thread so that it may block.
+pub fn in_netns<R, F>(netns: Option<&str>, f: F) -> Result<R>
+where
+    F: FnOnce() -> Result<R> + Send + 'static,
+    R: Send + 'static,
+{
+    let path = netns.map(netns_path);
+    let handle = std::thread::Builder::new()
+        .name("lb-netns".into())
+        .spawn(move || {
+            if let Some(path) = path {
+                let file = std::fs::File::open(&path)
+                    .with_context(|| format!("opening network namespace {}", path.display()))?;
+                // SAFETY: setns on an fd we own; it affects only this thread, which exits
+                // when `f` returns, so no other code ever runs in the joined namespace.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(std::io::Error::last_os_error())
+                        .with_context(|| format!("joining network namespace {}", path.display()));
+                }
+            }
+            f()
+        })
+        .context("spawning a thread for a network namespace")?;
+    match handle.join() {
+        Ok(r) => r,
+        Err(panic) => std::panic::resume_unwind(panic),
+    }
+}
+
+fn netns_path(netns: &str) -> PathBuf {
+    if netns.contains('/') {
+        PathBuf::from(netns)
+    } else {
+        PathBuf::from("/run/netns").join(netns)
+    }
+}
+
+/// A blocking rtnetlink client for the current thread's network namespace.
+pub struct Netlink {
+    rt: tokio::runtime::Runtime,
+    handle: rtnetlink::Handle,
+}
+
+/// A netlink NACK's errno (the kernel sends it negated), if the error is one.
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| -c.get()),
+        _ => None,
+    }
+}
+
+impl Netlink {
+    pub fn new() -> Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()
+            .context("starting a netlink runtime")?;
+        // The connection's socket is opened here, in the caller's (namespace's) thread.
+        let handle = rt.block_on(async {
+            let (conn, handle, _) =
+                rtnetlink::new_connection().context("opening a rtnetlink socket")?;
+            tokio::spawn(conn);
+            anyhow::Ok(handle)
+        })?;
+        Ok(Self { rt, handle })
+    }
+
+    /// The index of interface `ifname`, with an error naming it when it does not exist.
+    pub fn ifindex(&self, ifname: &str) -> Result<u32> {
+        let c = CString::new(ifname).with_context(|| format!("interface name {ifname:?}"))?;
+        // SAFETY: `c` is a valid NUL-terminated string for the duration of the call.
+        let index = unsafe { libc::if_nametoindex(c.as_ptr()) };
+        if index == 0 {
+            bail!("interface {ifname} does not exist");
+        }
+        Ok(index)
+    }
+
+    fn addr_messages(&self, index: Option<u32>) -> Result<Vec<AddressMessage>> {
+        self.rt.block_on(async {
+            let mut req = self.handle.address().get();
+            if let Some(index) = index {
+                req = req.set_link_index_filter(index);
+            }
+            req.execute()
+                .try_collect::<Vec<_>>()
+                .await
+                .context("listing addresses")
+        })
+    }
+
+    fn v4(msg: &AddressMessage) -> Option<(Ipv4Addr, u8)> {
+        // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer's on
+        // point-to-point links, so prefer the former.
+        let mut found = None;
+        for attr in &msg.attributes {
+            match attr {
+                AddressAttribute::Local(IpAddr::V4(a)) => return Some((*a, msg.header.prefix_len)),
+                AddressAttribute::Address(IpAddr::V4(a)) => {
+                    found = Some((*a, msg.header.prefix_len))
+                }
+                _ => {}
+            }
+        }
+        found
+    }
+
+    /// IPv4 addresses of `ifname` in the kernel's order (the primary one first).
+    pub fn ipv4_addrs(&self, ifname: &str) -> Result<Vec<(Ipv4Addr, u8)>> {
+        let index = self.ifindex(ifname)?;
+        Ok(self
+            .addr_messages(Some(index))?
+            .iter()
+            .filter_map(Self::v4)
+            .collect())
+    }
+
+    /// Every IPv4 address of every interface: the addresses published ports answer on.
+    pub fn all_local_ipv4(&self) -> Result<Vec<Ipv4Addr>> {
+        let mut all: Vec<Ipv4Addr> = self
+            .addr_messages(None)?
+            .iter()
+            .filter_map(Self::v4)
+            .map(|(a, _)| a)
+            .collect();
+        all.sort();
+        all.dedup();
+        Ok(all)
+    }
+
+    /// The /32 addresses on `ifname`: what [`Netlink::add_alias`] puts there.
+    pub fn aliases(&self, ifname: &str) -> Result<Vec<Ipv4Addr>> {
+        Ok(self
+            .ipv4_addrs(ifname)?
+            .into_iter()
+            .filter(|(_, p)| *p == 32)
+            .map(|(a, _)| a)
+            .collect())
+    }
+
+    /// Adds `vip/32` to `ifname`, so the node answers ARP for it and accepts its traffic.
+    /// Idempotent: an alias already present is success.
+    pub fn add_alias(&self, ifname: &str, vip: Ipv4Addr) -> Result<()> {
+        let index = self.ifindex(ifname)?;
+        let r = self.rt.block_on(
+            self.handle
+                .address()
+                .add(index, IpAddr::V4(vip), 32)
+                .execute(),
+        );
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
+            Err(e) => Err(anyhow::Error::new(e))
+                .with_context(|| format!("adding alias {vip}/32 to {ifname}")),
+        }
+    }
+
+    /// Removes `vip/32` from `ifname`. Idempotent: an alias already gone is success.
+    pub fn remove_alias(&self, ifname: &str, vip: Ipv4Addr) -> Result<()> {
+        let index = match self.ifindex(ifname) {
+            Ok(i) => i,
+            // The interface went away, and its addresses with it.
+            Err(_) => return Ok(()),
+        };
+        let msgs = self.addr_messages(Some(index))?;
+        for msg in msgs.into_iter().filter(|m| Self::v4(m) == Some((vip, 32))) {
+            match self.rt.block_on(self.handle.address().del(msg).execute()) {
+                Ok(()) => {}
+                Err(e) if errno(&e) == Some(libc::EADDRNOTAVAIL) => {}
+                Err(e) => {
+                    return Err(anyhow::Error::new(e))
+                        .with_context(|| format!("removing alias {vip}/32 from {ifname}"));
+                }
+            }
+        }
+        Ok(())
+    }
+}

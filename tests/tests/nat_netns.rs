@@ -1,0 +1,341 @@
+//! The NAT dataplane carrying real traffic: client → node → 4 backends behind a bridge, the
+//! programs attached to the node's interfaces by the same library call `lb load` makes.
+//! Root only.
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    netns::Topology,
+    require_root,
+    traffic::{Reply, TIMEOUT, TcpSession, spawn_backends, tcp_request, udp_request},
+};
+use lb_user::{
+    dataplane::ebpf::TcMode,
+    model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
+    oneshot,
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const TCP_PORT: u16 = 8080;
+const UDP_PORT: u16 = 8081;
+const PUBLISHED: u16 = 18080;
+
+fn network(topo: &Topology, name: &str, attach: Attach, backends: &[Backend]) -> Network {
+    Network {
+        name: name.into(),
+        interfaces: topo.node_ifaces.clone(),
+        netns: Some(topo.node.name().into()),
+        mode: Mode::Nat,
+        attach,
+        masquerade: Masquerade::Never,
+        services: vec![Service {
+            id: "web".into(),
+            generation: "1".into(),
+            vip: VIP,
+            backends: backends.to_vec(),
+            ports: vec![PortConfig {
+                proto: Proto::Tcp,
+                published: PUBLISHED,
+                target: Some(TCP_PORT),
+                host_ip: None,
+            }],
+        }],
+    }
+}
+
+fn all(topo: &Topology) -> Vec<Backend> {
+    topo.backend_ips
+        .iter()
+        .map(|ip| Backend {
+            ip: *ip,
+            disabled: false,
+        })
+        .collect()
+}
+
+fn ask_tcp(topo: &Topology, addr: Ipv4Addr, port: u16) -> Reply {
+    tcp_request(&topo.client, addr, port, TIMEOUT)
+        .unwrap_or_else(|e| panic!("tcp {addr}:{port}: {e:#}"))
+        .parse()
+        .unwrap()
+}
+
+/// VIP over TCP and UDP, and the published port with its target rewrite, each reaching every
+/// backend, each backend seeing the client's own address, replies coming back from the
+/// address the client spoke to (a reply from the wrong source is reported, not accepted).
+fn vip_and_published_port(attach: Attach, offload: bool, name: &str) {
+    let topo = Topology::new(4).unwrap();
+    topo.set_tx_checksum(offload).unwrap();
+    let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let net = network(&topo, name, attach, &all(&topo));
+    oneshot::apply_network(&net, bpffs.path(), TcMode::detect()).expect("apply");
+
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..60 {
+        let r = ask_tcp(&topo, VIP, TCP_PORT);
+        assert_eq!(
+            *r.peer.ip(),
+            topo.client_ip,
+            "backend must see the real client"
+        );
+        *seen.entry(r.backend).or_default() += 1;
+    }
+    assert_eq!(
+        seen.len(),
+        4,
+        "60 connections over 4 backends reach all of them: {seen:?}"
+    );
+
+    for _ in 0..10 {
+        let udp: Reply = udp_request(&topo.client, VIP, UDP_PORT, TIMEOUT)
+            .expect("udp via VIP")
+            .parse()
+            .unwrap();
+        assert_eq!(*udp.peer.ip(), topo.client_ip);
+    }
+
+    let r = ask_tcp(&topo, topo.node_ip, PUBLISHED);
+    assert_eq!(*r.peer.ip(), topo.client_ip);
+    // The published port answers on the node's own addresses only.
+    assert!(
+        tcp_request(
+            &topo.client,
+            Ipv4Addr::new(10, 10, 0, 99),
+            PUBLISHED,
+            Duration::from_millis(300)
+        )
+        .is_err()
+    );
+
+    let dump = bpftool_flows(&bpffs, name);
+    assert!(
+        dump.contains(&client_bytes(&topo)),
+        "bpftool shows the client's flows:\n{dump}"
+    );
+    println!(
+        "{name}: offload {offload}: VIP spread {seen:?}; published port answered by {}",
+        r.backend
+    );
+}
+
+/// `bpftool map dump pinned …/lb_flows`, as an operator would read the conntrack entries.
+fn bpftool_flows(bpffs: &Bpffs, network: &str) -> String {
+    let path = bpffs.path().join(network).join("lb_flows");
+    let out = std::process::Command::new("bpftool")
+        .args(["map", "dump", "pinned"])
+        .arg(&path)
+        .output()
+        .expect("bpftool runs");
+    assert!(
+        out.status.success(),
+        "bpftool: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// How bpftool prints a flow key that starts with the client's address (the maps carry no
+/// BTF, so keys are hex bytes).
+fn client_bytes(topo: &Topology) -> String {
+    let octets: Vec<String> = topo
+        .client_ip
+        .octets()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("key:\n{}", octets.join(" "))
+}
+
+#[test]
+fn tc_vip_and_published_port_with_offload() {
+    if require_root("tc_vip_and_published_port_with_offload") {
+        vip_and_published_port(Attach::Tc, true, "tcon");
+    }
+}
+
+#[test]
+fn tc_vip_and_published_port_without_offload() {
+    if require_root("tc_vip_and_published_port_without_offload") {
+        vip_and_published_port(Attach::Tc, false, "tcoff");
+    }
+}
+
+#[test]
+fn xdp_vip_and_published_port_with_offload() {
+    if require_root("xdp_vip_and_published_port_with_offload") {
+        vip_and_published_port(Attach::Xdp, true, "xdpon");
+    }
+}
+
+#[test]
+fn xdp_vip_and_published_port_without_offload() {
+    if require_root("xdp_vip_and_published_port_without_offload") {
+        vip_and_published_port(Attach::Xdp, false, "xdpoff");
+    }
+}
+
+/// 4000 new connections over 4 backends: the counts fit a uniform distribution (χ², 3 degrees
+/// of freedom, rejected at p = 0.001 above 16.266).
+fn chi_square(attach: Attach, name: &str) {
+    let topo = Topology::new(4).unwrap();
+    let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    oneshot::apply_network(
+        &network(&topo, name, attach, &all(&topo)),
+        bpffs.path(),
+        TcMode::detect(),
+    )
+    .expect("apply");
+    let mut counts: BTreeMap<String, f64> = BTreeMap::new();
+    const N: usize = 4000;
+    for _ in 0..N {
+        *counts
+            .entry(ask_tcp(&topo, VIP, TCP_PORT).backend)
+            .or_default() += 1.0;
+    }
+    let expected = N as f64 / 4.0;
+    let chi2: f64 = counts
+        .values()
+        .map(|o| (o - expected).powi(2) / expected)
+        .sum();
+    println!("{name}: {counts:?} chi2 = {chi2:.2}");
+    assert_eq!(counts.len(), 4);
+    assert!(
+        chi2 < 16.266,
+        "χ² = {chi2:.2} rejects uniformity at p = 0.001: {counts:?}"
+    );
+}
+
+#[test]
+fn tc_4000_connections_spread_uniformly() {
+    if require_root("tc_4000_connections_spread_uniformly") {
+        chi_square(Attach::Tc, "chitc");
+    }
+}
+
+#[test]
+fn xdp_4000_connections_spread_uniformly() {
+    if require_root("xdp_4000_connections_spread_uniformly") {
+        chi_square(Attach::Xdp, "chixdp");
+    }
+}
+
+/// moby's LB sandbox: one interface, backends that do not route via the node. Only with
+/// masquerade `always` do their replies come back through lb; the backend sees the node.
+fn single_interface_masquerade_always(attach: Attach, name: &str) {
+    let topo = Topology::single_interface(4).unwrap();
+    let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut net = network(&topo, name, attach, &all(&topo));
+    net.masquerade = Masquerade::Always;
+    oneshot::apply_network(&net, bpffs.path(), TcMode::detect()).expect("apply");
+    let mut seen = BTreeMap::<String, usize>::new();
+    for _ in 0..40 {
+        let r = ask_tcp(&topo, VIP, TCP_PORT);
+        assert_eq!(
+            *r.peer.ip(),
+            topo.node_ip,
+            "masqueraded to the node's address"
+        );
+        *seen.entry(r.backend).or_default() += 1;
+    }
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    let udp: Reply = udp_request(&topo.client, VIP, UDP_PORT, TIMEOUT)
+        .expect("udp")
+        .parse()
+        .unwrap();
+    assert_eq!(*udp.peer.ip(), topo.node_ip);
+}
+
+#[test]
+fn tc_single_interface_sandbox_with_masquerade_always() {
+    if require_root("tc_single_interface_sandbox_with_masquerade_always") {
+        single_interface_masquerade_always(Attach::Tc, "sbtc");
+    }
+}
+
+#[test]
+fn xdp_single_interface_sandbox_with_masquerade_always() {
+    if require_root("xdp_single_interface_sandbox_with_masquerade_always") {
+        single_interface_masquerade_always(Attach::Xdp, "sbxdp");
+    }
+}
+
+/// A backend reaching its own VIP (masquerade `auto`): the flow leaves by the interface it
+/// came in on, so it is masqueraded, and the answer comes back from the VIP.
+fn hairpin(attach: Attach, name: &str) {
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut net = network(&topo, name, attach, &all(&topo));
+    net.masquerade = Masquerade::Auto;
+    oneshot::apply_network(&net, bpffs.path(), TcMode::detect()).expect("apply");
+    let mut seen = BTreeMap::<String, usize>::new();
+    for _ in 0..30 {
+        let r: Reply = tcp_request(&topo.backends[0], VIP, TCP_PORT, TIMEOUT)
+            .expect("backend 0 reaches its own VIP")
+            .parse()
+            .unwrap();
+        assert_eq!(*r.peer.ip(), topo.node_backend_ip, "hairpin is masqueraded");
+        *seen.entry(r.backend).or_default() += 1;
+    }
+    assert!(
+        seen.contains_key("b0"),
+        "b0 reached itself through the VIP: {seen:?}"
+    );
+}
+
+#[test]
+fn tc_hairpin_from_a_backend_to_its_own_vip() {
+    if require_root("tc_hairpin_from_a_backend_to_its_own_vip") {
+        hairpin(Attach::Tc, "hptc");
+    }
+}
+
+#[test]
+fn xdp_hairpin_from_a_backend_to_its_own_vip() {
+    if require_root("xdp_hairpin_from_a_backend_to_its_own_vip") {
+        hairpin(Attach::Xdp, "hpxdp");
+    }
+}
+
+/// Graceful drain: a connection keeps its backend after that backend is disabled, while new
+/// connections avoid it.
+#[test]
+fn disabled_backend_keeps_its_connection_and_gets_no_new_ones() {
+    if !require_root("disabled_backend_keeps_its_connection_and_gets_no_new_ones") {
+        return;
+    }
+    let topo = Topology::new(4).unwrap();
+    let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut net = network(&topo, "drain", Attach::Tc, &all(&topo));
+    oneshot::apply_network(&net, bpffs.path(), TcMode::detect()).expect("apply");
+
+    let mut long = TcpSession::connect(&topo.client, VIP, TCP_PORT, TIMEOUT).unwrap();
+    let first: Reply = long.ask().unwrap().parse().unwrap();
+    // spawn_backends names backend i "b{i}".
+    let drained = first.backend.clone();
+    let drained_ip = topo.backend_ips[drained.trim_start_matches('b').parse::<usize>().unwrap()];
+    for b in &mut net.services[0].backends {
+        b.disabled = b.ip == drained_ip;
+    }
+    oneshot::apply_network(&net, bpffs.path(), TcMode::detect()).expect("re-apply");
+
+    for _ in 0..5 {
+        let again: Reply = long
+            .ask()
+            .expect("the long-lived connection still works")
+            .parse()
+            .unwrap();
+        assert_eq!(again.backend, drained);
+    }
+    for _ in 0..30 {
+        let r = ask_tcp(&topo, VIP, TCP_PORT);
+        assert_ne!(
+            r.backend, drained,
+            "a new connection reached the disabled backend"
+        );
+    }
+}
