@@ -321,10 +321,12 @@ pub struct ValidationError {
 /// offending value), or it parsed and is not valid.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("{}{source}", if path.is_empty() { String::new() } else { format!("{path}: ") })]
+    // Not `source`: the message already carries serde's, and a source would repeat it in
+    // every `{:#}` chain.
+    #[error("{}{cause}", if path.is_empty() { String::new() } else { format!("{path}: ") })]
     Parse {
         path: String,
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// serde would read a JSON array as a struct's fields in order, so `[]` would parse as
     /// the empty state and `lb apply` would wipe everything: only an object is a state.
@@ -341,7 +343,7 @@ impl DesiredState {
         if !json.trim_start().starts_with('{') && !json.trim().is_empty() {
             return Err(StateError::NotAnObject);
         }
-        let parse = |path: String, source| StateError::Parse { path, source };
+        let parse = |path: String, cause| StateError::Parse { path, cause };
         let mut de = serde_json::Deserializer::from_str(json);
         let state: Self = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();

@@ -51,6 +51,25 @@ fn ip() -> Command {
     Command::new("ip")
 }
 
+/// `ip netns add NAME`, serialised across every process of the machine. The first `ip netns
+/// add` after /run/netns lost its mount makes it a mount point by bind-mounting it on itself;
+/// a concurrent add whose file was created just before that mount finds it hidden and fails
+/// with "Bind /proc/self/ns/net -> /run/netns/NAME failed: No such file or directory".
+pub fn add_netns(name: &str) -> Result<()> {
+    use std::os::fd::AsRawFd as _;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/run/lbt-netns-add.lock")
+        .context("opening /run/lbt-netns-add.lock")?;
+    // SAFETY: flock on an fd we own; the lock goes with the file when it is dropped.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error()).context("locking /run/lbt-netns-add.lock");
+    }
+    output(ip().args(["netns", "add", name])).map(drop)
+}
+
 /// Deletes the named namespace. Idempotent: a name that is already gone (a concurrent
 /// stale cleanup, a test that deleted it itself) counts as deleted.
 fn delete(name: &str) -> Result<()> {
@@ -99,7 +118,7 @@ impl Netns {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
-        output(ip().args(["netns", "add", &name]))?;
+        add_netns(&name)?;
         // From here on the guard owns the namespace: a failed setup still deletes it.
         let ns = Netns { name };
         ns.ip(["link", "set", "lo", "up"])?;

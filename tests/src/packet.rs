@@ -41,8 +41,18 @@ pub struct Ipv4Packet {
     pub sport: u16,
     pub dport: u16,
     pub ttl: u8,
+    /// IP options (a multiple of 4 bytes), between the fixed header and L4.
+    pub options: Vec<u8>,
+    /// The flags + fragment offset field (DF by default).
+    pub frag: u16,
+    /// Stores this L4 checksum instead of the computed one (e.g. `Some(0)`: UDP without one).
+    pub l4_csum: Option<u16>,
     pub payload: Vec<u8>,
 }
+
+/// SCTP's CRC32c is not computed by the builder: the programs must carry it untouched (it
+/// covers neither addresses nor a pseudo-header), which a fixed marker shows best.
+pub const SCTP_CRC_MARKER: [u8; 4] = [0xde, 0xad, 0xbe, 0xef];
 
 impl Ipv4Packet {
     pub fn tcp(saddr: Ipv4Addr, sport: u16, daddr: Ipv4Addr, dport: u16) -> Self {
@@ -55,7 +65,37 @@ impl Ipv4Packet {
             sport,
             dport,
             ttl: 64,
+            options: Vec::new(),
+            frag: 0x4000,
+            l4_csum: None,
             payload: b"hello".to_vec(),
+        }
+    }
+
+    pub fn udp(saddr: Ipv4Addr, sport: u16, daddr: Ipv4Addr, dport: u16) -> Self {
+        Self {
+            proto: 17,
+            ..Self::tcp(saddr, sport, daddr, dport)
+        }
+    }
+
+    pub fn sctp(saddr: Ipv4Addr, sport: u16, daddr: Ipv4Addr, dport: u16) -> Self {
+        Self {
+            proto: 132,
+            ..Self::tcp(saddr, sport, daddr, dport)
+        }
+    }
+
+    /// The same packet in the other direction (addresses, ports and MACs swapped).
+    pub fn reply(&self) -> Self {
+        Self {
+            src_mac: self.dst_mac,
+            dst_mac: self.src_mac,
+            saddr: self.daddr,
+            daddr: self.saddr,
+            sport: self.dport,
+            dport: self.sport,
+            ..self.clone()
         }
     }
 
@@ -83,29 +123,184 @@ impl Ipv4Packet {
                 h.extend(&self.payload);
                 h
             }
+            132 => {
+                let mut h = Vec::with_capacity(12 + self.payload.len());
+                h.extend(self.sport.to_be_bytes());
+                h.extend(self.dport.to_be_bytes());
+                h.extend(0x0102_0304u32.to_be_bytes()); // verification tag
+                h.extend(SCTP_CRC_MARKER);
+                h.extend(&self.payload);
+                h
+            }
             p => panic!("builder does not know protocol {p}"),
         };
-        let mut frame = Vec::with_capacity(14 + 20 + l4.len());
-        frame.extend(self.dst_mac);
-        frame.extend(self.src_mac);
-        frame.extend(ETH_P_IP.to_be_bytes());
-        let total = (20 + l4.len()) as u16;
-        let mut ip = vec![0x45, 0];
-        ip.extend(total.to_be_bytes());
-        ip.extend([0x12, 0x34, 0x40, 0x00]); // id, DF
-        ip.extend([self.ttl, self.proto, 0, 0]);
-        ip.extend(self.saddr.octets());
-        ip.extend(self.daddr.octets());
-        let c = checksum(&ip);
-        ip[10..12].copy_from_slice(&c.to_be_bytes());
-        frame.extend(&ip);
+        assert!(self.options.len().is_multiple_of(4) && self.options.len() <= 40);
+        let mut frame = eth_header(self.dst_mac, self.src_mac, ETH_P_IP);
+        frame.extend(ipv4_header(
+            self.saddr,
+            self.daddr,
+            self.proto,
+            self.ttl,
+            self.frag,
+            &self.options,
+            l4.len(),
+        ));
         let l4_off = frame.len();
         frame.extend(&l4);
-        let csum_at = l4_off + if self.proto == 6 { 16 } else { 6 };
-        let c = l4_checksum(&frame[14..]);
-        frame[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+        if let Some(at) = l4_csum_offset(self.proto) {
+            let c = self.l4_csum.unwrap_or_else(|| l4_checksum(&frame[14..]));
+            frame[l4_off + at..l4_off + at + 2].copy_from_slice(&c.to_be_bytes());
+        }
         frame
     }
+}
+
+fn eth_header(dst: [u8; 6], src: [u8; 6], ethertype: u16) -> Vec<u8> {
+    let mut frame = Vec::with_capacity(128);
+    frame.extend(dst);
+    frame.extend(src);
+    frame.extend(ethertype.to_be_bytes());
+    frame
+}
+
+fn ipv4_header(
+    saddr: Ipv4Addr,
+    daddr: Ipv4Addr,
+    proto: u8,
+    ttl: u8,
+    frag: u16,
+    options: &[u8],
+    l4_len: usize,
+) -> Vec<u8> {
+    let ihl = (20 + options.len()) / 4;
+    let total = (ihl * 4 + l4_len) as u16;
+    let mut ip = vec![0x40 | ihl as u8, 0];
+    ip.extend(total.to_be_bytes());
+    ip.extend([0x12, 0x34]); // id
+    ip.extend(frag.to_be_bytes());
+    ip.extend([ttl, proto, 0, 0]);
+    ip.extend(saddr.octets());
+    ip.extend(daddr.octets());
+    ip.extend(options);
+    let c = checksum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    ip
+}
+
+/// Where the checksum sits in a TCP or UDP header (SCTP and ICMP are not pseudo-header sums).
+fn l4_csum_offset(proto: u8) -> Option<usize> {
+    match proto {
+        6 => Some(16),
+        17 => Some(6),
+        _ => None,
+    }
+}
+
+/// An ICMP error (`icmp_type`/`code`, the 4 bytes after the checksum in `rest`) from `saddr`
+/// to `daddr`, quoting the first 28 bytes of the IPv4 packet `quoted` (header + 8 bytes, as
+/// RFC 792 asks at least).
+pub fn icmp_error(
+    saddr: Ipv4Addr,
+    daddr: Ipv4Addr,
+    icmp_type: u8,
+    code: u8,
+    rest: u32,
+    quoted: &[u8],
+) -> Vec<u8> {
+    let ihl = usize::from(quoted[0] & 0x0f) * 4;
+    let quote = &quoted[..(ihl + 8).min(quoted.len())];
+    let mut icmp = vec![icmp_type, code, 0, 0];
+    icmp.extend(rest.to_be_bytes());
+    icmp.extend(quote);
+    let c = checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut frame = eth_header([0x02, 0, 0, 0, 0, 0x02], [0x02, 0, 0, 0, 0, 0x01], ETH_P_IP);
+    frame.extend(ipv4_header(saddr, daddr, 1, 64, 0, &[], icmp.len()));
+    frame.extend(icmp);
+    frame
+}
+
+/// An ARP request (who has `target`? tell `sender`).
+pub fn arp_request(sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
+    let mut frame = eth_header([0xff; 6], [0x02, 0, 0, 0, 0, 0x01], 0x0806);
+    frame.extend([0, 1, 0x08, 0, 6, 4, 0, 1]);
+    frame.extend([0x02, 0, 0, 0, 0, 0x01]);
+    frame.extend(sender.octets());
+    frame.extend([0; 6]);
+    frame.extend(target.octets());
+    frame
+}
+
+/// An IPv6 TCP SYN (the programs are IPv4-only and must pass it untouched).
+pub fn ipv6_tcp_syn(dport: u16) -> Vec<u8> {
+    let mut frame = eth_header([0x02, 0, 0, 0, 0, 0x02], [0x02, 0, 0, 0, 0, 0x01], 0x86dd);
+    frame.extend([0x60, 0, 0, 0, 0, 20, 6, 64]);
+    frame.extend(std::iter::repeat_n(0xfd, 16));
+    frame.extend(std::iter::repeat_n(0xfe, 16));
+    frame.extend(40000u16.to_be_bytes());
+    frame.extend(dport.to_be_bytes());
+    frame.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xfa, 0xf0, 0, 0, 0, 0]);
+    frame
+}
+
+/// The IPv4 packet of an Ethernet frame.
+pub fn ip_of(frame: &[u8]) -> &[u8] {
+    &frame[14..]
+}
+
+/// The folded, non-inverted pseudo-header sum of `ip`'s L4 segment: what a sender with
+/// checksum offload leaves in the TCP/UDP checksum field (CHECKSUM_PARTIAL) for the device.
+pub fn pseudo_seed(ip: &[u8]) -> u16 {
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let mut pseudo = Vec::with_capacity(12);
+    pseudo.extend(&ip[12..20]);
+    pseudo.extend([0, ip[9]]);
+    pseudo.extend(((total - ihl) as u16).to_be_bytes());
+    fold(sum16(&pseudo, 0))
+}
+
+/// Checks every checksum of an IPv4 frame from scratch: the IP header's, TCP/UDP's over the
+/// pseudo-header (a UDP 0 means "none" and passes), ICMP's over the whole message and, in an
+/// ICMP error, the quoted IP header's.
+pub fn verify(frame: &[u8]) -> Result<(), String> {
+    let ip = ip_of(frame);
+    let ihl = usize::from(ip[0] & 0x0f) * 4;
+    if checksum(&ip[..ihl]) != 0 {
+        return Err(format!(
+            "IP header checksum {:#06x} is wrong",
+            u16::from_be_bytes([ip[10], ip[11]])
+        ));
+    }
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let seg = &ip[ihl..total];
+    match ip[9] {
+        p @ (6 | 17) => {
+            let at = l4_csum_offset(p).unwrap();
+            let stored = u16::from_be_bytes([seg[at], seg[at + 1]]);
+            if p == 17 && stored == 0 {
+                return Ok(());
+            }
+            let want = l4_checksum(ip);
+            if stored != want {
+                return Err(format!("L4 checksum {stored:#06x}, should be {want:#06x}"));
+            }
+        }
+        1 => {
+            if checksum(seg) != 0 {
+                return Err("ICMP checksum is wrong".into());
+            }
+            if matches!(seg[0], 3 | 11 | 12) {
+                let quoted = &seg[8..];
+                let qihl = usize::from(quoted[0] & 0x0f) * 4;
+                if checksum(&quoted[..qihl]) != 0 {
+                    return Err("quoted IP header checksum is wrong".into());
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// The TCP/UDP checksum of the L4 segment of `ip` (an IPv4 packet without options or with),

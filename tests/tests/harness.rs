@@ -246,11 +246,7 @@ fn stale_cleanup_removes_namespaces_of_dead_runs_only() {
     let dead = child.id();
     child.wait().unwrap();
     let stale = format!("lbt-{dead}-0-stale");
-    let out = Command::new("ip")
-        .args(["netns", "add", &stale])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
+    lb_tests::netns::add_netns(&stale).unwrap();
     let mine = Netns::new("live").unwrap();
 
     let removed = Netns::stale_cleanup().unwrap();

@@ -302,15 +302,11 @@ fn xdp_hairpin_from_a_backend_to_its_own_vip() {
 
 /// Graceful drain: a connection keeps its backend after that backend is disabled, while new
 /// connections avoid it.
-#[test]
-fn disabled_backend_keeps_its_connection_and_gets_no_new_ones() {
-    if !require_root("disabled_backend_keeps_its_connection_and_gets_no_new_ones") {
-        return;
-    }
+fn drain(attach: Attach, name: &str) {
     let topo = Topology::new(4).unwrap();
     let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let mut net = network(&topo, "drain", Attach::Tc, &all(&topo));
+    let mut net = network(&topo, name, attach, &all(&topo));
     oneshot::apply_network(&net, bpffs.path(), TcMode::detect()).expect("apply");
 
     let mut long = TcpSession::connect(&topo.client, VIP, TCP_PORT, TIMEOUT).unwrap();
@@ -337,5 +333,19 @@ fn disabled_backend_keeps_its_connection_and_gets_no_new_ones() {
             r.backend, drained,
             "a new connection reached the disabled backend"
         );
+    }
+}
+
+#[test]
+fn tc_disabled_backend_keeps_its_connection_and_gets_no_new_ones() {
+    if require_root("tc_disabled_backend_keeps_its_connection_and_gets_no_new_ones") {
+        drain(Attach::Tc, "draintc");
+    }
+}
+
+#[test]
+fn xdp_disabled_backend_keeps_its_connection_and_gets_no_new_ones() {
+    if require_root("xdp_disabled_backend_keeps_its_connection_and_gets_no_new_ones") {
+        drain(Attach::Xdp, "drainxdp");
     }
 }

@@ -1,0 +1,215 @@
+//! `lb load` / `lb unload`, the real binary against a netns topology: what an operator runs.
+//! Root only.
+use std::{net::Ipv4Addr, path::Path, process::Command, time::Duration};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    netns::Topology,
+    require_root,
+    traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
+};
+use lb_user::model::{
+    Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const PORT: u16 = 8080;
+
+fn lb(args: &[&str], bpffs: &Path, state_dir: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_lb"))
+        .args(args)
+        .arg("--bpffs")
+        .arg(bpffs)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .output()
+        .expect("lb runs")
+}
+
+fn state(topo: &Topology, attach: Attach) -> DesiredState {
+    DesiredState {
+        networks: vec![Network {
+            name: "cli".into(),
+            interfaces: topo.node_ifaces.clone(),
+            netns: Some(topo.node.name().into()),
+            mode: Mode::Nat,
+            attach,
+            masquerade: Masquerade::Auto,
+            services: vec![Service {
+                id: "web".into(),
+                generation: "1".into(),
+                vip: VIP,
+                backends: topo
+                    .backend_ips
+                    .iter()
+                    .map(|ip| Backend {
+                        ip: *ip,
+                        disabled: false,
+                    })
+                    .collect(),
+                ports: vec![PortConfig {
+                    proto: Proto::Tcp,
+                    published: 18080,
+                    target: Some(PORT),
+                    host_ip: None,
+                }],
+            }],
+        }],
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `tc`: the `--tc` choice (`auto` picks TCX on this kernel; `netlink` forces clsact filters).
+fn load_serve_unload(attach: Attach, tc: &str) {
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let work = tempdir();
+    let file = work.join("state.json");
+    std::fs::write(&file, state(&topo, attach).to_json()).unwrap();
+    let file_arg = file.to_str().unwrap();
+
+    let out = lb(
+        &["load", "--state", file_arg, "--tc", tc],
+        bpffs.path(),
+        &work,
+    );
+    assert!(out.status.success(), "lb load: {}", text(&out.stderr));
+    let said = text(&out.stdout);
+    println!("lb load printed: {said}");
+    assert!(said.starts_with("cli: loaded"), "{said}");
+    let aliases = topo
+        .node
+        .ip(["-4", "-o", "addr", "show", "dev", &topo.node_ifaces[0]])
+        .unwrap();
+    assert!(
+        aliases.contains("10.99.0.10/32"),
+        "VIP alias added: {aliases}"
+    );
+    if tc == "netlink" {
+        let filters = topo
+            .node
+            .exec([
+                "tc",
+                "filter",
+                "show",
+                "dev",
+                &topo.node_ifaces[0],
+                "egress",
+            ])
+            .unwrap();
+        assert!(
+            filters.contains("lb_tc_egress"),
+            "a clsact filter: {filters}"
+        );
+    }
+    for addr in [VIP, topo.node_ip] {
+        let port = if addr == VIP { PORT } else { 18080 };
+        let r: Reply = tcp_request(&topo.client, addr, port, TIMEOUT)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(*r.peer.ip(), topo.client_ip);
+    }
+
+    // The same file again: everything adopted, nothing rewritten.
+    let again = lb(
+        &["load", "--state", file_arg, "--tc", tc],
+        bpffs.path(),
+        &work,
+    );
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stdout).contains("(0 map entries written, 0 deleted"),
+        "{}",
+        text(&again.stdout)
+    );
+
+    // An invalid file: a one-line reason, exit 1, and nothing of it applied.
+    let bad = work.join("bad.json");
+    std::fs::write(
+        &bad,
+        text(std::fs::read(&file).unwrap().as_slice()).replace("18080", "0"),
+    )
+    .unwrap();
+    let refused = lb(
+        &["load", "--state", bad.to_str().unwrap()],
+        bpffs.path(),
+        &work,
+    );
+    assert_eq!(refused.status.code(), Some(1));
+    let reason = text(&refused.stderr);
+    println!("lb load of an invalid file: {reason}");
+    assert!(
+        reason.starts_with("lb: ") && reason.trim_end().lines().count() == 1,
+        "{reason}"
+    );
+    assert!(
+        tcp_request(&topo.client, VIP, PORT, TIMEOUT).is_ok(),
+        "the loaded state stays"
+    );
+
+    let gone = lb(&["unload", "--tc", tc], bpffs.path(), &work);
+    assert!(gone.status.success(), "{}", text(&gone.stderr));
+    assert_eq!(text(&gone.stdout).trim(), "unloaded 1 networks");
+    let aliases = topo
+        .node
+        .ip(["-4", "-o", "addr", "show", "dev", &topo.node_ifaces[0]])
+        .unwrap();
+    assert!(
+        !aliases.contains("10.99.0.10/32"),
+        "VIP alias removed: {aliases}"
+    );
+    assert!(!bpffs.path().join("cli").exists(), "pins removed");
+    assert!(tcp_request(&topo.client, VIP, PORT, Duration::from_millis(500)).is_err());
+    let tc = topo
+        .node
+        .exec([
+            "tc",
+            "filter",
+            "show",
+            "dev",
+            &topo.node_ifaces[0],
+            "ingress",
+        ])
+        .unwrap();
+    assert!(!tc.contains("lb_tc"), "no program left attached: {tc}");
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
+fn tempdir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "lb-cli-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn lb_load_serves_and_lb_unload_removes_everything_tc() {
+    if require_root("lb_load_serves_and_lb_unload_removes_everything_tc") {
+        load_serve_unload(Attach::Tc, "auto");
+    }
+}
+
+#[test]
+fn lb_load_serves_and_lb_unload_removes_everything_xdp() {
+    if require_root("lb_load_serves_and_lb_unload_removes_everything_xdp") {
+        load_serve_unload(Attach::Xdp, "auto");
+    }
+}
+
+#[test]
+fn lb_load_with_netlink_tc_filters_serves_and_unloads() {
+    if require_root("lb_load_with_netlink_tc_filters_serves_and_unloads") {
+        load_serve_unload(Attach::Tc, "netlink");
+    }
+}
