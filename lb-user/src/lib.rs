@@ -5,7 +5,9 @@
 //! [`elements`] (the partitioned bucket intervals, in DESIGN.md's notation). Everything a
 //! dataplane will be told is decided there and can be asserted without root. The effectful
 //! shell (dataplanes, netlink, daemon, api, cli) is built around it.
+pub mod api;
 pub mod compose;
+pub mod daemon;
 pub mod dataplane;
 pub mod elements;
 pub mod model;

@@ -1,12 +1,18 @@
-//! The `lb` command. Every failure exits non-zero with a one-line reason on stderr.
-use std::path::PathBuf;
+//! The `lb` command: the daemon, its API client (DESIGN.md's CLI, spelled exactly so), and the
+//! one-shot `load`/`unload`. Every failure exits 1 with a one-line reason on stderr.
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::{Context as _, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_user::{
+    api::{self, DEFAULT_SOCKET, Request},
+    daemon::{self, DataplaneChoice},
     dataplane::ebpf::{DEFAULT_BPFFS, TcMode},
-    elements, model, oneshot,
+    elements,
+    model::{self, Backend, DEFAULT_GENERATION, Network, PortConfig, Service},
+    oneshot,
 };
+use serde_json::Value;
 
 #[derive(Parser)]
 #[command(
@@ -27,8 +33,91 @@ enum TcChoice {
     Netlink,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum DataplaneArg {
+    Auto,
+    Ebpf,
+    Nftables,
+}
+
+/// What every client command takes.
+#[derive(Args, Clone)]
+struct Client {
+    /// The daemon's API socket.
+    #[arg(long, env = "LB_SOCKET", default_value = DEFAULT_SOCKET, global = true)]
+    socket: PathBuf,
+    /// Print the daemon's answer as JSON.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run the daemon: owns the desired state and every network's dataplane.
+    Daemon {
+        #[arg(long, default_value = daemon::DEFAULT_STATE_DIR)]
+        state_dir: PathBuf,
+        #[arg(long, env = "LB_SOCKET", default_value = DEFAULT_SOCKET)]
+        socket: PathBuf,
+        #[arg(long, default_value = DEFAULT_BPFFS)]
+        bpffs: PathBuf,
+        #[arg(long, value_enum, default_value = "auto")]
+        dataplane: DataplaneArg,
+        /// Prometheus text on this loopback address (off unless given).
+        #[arg(long)]
+        metrics: Option<SocketAddr>,
+        #[arg(long, value_enum, default_value = "auto")]
+        tc: TcChoice,
+        /// Seconds between retries of a failed apply.
+        #[arg(long, default_value_t = 5)]
+        retry_secs: u64,
+    },
+    /// Networks: a set of interfaces the programs attach to, and their services.
+    Network {
+        #[command(subcommand)]
+        cmd: NetworkCmd,
+        #[command(flatten)]
+        client: Client,
+    },
+    /// Services: one contribution (id + generation) of VIP, backends and published ports.
+    Service {
+        #[command(subcommand)]
+        cmd: ServiceCmd,
+        #[command(flatten)]
+        client: Client,
+    },
+    /// Replace the whole desired state with a JSON file (DESIGN.md's format), atomically.
+    Apply {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        #[command(flatten)]
+        client: Client,
+    },
+    /// The desired state, as JSON.
+    State {
+        #[command(flatten)]
+        client: Client,
+    },
+    /// Composed elements in DESIGN.md's notation (of a desired-state file with --state,
+    /// without a daemon).
+    Elements {
+        network: Option<String>,
+        #[arg(long)]
+        state: Option<PathBuf>,
+        #[command(flatten)]
+        client: Client,
+    },
+    /// Live flows: proto client -> service => backend, age.
+    Conntrack {
+        network: Option<String>,
+        #[command(flatten)]
+        client: Client,
+    },
+    /// The dataplane in use and why, and each network's state.
+    Status {
+        #[command(flatten)]
+        client: Client,
+    },
     /// Program the eBPF dataplane once from a desired-state file (no daemon); programs stay
     /// attached and maps pinned under --bpffs.
     Load {
@@ -50,13 +139,54 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "auto")]
         tc: TcChoice,
     },
-    /// Composed elements in DESIGN.md's notation (of a desired-state file with --state).
-    Elements {
+}
+
+#[derive(Subcommand)]
+enum NetworkCmd {
+    Add {
+        name: String,
+        #[arg(long = "interface", required = true)]
+        interfaces: Vec<String>,
+        #[arg(long)]
+        netns: Option<String>,
+        #[arg(long, default_value = "nat")]
+        mode: String,
+        #[arg(long, default_value = "tc")]
+        attach: String,
+        #[arg(long, default_value = "auto")]
+        masquerade: String,
+    },
+    Rm {
+        name: String,
+    },
+    List,
+}
+
+#[derive(Subcommand)]
+enum ServiceCmd {
+    Set {
+        network: String,
+        service_id: String,
+        #[arg(long, default_value = DEFAULT_GENERATION)]
+        generation: String,
+        #[arg(long)]
+        vip: String,
+        /// IP[,disabled]
+        #[arg(long = "backend")]
+        backends: Vec<String>,
+        /// PROTO/PUBLISHED[:TARGET][@HOST_IP]
+        #[arg(long = "port")]
+        ports: Vec<String>,
+    },
+    /// Without --generation, every generation of the service goes.
+    Rm {
+        network: String,
+        service_id: String,
+        #[arg(long)]
+        generation: Option<String>,
+    },
+    List {
         network: Option<String>,
-        #[arg(long)]
-        state: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -71,7 +201,11 @@ fn tc_mode(c: TcChoice) -> TcMode {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("LB_LOG").unwrap_or_else(|_| "warn".into()),
+            tracing_subscriber::EnvFilter::try_from_env("LB_LOG").unwrap_or_else(|_| {
+                // The daemon says what it does; one-shot commands only what went wrong.
+                let daemon = std::env::args().nth(1).as_deref() == Some("daemon");
+                (if daemon { "info" } else { "warn" }).into()
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -81,8 +215,300 @@ fn main() {
     }
 }
 
+/// Sends `req` and returns the result, or the daemon's error as ours.
+fn call(client: &Client, req: &Request) -> Result<Value> {
+    let resp = api::call(&client.socket, req)?;
+    match (resp.ok, resp.result, resp.error) {
+        (true, Some(v), _) => Ok(v),
+        (true, None, _) => Ok(Value::Null),
+        (false, _, e) => {
+            Err(anyhow::anyhow!(e.unwrap_or_else(|| {
+                "the daemon refused without a reason".into()
+            })))
+        }
+    }
+}
+
+/// Prints `v` as JSON under `--json`, else by `human`.
+fn show(client: &Client, v: &Value, human: impl FnOnce(&Value)) {
+    if client.json {
+        println!("{v}");
+    } else {
+        human(v);
+    }
+}
+
+fn done(client: &Client, v: &Value) {
+    show(client, v, |v| {
+        println!("{}", v["done"].as_str().unwrap_or("done"))
+    });
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
 fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
+        Cmd::Daemon {
+            state_dir,
+            socket,
+            bpffs,
+            dataplane,
+            metrics,
+            tc,
+            retry_secs,
+        } => daemon::run(daemon::Options {
+            state_dir,
+            socket,
+            bpffs,
+            dataplane: match dataplane {
+                DataplaneArg::Auto => DataplaneChoice::Auto,
+                DataplaneArg::Ebpf => DataplaneChoice::Ebpf,
+                DataplaneArg::Nftables => DataplaneChoice::Nftables,
+            },
+            tc_mode: tc_mode(tc),
+            metrics,
+            retry: Duration::from_secs(retry_secs.max(1)),
+        }),
+        Cmd::Network { cmd, client } => match cmd {
+            NetworkCmd::Add {
+                name,
+                interfaces,
+                netns,
+                mode,
+                attach,
+                masquerade,
+            } => {
+                let network = Network {
+                    name,
+                    interfaces,
+                    netns,
+                    mode: mode.parse()?,
+                    attach: attach.parse()?,
+                    masquerade: masquerade.parse()?,
+                    services: vec![],
+                };
+                done(&client, &call(&client, &Request::NetworkAdd { network })?);
+                Ok(())
+            }
+            NetworkCmd::Rm { name } => {
+                done(&client, &call(&client, &Request::NetworkRm { name })?);
+                Ok(())
+            }
+            NetworkCmd::List => {
+                let v = call(&client, &Request::NetworkList {})?;
+                show(&client, &v, |v| {
+                    for n in v.as_array().into_iter().flatten() {
+                        let ifs: Vec<String> = n["interfaces"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(s)
+                            .collect();
+                        println!(
+                            "{} interfaces={} netns={} mode={} attach={} masquerade={} services={}",
+                            s(&n["name"]),
+                            ifs.join(","),
+                            s(&n["netns"]),
+                            s(&n["mode"]),
+                            s(&n["attach"]),
+                            s(&n["masquerade"]),
+                            n["services"]
+                        );
+                    }
+                });
+                Ok(())
+            }
+        },
+        Cmd::Service { cmd, client } => match cmd {
+            ServiceCmd::Set {
+                network,
+                service_id,
+                generation,
+                vip,
+                backends,
+                ports,
+            } => {
+                let service = Service {
+                    id: service_id,
+                    generation,
+                    vip: model::parse_ipv4(&vip).context("--vip")?,
+                    backends: backends
+                        .iter()
+                        .map(|b| {
+                            b.parse::<Backend>()
+                                .with_context(|| format!("--backend {b}"))
+                        })
+                        .collect::<Result<_>>()?,
+                    ports: ports
+                        .iter()
+                        .map(|p| {
+                            p.parse::<PortConfig>()
+                                .with_context(|| format!("--port {p}"))
+                        })
+                        .collect::<Result<_>>()?,
+                };
+                done(
+                    &client,
+                    &call(&client, &Request::ServiceSet { network, service })?,
+                );
+                Ok(())
+            }
+            ServiceCmd::Rm {
+                network,
+                service_id,
+                generation,
+            } => {
+                let req = Request::ServiceRm {
+                    network,
+                    id: service_id,
+                    generation,
+                };
+                done(&client, &call(&client, &req)?);
+                Ok(())
+            }
+            ServiceCmd::List { network } => {
+                let v = call(&client, &Request::ServiceList { network })?;
+                show(&client, &v, |v| {
+                    for svc_v in v.as_array().into_iter().flatten() {
+                        let svc: Service = match serde_json::from_value(strip_network(svc_v)) {
+                            Ok(s) => s,
+                            Err(_) => continue,
+                        };
+                        let backends: Vec<String> =
+                            svc.backends.iter().map(|b| b.to_string()).collect();
+                        let ports: Vec<String> = svc.ports.iter().map(|p| p.to_string()).collect();
+                        println!(
+                            "{} {} generation {} vip {} backends {} ports {}",
+                            s(&svc_v["network"]),
+                            svc.id,
+                            svc.generation,
+                            svc.vip,
+                            if backends.is_empty() {
+                                "-".into()
+                            } else {
+                                backends.join(" ")
+                            },
+                            if ports.is_empty() {
+                                "-".into()
+                            } else {
+                                ports.join(" ")
+                            },
+                        );
+                    }
+                });
+                Ok(())
+            }
+        },
+        Cmd::Apply { file, client } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            // Checked here too, so the error names the file and the JSON path.
+            let state = model::DesiredState::from_json(&text)
+                .with_context(|| format!("{}", file.display()))?;
+            done(&client, &call(&client, &Request::Apply { state })?);
+            Ok(())
+        }
+        Cmd::State { client } => {
+            let v = call(&client, &Request::State {})?;
+            // Printed in the canonical field order, so that `lb apply -f` of a canonical file
+            // and `lb state` print the same bytes; pretty unless --json asks for one line.
+            let state: model::DesiredState =
+                serde_json::from_value(v).context("the daemon's state does not parse")?;
+            if client.json {
+                println!("{}", serde_json::to_string(&state)?);
+            } else {
+                println!("{}", state.to_json());
+            }
+            Ok(())
+        }
+        Cmd::Elements {
+            network,
+            state: Some(path),
+            client,
+        } => {
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let state = model::DesiredState::from_json(&text)
+                .with_context(|| format!("{}", path.display()))?;
+            if let Some(want) = &network
+                && state.network(want).is_none()
+            {
+                anyhow::bail!("unknown network {want:?}");
+            }
+            let out: Vec<String> = state
+                .networks
+                .iter()
+                .filter(|n| network.as_ref().is_none_or(|w| *w == n.name))
+                .flat_map(|n| {
+                    elements::network_elements(n)
+                        .into_iter()
+                        .map(|e| e.to_string())
+                })
+                .collect();
+            print_lines(&client, &Value::from(out));
+            Ok(())
+        }
+        Cmd::Elements {
+            network,
+            state: None,
+            client,
+        } => {
+            let v = call(&client, &Request::Elements { network })?;
+            print_lines(&client, &v);
+            Ok(())
+        }
+        Cmd::Conntrack { network, client } => {
+            let v = call(&client, &Request::Conntrack { network })?;
+            show(&client, &v, |v| {
+                for f in v.as_array().into_iter().flatten() {
+                    println!(
+                        "{} {} {} -> {} => {} age {}s",
+                        s(&f["network"]),
+                        s(&f["proto"]),
+                        s(&f["client"]),
+                        s(&f["service"]),
+                        s(&f["backend"]),
+                        f["age_secs"]
+                    );
+                }
+            });
+            Ok(())
+        }
+        Cmd::Status { client } => {
+            let v = call(&client, &Request::Status {})?;
+            show(&client, &v, |v| {
+                println!("dataplane: {} ({})", s(&v["dataplane"]), s(&v["reason"]));
+                for n in v["networks"].as_array().into_iter().flatten() {
+                    let state = if n["applied"].as_bool() == Some(true) {
+                        "applied".to_owned()
+                    } else {
+                        format!("NOT APPLIED: {}", s(&n["error"]))
+                    };
+                    println!(
+                        "network {}: {state}; {} services, {} backends, {} flows; attach {} on {}",
+                        s(&n["name"]),
+                        n["services"],
+                        n["backends"],
+                        s(&n["flows"]),
+                        s(&n["attach"]),
+                        n["interfaces"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .map(s)
+                            .collect::<Vec<_>>()
+                            .join(",")
+                    );
+                }
+            });
+            Ok(())
+        }
         Cmd::Load {
             state,
             bpffs,
@@ -109,38 +535,21 @@ fn run(cli: Cli) -> Result<()> {
             println!("unloaded {n} networks");
             Ok(())
         }
-        Cmd::Elements {
-            network,
-            state,
-            json,
-        } => {
-            let path = state
-                .context("lb elements without --state needs the daemon, which is not built yet")?;
-            let text = std::fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            let state = model::DesiredState::from_json(&text)
-                .with_context(|| format!("{}", path.display()))?;
-            let mut out = Vec::new();
-            for n in &state.networks {
-                if network.as_ref().is_none_or(|want| *want == n.name) {
-                    out.extend(
-                        elements::network_elements(n)
-                            .into_iter()
-                            .map(|e| e.to_string()),
-                    );
-                }
-            }
-            if let Some(want) = &network
-                && state.network(want).is_none()
-            {
-                anyhow::bail!("unknown network {want:?}");
-            }
-            if json {
-                println!("{}", serde_json::to_string(&out)?);
-            } else {
-                out.iter().for_each(|l| println!("{l}"));
-            }
-            Ok(())
-        }
     }
+}
+
+fn strip_network(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("network");
+    }
+    v
+}
+
+fn print_lines(client: &Client, v: &Value) {
+    show(client, v, |v| {
+        for l in v.as_array().into_iter().flatten() {
+            println!("{}", s(l));
+        }
+    });
 }

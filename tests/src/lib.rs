@@ -22,3 +22,4 @@ pub mod packet;
 pub mod traffic;
 
 pub mod bpffs;
+pub mod daemon;

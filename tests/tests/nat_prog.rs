@@ -457,15 +457,27 @@ fn tracked_flow_keeps_its_backend_after_the_set_changes() {
     }
 }
 
+/// A removed backend's UDP flows are flushed (a UDP client would otherwise stay pinned to a
+/// dead backend); its TCP flows stay, to finish or be reset by the backend itself.
 #[test]
-fn removed_backend_loses_its_flows() {
+fn removed_backend_loses_its_udp_flows_and_keeps_its_tcp_ones() {
     let Some(mut f) = fixture() else { return };
     let syn = Ipv4Packet::tcp(CLIENT, 40050, VIP, 443);
     let first = expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+    let udp = (41000..41200)
+        .map(|sport| Ipv4Packet::udp(CLIENT, sport, VIP, 53))
+        .find(|p| expect_dnat(&mut f, Prog::TcIngress, p, &WEB, 53) == first)
+        .expect("one of 200 UDP flows lands on the same backend");
     f.net.services[0].backends.retain(|b| b.ip != first);
     f.sync();
-    assert!(f.flow(&key(&syn)).is_none(), "flushed with its backend");
-    assert_ne!(expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443), first);
+    assert!(f.flow(&key(&udp)).is_none(), "UDP flushed with its backend");
+    assert_ne!(expect_dnat(&mut f, Prog::TcIngress, &udp, &WEB, 53), first);
+    assert_eq!(
+        f.flow(&key(&syn)).map(|t| t.daddr),
+        Some(be(first)),
+        "TCP kept"
+    );
+    assert_eq!(expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443), first);
 }
 
 #[test]

@@ -27,8 +27,9 @@ use aya::{
     },
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKey, Iface,
-    MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_COUNTERS, PortKey, Service, Translation, VipKey,
+    Backend, BackendKey, Config, Counters, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKey,
+    IPPROTO_UDP, Iface, MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_COUNTERS, PortKey, Service,
+    Translation, VipKey,
 };
 
 use crate::{
@@ -370,11 +371,16 @@ impl EbpfNetwork {
         .context("writing lb_ifaces")?;
 
         let current = self.current_services()?;
-        let mut used_sets: BTreeSet<u32> = current.values().map(|(s, _)| s.set_id).collect();
-        let mut used_counters: BTreeSet<u32> = current
-            .values()
-            .flat_map(|(s, set)| std::iter::once(s.counter).chain(set.iter().map(|b| b.counter)))
-            .collect();
+        // Set ids start at 1, so that a zeroed service entry never names a live set.
+        let mut set_ids = IdPool::new(current.values().map(|(s, _)| s.set_id), 1, u32::MAX);
+        let mut counter_ids = IdPool::new(
+            current.values().flat_map(|(s, set)| {
+                std::iter::once(s.counter).chain(set.iter().map(|b| b.counter))
+            }),
+            0,
+            MAX_COUNTERS,
+        );
+        let ncpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
 
         for (key, want) in &plan.services {
             let old = current.get(key);
@@ -386,14 +392,13 @@ impl EbpfNetwork {
             {
                 continue;
             }
-            let set_id = lowest_free(&used_sets, 1).context("no free backend set id")?;
-            used_sets.insert(set_id);
+            let set_id = set_ids.take().context("no free backend set id")?;
             for (slot, (addr, port)) in want.iter().enumerate() {
                 // A backend keeps its counter slot across set changes of its service.
                 let counter = match old.and_then(|(_, have)| have.iter().find(|b| b.addr == *addr))
                 {
                     Some(b) => b.counter,
-                    None => self.alloc_counter(&mut used_counters)?,
+                    None => self.alloc_counter(&mut counter_ids, ncpus)?,
                 };
                 let b = Backend {
                     addr: *addr,
@@ -415,7 +420,7 @@ impl EbpfNetwork {
             }
             let counter = match old {
                 Some((s, _)) => s.counter,
-                None => self.alloc_counter(&mut used_counters)?,
+                None => self.alloc_counter(&mut counter_ids, ncpus)?,
             };
             let svc = Service {
                 set_id,
@@ -477,16 +482,10 @@ impl EbpfNetwork {
         Ok(())
     }
 
-    fn alloc_counter(&mut self, used: &mut BTreeSet<u32>) -> Result<u32> {
-        let slot = lowest_free(used, 0)
-            .filter(|s| *s < MAX_COUNTERS)
-            .context("no free counter slot")?;
-        used.insert(slot);
+    fn alloc_counter(&mut self, ids: &mut IdPool, ncpus: usize) -> Result<u32> {
+        let slot = ids.take().context("no free counter slot")?;
         // A freed slot keeps what its last owner counted: start the new owner at zero.
-        let zero = PerCpuValues::try_from(vec![
-            Counters::default();
-            aya::util::nr_cpus().map_err(|(_, e)| e)?
-        ])?;
+        let zero = PerCpuValues::try_from(vec![Counters::default(); ncpus])?;
         self.counters
             .set(slot, zero, 0)
             .context("zeroing a counter slot")?;
@@ -532,13 +531,17 @@ impl EbpfNetwork {
             .collect()
     }
 
-    /// Deletes every flow entry whose backend is not in `keep`.
+    /// Deletes every UDP flow entry whose backend is not in `keep`, as kube-proxy clears
+    /// stale UDP conntrack: a UDP client never learns its backend died and would keep sending
+    /// to it. TCP and SCTP flows stay: a removed backend that is still running (a rolling
+    /// update's old generation) finishes its connections, and one that is gone resets them,
+    /// which ends the flow at the client; the LRU reclaims the entries.
     fn flush_flows(&mut self, keep: &BTreeSet<Ipv4Addr>) -> Result<usize> {
         let doomed: Vec<FlowKey> = self
             .flows
             .iter()
             .filter_map(|e| e.ok())
-            .filter(|(k, t)| !keep.contains(&ip(flow_backend(k, t))))
+            .filter(|(k, t)| k.proto == IPPROTO_UDP && !keep.contains(&ip(flow_backend(k, t))))
             .map(|(k, _)| k)
             .collect();
         for k in &doomed {
@@ -600,8 +603,35 @@ fn sync_set<V: aya::Pod + PartialEq>(
     Ok(())
 }
 
-fn lowest_free(used: &BTreeSet<u32>, from: u32) -> Option<u32> {
-    (from..=u32::MAX).find(|n| !used.contains(n))
+/// The free ids of one id space (backend sets, counter slots), handed out lowest first so
+/// that the space stays dense. Built once per sync from the ids in use: each allocation is
+/// O(log n), so writing tens of thousands of services is not quadratic.
+struct IdPool {
+    /// Unused ids below `next`.
+    gaps: BTreeSet<u32>,
+    /// Every id from here up to `end` is unused.
+    next: u32,
+    end: u32,
+}
+
+impl IdPool {
+    /// Ids in `from..end`, minus those in `used`.
+    fn new(used: impl IntoIterator<Item = u32>, from: u32, end: u32) -> Self {
+        let used: BTreeSet<u32> = used.into_iter().filter(|&i| i >= from).collect();
+        let next = used.last().map_or(from, |&m| m + 1);
+        let gaps = (from..next).filter(|i| !used.contains(i)).collect();
+        Self { gaps, next, end }
+    }
+
+    fn take(&mut self) -> Option<u32> {
+        if let Some(id) = self.gaps.pop_first() {
+            return Some(id);
+        }
+        (self.next < self.end).then(|| {
+            self.next += 1;
+            self.next - 1
+        })
+    }
 }
 
 fn pin_link(link: FdLink, path: &Path) -> Result<()> {

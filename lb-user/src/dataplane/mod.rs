@@ -1,2 +1,52 @@
-//! Dataplanes: what turns composed elements into kernel state.
+//! Dataplanes: what turns a network's composed state into kernel state.
+//!
+//! Contract of [`Dataplane`]: `apply` is called with the network as it must be now and the
+//! network as the dataplane last applied it (`None` the first time, including the first time
+//! after a restart, when what is pinned is adopted). It makes the kernel match, changing only
+//! what differs, and either succeeds or leaves the last good state serving: the caller keeps
+//! `previous` as the applied state until a call succeeds. `remove` undoes everything `apply`
+//! did for a network and tolerates pieces already gone.
+use std::net::Ipv4Addr;
+
+use anyhow::Result;
+
 pub mod ebpf;
+pub mod ebpf_apply;
+
+pub use ebpf::SyncStats;
+pub use ebpf_apply::EbpfDataplane;
+
+use crate::model::Network;
+
+/// One tracked flow, as `lb conntrack` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Flow {
+    pub proto: String,
+    pub client: String,
+    pub service: String,
+    pub backend: String,
+    pub age_secs: u64,
+}
+
+/// Packets and bytes of one service or backend, summed over CPUs.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Count {
+    /// `vip 10.99.0.10`, `tcp/8080`, `tcp/8080@192.168.1.1`.
+    pub service: String,
+    /// `None` for the service's own total.
+    pub backend: Option<Ipv4Addr>,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+pub trait Dataplane: Send {
+    /// `ebpf` or `nftables`.
+    fn name(&self) -> &'static str;
+    fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats>;
+    fn remove(&mut self, network: &Network) -> Result<()>;
+    /// Removes whatever this dataplane holds for networks that are not in `keep` (left by a
+    /// daemon that stopped before removing them), and returns their names.
+    fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
+    fn flows(&mut self, network: &Network) -> Result<Vec<Flow>>;
+    fn counts(&mut self, network: &Network) -> Result<Vec<Count>>;
+}

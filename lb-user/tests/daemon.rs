@@ -1,0 +1,822 @@
+//! `lb daemon` and its CLI, the real binaries, against netns topologies: rolling update,
+//! apply/state round trip, kill -9 with open connections, bad input, the cost of a change at
+//! 10,000 services, metrics. Root only.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::{Read as _, Write as _},
+    net::Ipv4Addr,
+    path::Path,
+    process::Command,
+    time::Duration,
+};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::LbDaemon,
+    netns::{Netns, Topology},
+    require_root,
+    traffic::{Reply, TIMEOUT, TcpSession, spawn_backends, tcp_request},
+};
+use lb_user::{
+    api,
+    elements::network_elements,
+    model::{Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service},
+};
+use serde_json::Value;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const PORT: u16 = 8080;
+const PUBLISHED: u16 = 18080;
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+fn start(bpffs: &Bpffs) -> LbDaemon {
+    LbDaemon::start(lb(), bpffs.path(), &[]).expect("lb daemon starts")
+}
+
+/// `lb network add NAME` over the topology's node interfaces.
+fn add_network(d: &LbDaemon, topo: &Topology, name: &str) {
+    let mut args = vec!["network", "add", name, "--netns", topo.node.name()];
+    for i in &topo.node_ifaces {
+        args.extend(["--interface", i.as_str()]);
+    }
+    d.ok(&args);
+}
+
+fn set_service(d: &LbDaemon, network: &str, generation: &str, backends: &[Ipv4Addr]) {
+    let backends: Vec<String> = backends.iter().map(|b| b.to_string()).collect();
+    let vip = VIP.to_string();
+    let port = format!("tcp/{PUBLISHED}:{PORT}");
+    let mut args = vec![
+        "service",
+        "set",
+        network,
+        "api",
+        "--generation",
+        generation,
+        "--vip",
+        &vip,
+        "--port",
+        &port,
+    ];
+    for b in &backends {
+        args.extend(["--backend", b.as_str()]);
+    }
+    d.ok(&args);
+}
+
+fn backend_of(topo: &Topology, name: &str) -> Ipv4Addr {
+    // spawn_backends names backend i "b{i}".
+    topo.backend_ips[name.trim_start_matches('b').parse::<usize>().unwrap()]
+}
+
+#[test]
+fn rolling_update_shares_the_port_and_drains_the_old_generation() {
+    if !require_root("rolling_update_shares_the_port_and_drains_the_old_generation") {
+        return;
+    }
+    let topo = Topology::new(4).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs);
+    add_network(&d, &topo, "roll");
+    let (gen1, gen2) = (&topo.backend_ips[..2], &topo.backend_ips[2..]);
+    set_service(&d, "roll", "1", gen1);
+    set_service(&d, "roll", "2", gen2);
+
+    // The union, partitioned once: four intervals for the VIP and four for the port.
+    let elements = d.ok(&["elements", "roll"]);
+    println!("lb elements roll:\n{elements}");
+    let state: DesiredState = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
+    let want: Vec<String> = network_elements(state.network("roll").unwrap())
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(elements.lines().collect::<Vec<_>>(), want);
+    for set in ["nat-service-vip", "nat-publish-port"] {
+        let lines: Vec<&str> = elements.lines().filter(|l| l.starts_with(set)).collect();
+        assert_eq!(
+            lines.len(),
+            4,
+            "{set}: one partition over 4 backends: {lines:?}"
+        );
+        for b in &topo.backend_ips {
+            assert!(
+                lines.iter().any(|l| l.contains(&b.to_string())),
+                "{set} lacks {b}"
+            );
+        }
+    }
+
+    // A connection that landed on generation 1, kept open across its removal.
+    let mut old = None;
+    for _ in 0..50 {
+        let mut s = TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+        let r: Reply = s.ask().unwrap().parse().unwrap();
+        if gen1.contains(&backend_of(&topo, &r.backend)) {
+            old = Some((s, r.backend));
+            break;
+        }
+    }
+    let (mut old, old_backend) = old.expect("one of 50 connections lands on generation 1");
+    let said = d.ok(&["service", "rm", "roll", "api", "--generation", "1"]);
+    println!("{}", said.trim());
+    for _ in 0..30 {
+        for addr in [VIP, topo.node_ip] {
+            let port = if addr == VIP { PORT } else { PUBLISHED };
+            let r: Reply = tcp_request(&topo.client, addr, port, TIMEOUT)
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(
+                gen2.contains(&backend_of(&topo, &r.backend)),
+                "a new connection reached generation 1's {}",
+                r.backend
+            );
+        }
+    }
+    for _ in 0..5 {
+        let r: Reply = old
+            .ask()
+            .expect("the generation-1 connection keeps working")
+            .parse()
+            .unwrap();
+        assert_eq!(r.backend, old_backend);
+    }
+}
+
+fn full_state(topo: &Topology) -> DesiredState {
+    let b = |i: usize, disabled| Backend {
+        ip: topo.backend_ips[i],
+        disabled,
+    };
+    DesiredState {
+        networks: vec![Network {
+            name: "rt".into(),
+            interfaces: topo.node_ifaces.clone(),
+            netns: Some(topo.node.name().into()),
+            mode: Mode::Nat,
+            attach: Attach::Xdp,
+            masquerade: Masquerade::Always,
+            services: vec![
+                Service {
+                    id: "api".into(),
+                    generation: "7".into(),
+                    vip: VIP,
+                    backends: vec![b(0, false), b(1, true)],
+                    ports: vec![
+                        PortConfig {
+                            proto: Proto::Tcp,
+                            published: PUBLISHED,
+                            target: Some(PORT),
+                            host_ip: None,
+                        },
+                        PortConfig {
+                            proto: Proto::Udp,
+                            published: 5353,
+                            target: None,
+                            host_ip: Some(topo.node_ip),
+                        },
+                    ],
+                },
+                Service {
+                    id: "db".into(),
+                    generation: "1".into(),
+                    vip: Ipv4Addr::new(10, 99, 0, 20),
+                    backends: vec![b(2, false)],
+                    ports: vec![],
+                },
+            ],
+        }],
+    }
+}
+
+#[test]
+fn apply_then_state_round_trips() {
+    if !require_root("apply_then_state_round_trips") {
+        return;
+    }
+    let topo = Topology::new(3).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs);
+    let file = d.state_dir().with_file_name("apply.json");
+    let canonical = full_state(&topo).to_json();
+    std::fs::write(&file, &canonical).unwrap();
+    println!("{}", d.ok(&["apply", "-f", file.to_str().unwrap()]).trim());
+    let state = d.ok(&["state"]);
+    assert_eq!(
+        state.trim_end(),
+        canonical.trim_end(),
+        "lb state returns the applied file"
+    );
+    let parsed = DesiredState::from_json(&d.ok(&["state", "--json"])).unwrap();
+    assert_eq!(parsed, full_state(&topo));
+}
+
+/// Client, service and backend of every tracked flow, as `lb conntrack --json` shows them.
+fn flows(d: &LbDaemon) -> BTreeSet<(String, String, String)> {
+    let v: Value = serde_json::from_str(&d.ok(&["conntrack", "--json"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["client"].as_str().unwrap().to_owned(),
+                f["service"].as_str().unwrap().to_owned(),
+                f["backend"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn kill_9_keeps_20_open_connections_and_a_restart_reports_the_same() {
+    if !require_root("kill_9_keeps_20_open_connections_and_a_restart_reports_the_same") {
+        return;
+    }
+    let topo = Topology::new(4).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(&bpffs);
+    add_network(&d, &topo, "k9");
+    set_service(&d, "k9", "1", &topo.backend_ips);
+    let mut sessions: Vec<(TcpSession, String)> = (0..20)
+        .map(|_| {
+            let mut s = TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+            let r: Reply = s.ask().unwrap().parse().unwrap();
+            (s, r.backend)
+        })
+        .collect();
+    let state = d.ok(&["state"]);
+    let before = flows(&d);
+    assert_eq!(before.len(), 20, "20 tracked flows: {before:?}");
+
+    d.kill9();
+    for (s, backend) in &mut sessions {
+        let r: Reply = s
+            .ask()
+            .expect("still exchanging data after kill -9")
+            .parse()
+            .unwrap();
+        assert_eq!(&r.backend, backend);
+    }
+    d.restart().unwrap();
+    assert_eq!(d.ok(&["state"]), state, "the same desired state");
+    assert_eq!(flows(&d), before, "the same conntrack entries");
+    let status: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
+    let sync = &status["networks"][0]["last_sync"];
+    assert_eq!(
+        (sync["written"].as_u64(), sync["flows_flushed"].as_u64()),
+        (Some(0), Some(0)),
+        "a restart adopts: nothing rewritten, nothing flushed: {status}"
+    );
+    for (s, backend) in &mut sessions {
+        let r: Reply = s
+            .ask()
+            .expect("still exchanging data after the restart")
+            .parse()
+            .unwrap();
+        assert_eq!(&r.backend, backend);
+    }
+    println!(
+        "20 connections survived kill -9 and the restart; {} flows",
+        before.len()
+    );
+}
+
+/// Everything observable that bad input must not change: the desired state and the maps.
+fn snapshot(d: &LbDaemon, bpffs: &Bpffs, network: &str) -> (String, Vec<String>) {
+    let maps = [
+        "lb_vips",
+        "lb_ports",
+        "lb_backends",
+        "lb_config",
+        "lb_local_addrs",
+    ]
+    .iter()
+    .map(|m| {
+        let out = Command::new("bpftool")
+            .args(["map", "dump", "pinned"])
+            .arg(bpffs.path().join(network).join(m))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{m}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    })
+    .collect();
+    (d.ok(&["state", "--json"]), maps)
+}
+
+#[test]
+fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
+    if !require_root("bad_input_is_refused_with_a_reason_and_changes_nothing") {
+        return;
+    }
+    let topo = Topology::new(3).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs);
+    add_network(&d, &topo, "bad");
+    set_service(&d, "bad", "1", &topo.backend_ips);
+    d.ok(&[
+        "service",
+        "set",
+        "bad",
+        "other",
+        "--vip",
+        "10.99.0.20",
+        "--port",
+        "tcp/9090",
+    ]);
+    let before = snapshot(&d, &bpffs, "bad");
+    let work = d.state_dir().with_file_name("bad-input");
+    std::fs::create_dir_all(&work).unwrap();
+    let file = |name: &str, body: &str| {
+        let p = work.join(name);
+        std::fs::write(&p, body).unwrap();
+        p.to_str().unwrap().to_owned()
+    };
+    let ns = topo.node.name().to_owned();
+    let (if0, if1) = (topo.node_ifaces[0].clone(), topo.node_ifaces[1].clone());
+    let b0 = topo.backend_ips[0].to_string();
+    let long = "n".repeat(40);
+    let malformed = file("malformed.json", "{\"networks\": [");
+    let unknown_field = file("unknown.json", "{\"networks\": [], \"colour\": 1}");
+    let array = file("array.json", "[]");
+    let conflict = {
+        let mut s = full_state(&topo);
+        s.networks[0].name = "bad".into();
+        s.networks[0].services[1].vip = VIP;
+        file("conflict.json", &serde_json::to_string(&s).unwrap())
+    };
+    let cli: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "empty network name",
+            vec!["network", "add", "", "--interface", &if0, "--netns", &ns],
+        ),
+        (
+            "network name too long",
+            vec!["network", "add", &long, "--interface", "x0", "--netns", &ns],
+        ),
+        (
+            "network exists",
+            vec!["network", "add", "bad", "--interface", &if0, "--netns", &ns],
+        ),
+        (
+            "no such interface",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                "nosuch0",
+                "--netns",
+                &ns,
+            ],
+        ),
+        (
+            "unknown mode",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                &if1,
+                "--mode",
+                "tunnel",
+            ],
+        ),
+        (
+            "unknown attach",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                &if1,
+                "--attach",
+                "kprobe",
+            ],
+        ),
+        (
+            "unknown masquerade",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                &if1,
+                "--masquerade",
+                "sometimes",
+            ],
+        ),
+        (
+            "interface of another network",
+            vec!["network", "add", "n2", "--interface", &if0, "--netns", &ns],
+        ),
+        (
+            "interface twice",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                "y0",
+                "--interface",
+                "y0",
+                "--netns",
+                &ns,
+            ],
+        ),
+        (
+            "no such netns",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                "lo",
+                "--netns",
+                "lbt-nosuch-ns",
+            ],
+        ),
+        (
+            "interface name too long",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                "abcdefghijklmnopq",
+                "--netns",
+                &ns,
+            ],
+        ),
+        ("rm unknown network", vec!["network", "rm", "nosuch"]),
+        (
+            "service in unknown network",
+            vec!["service", "set", "nosuch", "api", "--vip", "10.99.0.30"],
+        ),
+        (
+            "VIP out of range",
+            vec!["service", "set", "bad", "s2", "--vip", "10.99.0.300"],
+        ),
+        (
+            "VIP not an address",
+            vec!["service", "set", "bad", "s2", "--vip", "vip"],
+        ),
+        (
+            "IPv6 VIP",
+            vec!["service", "set", "bad", "s2", "--vip", "fd00::1"],
+        ),
+        (
+            "bad backend address",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--backend",
+                "10.20.0.999",
+            ],
+        ),
+        (
+            "bad backend flag",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--backend",
+                "10.20.0.10,sleeping",
+            ],
+        ),
+        (
+            "published port 0",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--port",
+                "tcp/0",
+            ],
+        ),
+        (
+            "published port too big",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--port",
+                "tcp/70000",
+            ],
+        ),
+        (
+            "unknown protocol",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--port",
+                "icmp/80",
+            ],
+        ),
+        (
+            "target port 0",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--port",
+                "tcp/80:0",
+            ],
+        ),
+        (
+            "bad host_ip",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--port",
+                "tcp/80@1.2.3.999",
+            ],
+        ),
+        (
+            "port without protocol",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--port",
+                "80",
+            ],
+        ),
+        (
+            "VIP of another service",
+            vec!["service", "set", "bad", "s2", "--vip", "10.99.0.10"],
+        ),
+        (
+            "published port of another service",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "10.99.0.30",
+                "--port",
+                "tcp/9090",
+            ],
+        ),
+        (
+            "VIP is its own backend",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                &b0,
+                "--backend",
+                &b0,
+            ],
+        ),
+        (
+            "empty service id",
+            vec!["service", "set", "bad", "", "--vip", "10.99.0.30"],
+        ),
+        ("rm unknown service", vec!["service", "rm", "bad", "nosuch"]),
+        (
+            "rm unknown generation",
+            vec!["service", "rm", "bad", "api", "--generation", "9"],
+        ),
+        (
+            "apply of a missing file",
+            vec!["apply", "-f", "/nonexistent/state.json"],
+        ),
+        ("apply of malformed JSON", vec!["apply", "-f", &malformed]),
+        (
+            "apply with an unknown field",
+            vec!["apply", "-f", &unknown_field],
+        ),
+        ("apply of a JSON array", vec!["apply", "-f", &array]),
+        ("apply with a VIP conflict", vec!["apply", "-f", &conflict]),
+        ("elements of an unknown network", vec!["elements", "nosuch"]),
+        (
+            "conntrack of an unknown network",
+            vec!["conntrack", "nosuch"],
+        ),
+    ];
+    let mut refused = 0;
+    for (what, args) in &cli {
+        let r = d.cli(args);
+        let msg = r.stderr.trim_end();
+        assert_ne!(r.code, Some(0), "{what}: accepted: {r:?}");
+        assert!(
+            msg.starts_with("lb: ") || msg.starts_with("error: "),
+            "{what}: no reason: {r:?}"
+        );
+        assert!(!msg.is_empty(), "{what}: no reason");
+        println!("{what}: {}", msg.lines().next().unwrap());
+        refused += 1;
+    }
+    let vip_body =
+        "{\"op\":\"service_set\",\"network\":\"bad\",\"service\":{\"id\":\"s\",\"vip\":\"1.2.3\"}}"
+            .to_owned();
+    let with_services =
+        serde_json::json!({"op": "network_add", "network": full_state(&topo).networks[0]})
+            .to_string();
+    let raw: Vec<(&str, Vec<u8>)> = vec![
+        ("malformed JSON", b"{\"op\": ".to_vec()),
+        ("empty body", Vec::new()),
+        ("oversized body", vec![b' '; api::MAX_REQUEST + 4096]),
+        ("unknown op", b"{\"op\":\"reboot\"}".to_vec()),
+        ("no op", b"{\"network\":\"bad\"}".to_vec()),
+        (
+            "unknown field",
+            b"{\"op\":\"state\",\"verbose\":true}".to_vec(),
+        ),
+        ("trailing garbage", b"{\"op\":\"state\"} {}".to_vec()),
+        ("bad VIP in raw JSON", vip_body.into_bytes()),
+        ("network add with services", with_services.into_bytes()),
+        ("not JSON at all", b"\x00\xffhello".to_vec()),
+    ];
+    for (what, body) in &raw {
+        let resp = api::call_raw(&d.socket(), body).unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        assert!(!resp.ok, "{what}: accepted");
+        let msg = resp.error.unwrap_or_default();
+        assert!(!msg.is_empty() && !msg.contains('\n'), "{what}: {msg:?}");
+        println!("raw {what}: {msg}");
+        refused += 1;
+    }
+    assert_eq!(snapshot(&d, &bpffs, "bad"), before, "state or maps changed");
+    println!("{refused} bad inputs refused; state and maps unchanged");
+    assert!(refused >= 30);
+}
+
+#[test]
+fn one_backend_change_at_10000_services_touches_o1_map_entries() {
+    if !require_root("one_backend_change_at_10000_services_touches_o1_map_entries") {
+        return;
+    }
+    let ns = Netns::new("big").unwrap();
+    ns.ip([
+        "link", "add", "big0", "type", "veth", "peer", "name", "big1",
+    ])
+    .unwrap();
+    ns.ip(["link", "set", "big0", "up"]).unwrap();
+    ns.ip(["addr", "add", "10.250.0.1/16", "dev", "big0"])
+        .unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs);
+    const N: u32 = 10_000;
+    let addr = |base: u8, i: u32| Ipv4Addr::new(base, (i >> 16) as u8, (i >> 8) as u8, i as u8);
+    let services: Vec<Service> = (0..N)
+        .map(|i| Service {
+            id: format!("s{i}"),
+            generation: "1".into(),
+            vip: addr(10, i + 1),
+            backends: (0..2)
+                .map(|k| Backend {
+                    ip: addr(100, 2 * i + k + 1),
+                    disabled: false,
+                })
+                .collect(),
+            ports: vec![],
+        })
+        .collect();
+    let state = DesiredState {
+        networks: vec![Network {
+            name: "big".into(),
+            interfaces: vec!["big0".into()],
+            netns: Some(ns.name().into()),
+            mode: Mode::Nat,
+            attach: Attach::Tc,
+            masquerade: Masquerade::Auto,
+            services,
+        }],
+    };
+    let file = d.state_dir().with_file_name("big.json");
+    std::fs::write(&file, state.to_json()).unwrap();
+    d.ok(&["apply", "-f", file.to_str().unwrap()]);
+    let last_sync = |d: &LbDaemon| -> (u64, u64) {
+        let v: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
+        let s = &v["networks"][0]["last_sync"];
+        (
+            s["written"].as_u64().unwrap(),
+            s["deleted"].as_u64().unwrap(),
+        )
+    };
+    let (full, _) = last_sync(&d);
+    println!("applying {N} services wrote {full} map entries");
+    assert!(
+        full >= 3 * u64::from(N),
+        "every service and backend written: {full}"
+    );
+
+    // One backend of one service replaced.
+    let s = &state.networks[0].services[4321];
+    let (vip, keep) = (s.vip.to_string(), s.backends[0].ip.to_string());
+    d.ok(&[
+        "service",
+        "set",
+        "big",
+        "s4321",
+        "--vip",
+        &vip,
+        "--backend",
+        &keep,
+        "--backend",
+        "100.200.0.1",
+    ]);
+    let (written, deleted) = last_sync(&d);
+    println!("one backend changed at {N} services: {written} written, {deleted} deleted");
+    // A new two-backend set (2), the service entry switched to it (1), the new backend's
+    // counter zeroed (1); the old set's two slots freed.
+    assert!(
+        written + deleted <= 8,
+        "{written} written + {deleted} deleted is not O(1)"
+    );
+    assert!(written >= 3, "the change was applied: {written}");
+}
+
+#[test]
+fn metrics_are_prometheus_text_on_loopback() {
+    if !require_root("metrics_are_prometheus_text_on_loopback") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--metrics", &addr]).unwrap();
+    add_network(&d, &topo, "met");
+    set_service(&d, "met", "1", &topo.backend_ips);
+    for _ in 0..10 {
+        tcp_request(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    }
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut text = String::new();
+    conn.read_to_string(&mut text).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    let mut per_backend = BTreeMap::new();
+    for line in text.lines().filter(|l| {
+        l.starts_with("lb_packets_total{network=\"met\",service=\"vip 10.99.0.10\",backend=\"1")
+    }) {
+        let (labels, n) = line.rsplit_once(' ').unwrap();
+        per_backend.insert(labels.to_owned(), n.parse::<u64>().unwrap());
+    }
+    assert_eq!(per_backend.len(), 2, "{text}");
+    assert!(
+        per_backend.values().sum::<u64>() >= 10 * 3,
+        "SYN, data, ACKs: {per_backend:?}"
+    );
+    for needle in [
+        "lb_bytes_total{network=\"met\"",
+        "lb_conntrack_entries{network=\"met\"} ",
+        "lb_reconcile_duration_seconds_count ",
+        "# TYPE lb_reconcile_duration_seconds histogram",
+        "# TYPE lb_apply_errors_total counter",
+    ] {
+        assert!(text.contains(needle), "{needle} missing:\n{text}");
+    }
+    let refused = LbDaemon::start(lb(), bpffs.path(), &["--metrics", "0.0.0.0:9"]);
+    let err = format!(
+        "{:#}",
+        refused
+            .err()
+            .expect("a non-loopback metrics address is refused")
+    );
+    assert!(err.contains("loopback"), "{err}");
+}

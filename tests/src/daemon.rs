@@ -1,0 +1,171 @@
+//! A real `lb daemon` process for a test (or the demo): private state dir and socket, a
+//! bpffs the caller owns, stopped (by its own pid) when dropped.
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+
+pub struct LbDaemon {
+    lb: PathBuf,
+    bpffs: PathBuf,
+    dir: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+/// What one `lb` client command did.
+#[derive(Debug)]
+pub struct Run {
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn ok(&self) -> bool {
+        self.code == Some(0)
+    }
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Self {
+        Run {
+            code: o.status.code(),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl LbDaemon {
+    /// Starts `lb daemon` (binary `lb`) pinning under `bpffs`, with `extra` daemon flags.
+    pub fn start(lb: &Path, bpffs: &Path, extra: &[&str]) -> Result<Self> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "lbt-daemon-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mut d = LbDaemon {
+            lb: lb.to_path_buf(),
+            bpffs: bpffs.to_path_buf(),
+            dir,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        d.spawn()?;
+        Ok(d)
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("lb.sock")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("daemon.log")).unwrap_or_default()
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("daemon.log"))?;
+        let child = Command::new(&self.lb)
+            .arg("daemon")
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .arg("--socket")
+            .arg(self.socket())
+            .arg("--bpffs")
+            .arg(&self.bpffs)
+            .args(["--retry-secs", "1"])
+            .args(&self.extra)
+            .env("LB_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.lb.display()))?;
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(self.socket()).is_ok() {
+                return Ok(());
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait()? {
+                bail!("lb daemon exited with {status}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("lb daemon did not listen within 20s:\n{}", self.log())
+    }
+
+    /// `lb ARGS --socket …`.
+    pub fn cli(&self, args: &[&str]) -> Run {
+        Command::new(&self.lb)
+            .args(args)
+            .arg("--socket")
+            .arg(self.socket())
+            .output()
+            .expect("lb runs")
+            .into()
+    }
+
+    /// Like [`LbDaemon::cli`], and panics with everything `lb` said unless it succeeded.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let r = self.cli(args);
+        assert!(
+            r.ok(),
+            "lb {args:?} failed: {r:?}\ndaemon log:\n{}",
+            self.log()
+        );
+        r.stdout
+    }
+
+    /// SIGKILL: no clean-up of any kind, as a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// A new daemon process on the same state dir, socket and bpffs.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        self.spawn()
+    }
+
+    /// SIGTERM, then SIGKILL after 5s.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: signalling our own child by its pid.
+            unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for LbDaemon {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
