@@ -55,17 +55,23 @@ struct Client {
 enum Cmd {
     /// Run the daemon: owns the desired state and every network's dataplane.
     Daemon {
+        /// Where the desired state is kept (state.json, written before it is applied).
         #[arg(long, default_value = daemon::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+        /// The API socket (created 0600; root and the daemon's own user only).
         #[arg(long, env = "LB_SOCKET", default_value = DEFAULT_SOCKET)]
         socket: PathBuf,
+        /// Maps and links are pinned here, one directory per network, so a restarted daemon
+        /// adopts them without dropping a flow.
         #[arg(long, default_value = DEFAULT_BPFFS)]
         bpffs: PathBuf,
+        /// Which dataplane programs the networks (nftables: not built yet).
         #[arg(long, value_enum, default_value = "auto")]
         dataplane: DataplaneArg,
         /// Prometheus text on this loopback address (off unless given).
         #[arg(long)]
         metrics: Option<SocketAddr>,
+        /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]
         tc: TcChoice,
         /// Seconds between retries of a failed apply.
@@ -127,6 +133,7 @@ enum Cmd {
         bpffs: PathBuf,
         #[arg(long, default_value = oneshot::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+        /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]
         tc: TcChoice,
     },
@@ -136,6 +143,7 @@ enum Cmd {
         bpffs: PathBuf,
         #[arg(long, default_value = oneshot::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+        /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]
         tc: TcChoice,
     },

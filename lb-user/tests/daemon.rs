@@ -286,6 +286,79 @@ fn kill_9_keeps_20_open_connections_and_a_restart_reports_the_same() {
     );
 }
 
+#[test]
+fn a_network_removed_while_the_daemon_was_down_is_cleaned_up_at_start() {
+    if !require_root("a_network_removed_while_the_daemon_was_down_is_cleaned_up_at_start") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(&bpffs);
+    add_network(&d, &topo, "gone");
+    set_service(&d, "gone", "1", &topo.backend_ips);
+    tcp_request(&topo.client, VIP, PORT, TIMEOUT).expect("the VIP answers");
+    let alias_if = &topo.node_ifaces[0];
+    let aliases = || {
+        topo.node
+            .ip(["-4", "-o", "addr", "show", "dev", alias_if])
+            .unwrap()
+    };
+    let pins = bpffs.path().join("gone");
+    assert!(pins.exists() && aliases().contains(&format!("{VIP}/32")));
+    // TCX attachments (the daemon's default on this kernel), queried in the node's namespace:
+    // `bpftool net show` of this machine's bpftool does not list them.
+    let attached = || -> Vec<String> {
+        let ifname = alias_if.clone();
+        topo.node
+            .run(move || {
+                use aya::programs::{SchedClassifier, TcAttachType};
+                let (_, progs) = SchedClassifier::query_tcx(&ifname, TcAttachType::Ingress)
+                    .expect("querying TCX ingress");
+                progs
+                    .iter()
+                    .filter_map(|p| p.name_as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap()
+    };
+    assert!(
+        attached().iter().any(|p| p.starts_with("lb_")),
+        "attached: {:?}",
+        attached()
+    );
+
+    // The daemon is down while the state is replaced (config management, a restored backup).
+    d.stop();
+    assert!(
+        pins.exists(),
+        "a stopped daemon leaves its dataplane in place"
+    );
+    std::fs::write(
+        d.state_dir().join("state.json"),
+        DesiredState { networks: vec![] }.to_json(),
+    )
+    .unwrap();
+    d.restart().unwrap();
+    assert!(!pins.exists(), "the pins of the removed network are gone");
+    assert!(
+        !aliases().contains(&format!("{VIP}/32")),
+        "its VIP alias is gone: {}",
+        aliases()
+    );
+    assert!(
+        !attached().iter().any(|p| p.starts_with("lb_")),
+        "still attached: {:?}",
+        attached()
+    );
+    assert!(
+        tcp_request(&topo.client, VIP, PORT, Duration::from_secs(1)).is_err(),
+        "the VIP still answers"
+    );
+    assert_eq!(d.ok(&["network", "list"]).trim(), "");
+    println!("network removed while down: pins, alias and programs gone at start");
+}
+
 /// Everything observable that bad input must not change: the desired state and the maps.
 fn snapshot(d: &LbDaemon, bpffs: &Bpffs, network: &str) -> (String, Vec<String>) {
     let maps = [

@@ -23,3 +23,4 @@ pub mod traffic;
 
 pub mod bpffs;
 pub mod daemon;
+pub mod demo;

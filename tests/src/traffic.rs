@@ -208,11 +208,32 @@ fn serve_tcp(name: &str, stream: TcpStream) {
     let mut line = String::new();
     // Ends at EOF, on any error, and when `Drop` shuts the socket down (read returns 0).
     while matches!(lines.read_line(&mut line), Ok(n) if n > 0) {
+        if line.starts_with("GET ") {
+            return serve_http(lines, &answer);
+        }
         if (&stream).write_all(answer.as_bytes()).is_err() {
             return;
         }
         line.clear();
     }
+}
+
+/// An HTTP/1.0 GET (what a browser or curl sends, and the demo): the same answer line as the
+/// body of one response, then the connection closes.
+fn serve_http(mut lines: BufReader<&TcpStream>, answer: &str) {
+    let mut header = String::new();
+    while matches!(lines.read_line(&mut header), Ok(n) if n > 0) && header.trim_end() != "" {
+        header.clear();
+    }
+    let response = format!(
+        "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
+        answer.len()
+    );
+    let mut stream: &TcpStream = lines.get_ref();
+    let _ = stream.write_all(response.as_bytes());
+    // The accept loop holds a clone of this socket (to stop it on drop), so returning alone
+    // would not close it: the client reads until EOF.
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
 fn udp_loop(name: &str, udp: &UdpSocket, shared: &Shared) {
@@ -377,4 +398,38 @@ pub fn tcp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> 
 /// One datagram from a fresh UDP port in `ns` to `addr:port`: the answer line.
 pub fn udp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
     UdpSession::connect(ns, addr, port, timeout)?.ask()
+}
+
+/// `GET /` over HTTP/1.0 on a fresh connection from `ns` to `addr:port`: the body, without its
+/// newline, after checking the status line.
+pub fn http_get(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
+    use std::io::Read as _;
+    let peer = SocketAddrV4::new(addr, port);
+    let mut stream = ns
+        .run(|| TcpStream::connect_timeout(&peer.into(), timeout))?
+        .map_err(|e| {
+            exchange_error(
+                e,
+                &format!("http connect from {} to", ns.name()),
+                peer,
+                timeout,
+            )
+        })?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    write!(stream, "GET / HTTP/1.0\r\nHost: {peer}\r\n\r\n")
+        .map_err(|e| exchange_error(e, "http send to", peer, timeout))?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .map_err(|e| exchange_error(e, "http answer from", peer, timeout))?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("http answer from {peer} has no header end: {response:?}"))?;
+    ensure!(
+        head.starts_with("HTTP/1.0 200 "),
+        "http answer from {peer}: {:?}",
+        head.lines().next().unwrap_or_default()
+    );
+    Ok(body.trim_end_matches('\n').to_owned())
 }

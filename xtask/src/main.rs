@@ -85,10 +85,17 @@ fn main() -> Result<()> {
             test(&args)
         }
         Cmd::Demo => {
+            if !is_root() {
+                bail!(
+                    "the demo creates network namespaces and loads eBPF programs: run it as root"
+                );
+            }
             setup()?;
             build(false)?;
-            println!("lb demo: not built yet (the daemon and the NAT dataplane come first)");
-            Ok(())
+            // The demo itself lives in lb-tests (lb_tests::demo), shared with the test that
+            // keeps it green; here it only gets the `lb` binary just built.
+            let target = root().join("target/debug");
+            run(Command::new(target.join("lb-demo")).arg(target.join("lb")))
         }
         Cmd::Bench => {
             println!("lb bench: not built yet (the NAT dataplane comes first)");
