@@ -98,8 +98,20 @@ fn main() -> Result<()> {
             run(Command::new(target.join("lb-demo")).arg(target.join("lb")))
         }
         Cmd::Bench => {
-            println!("lb bench: not built yet (the NAT dataplane comes first)");
-            Ok(())
+            if !is_root() {
+                bail!("the benchmark loads eBPF programs: run it as root");
+            }
+            setup()?;
+            run(cargo().args([
+                "build",
+                "--locked",
+                "--release",
+                "-p",
+                "lb-tests",
+                "--bin",
+                "lb-bench",
+            ]))?;
+            run(&mut Command::new(root().join("target/release/lb-bench")))
         }
     }
 }
