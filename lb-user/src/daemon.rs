@@ -28,7 +28,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::{
     api::{self, MAX_REQUEST, Request, Response},
-    dataplane::{Dataplane, EbpfDataplane, SyncStats, ebpf::TcMode},
+    dataplane::{Dataplane, EbpfDataplane, NftDataplane, SyncStats, ebpf::TcMode, nft, probe},
     elements::network_elements,
     model::{DesiredState, Network},
     netlink::{Netlink, in_netns},
@@ -487,8 +487,16 @@ enum Job {
 }
 
 fn actor(mut daemon: Daemon, jobs: mpsc::Receiver<Job>, retry: Duration) {
+    // Retries run on a clock of their own: a steady stream of requests (a monitor polling
+    // `lb status`) must not postpone them.
+    let mut next_retry = std::time::Instant::now() + retry;
     loop {
-        match jobs.recv_timeout(retry) {
+        let now = std::time::Instant::now();
+        if now >= next_retry {
+            daemon.retry();
+            next_retry = now + retry;
+        }
+        match jobs.recv_timeout(next_retry.saturating_duration_since(now)) {
             Ok(Job::Api(req, reply)) => {
                 let mutates = req.mutates();
                 let resp = match daemon.handle(req) {
@@ -505,29 +513,85 @@ fn actor(mut daemon: Daemon, jobs: mpsc::Receiver<Job>, retry: Duration) {
             Ok(Job::Metrics(reply)) => {
                 let _ = reply.send(daemon.metrics());
             }
-            Err(mpsc::RecvTimeoutError::Timeout) => daemon.retry(),
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
     }
 }
 
-/// Picks the dataplane. `auto` is eBPF here; the nftables fallback is not built yet, so a
-/// kernel that cannot load the programs is reported as an error rather than half-served.
+/// Picks the dataplane: `auto` probes the kernel and falls back to nftables, saying why.
 fn dataplane(opts: &Options) -> Result<(Box<dyn Dataplane>, String)> {
+    let ebpf = || -> Result<Box<dyn Dataplane>> {
+        Ok(Box::new(EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?))
+    };
     match opts.dataplane {
-        DataplaneChoice::Nftables => bail!("the nftables dataplane is not built yet"),
-        DataplaneChoice::Ebpf => Ok((
-            Box::new(EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?),
-            "forced with --dataplane ebpf".into(),
+        DataplaneChoice::Nftables => Ok((
+            Box::new(NftDataplane),
+            "forced with --dataplane nftables".into(),
         )),
-        DataplaneChoice::Auto => {
-            let dp = EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?;
-            crate::dataplane::ebpf::EbpfNetwork::unpinned()
-                .context("the kernel cannot load the eBPF object (and the nftables fallback is not built yet)")?;
-            let reason = format!("auto: the eBPF object loads; TC by {:?}", dp.tc_mode());
-            Ok((Box::new(dp), reason))
+        DataplaneChoice::Ebpf => Ok((ebpf()?, "forced with --dataplane ebpf".into())),
+        DataplaneChoice::Auto => match probe::probe(opts.tc_mode) {
+            Ok(what) => Ok((ebpf()?, format!("auto: {what}"))),
+            Err(e) => {
+                let reason = format!("auto: fell back to nftables: {e:#}").replace('\n', " ");
+                tracing::warn!("{reason}");
+                Ok((Box::new(NftDataplane), reason))
+            }
+        },
+    }
+}
+
+/// Every network this state dir knows of (applied or desired), for retiring the dataplane
+/// that is not in use: unreadable files only mean less to clean up.
+fn known_networks(state_dir: &Path) -> Vec<Network> {
+    let mut out: BTreeMap<String, Network> = BTreeMap::new();
+    for file in [APPLIED, STATE] {
+        if let Ok(Some(s)) = read_state(&state_dir.join(file)) {
+            for n in s.networks {
+                out.insert(n.name.clone(), n);
+            }
         }
     }
+    out.into_values().collect()
+}
+
+/// Removes what the other dataplane left (a restart that switched dataplanes), so that two
+/// never translate the same traffic. VIP aliases stay: the dataplane in use keeps them.
+fn retire_other(in_use: &str, opts: &Options, networks: &[Network]) {
+    let result = if in_use == "nftables" {
+        retire_ebpf(opts, networks)
+    } else {
+        retire_nft(networks)
+    };
+    if let Err(e) = result {
+        tracing::warn!(error = %format!("{e:#}"), "removing the other dataplane's leftovers");
+    }
+}
+
+fn retire_ebpf(opts: &Options, networks: &[Network]) -> Result<()> {
+    for n in networks {
+        let dir = crate::dataplane::ebpf::pin_dir(&opts.bpffs, &n.name);
+        let (ifaces, tc_mode) = (n.interfaces.clone(), opts.tc_mode);
+        in_netns(n.netns.as_deref(), move || {
+            crate::dataplane::ebpf::detach_all(&dir, &ifaces, tc_mode)
+        })
+        .with_context(|| format!("network {}: detaching the eBPF programs", n.name))?;
+    }
+    if opts.bpffs.exists() {
+        EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?.remove_others(&[])?;
+    }
+    Ok(())
+}
+
+fn retire_nft(networks: &[Network]) -> Result<()> {
+    for n in networks {
+        in_netns(n.netns.as_deref(), {
+            let name = n.name.clone();
+            move || nft::delete_table(&name)
+        })
+        .with_context(|| format!("network {}: deleting its nftables table", n.name))?;
+    }
+    NftDataplane.remove_others(&[]).map(drop)
 }
 
 /// Binds the API socket: refuses to steal it from a live daemon, replaces a stale one, and
@@ -641,6 +705,7 @@ pub fn run(opts: Options) -> Result<()> {
         .context("starting the runtime")?;
     let (dp, reason) = dataplane(&opts)?;
     tracing::info!(dataplane = dp.name(), reason = %reason, "dataplane selected");
+    retire_other(dp.name(), &opts, &known_networks(&opts.state_dir));
     let daemon = Daemon::new(&opts.state_dir, dp, reason)?;
     let (jobs, rx) = mpsc::channel();
     let retry = opts.retry;

@@ -65,7 +65,8 @@ enum Cmd {
         /// adopts them without dropping a flow.
         #[arg(long, default_value = DEFAULT_BPFFS)]
         bpffs: PathBuf,
-        /// Which dataplane programs the networks (nftables: not built yet).
+        /// Which dataplane programs the networks: `auto` probes the kernel and falls back to
+        /// nftables (LB_PROBE_FAIL=REASON forces the fallback).
         #[arg(long, value_enum, default_value = "auto")]
         dataplane: DataplaneArg,
         /// Prometheus text on this loopback address (off unless given).
@@ -476,13 +477,15 @@ fn run(cli: Cli) -> Result<()> {
             show(&client, &v, |v| {
                 for f in v.as_array().into_iter().flatten() {
                     println!(
-                        "{} {} {} -> {} => {} age {}s",
+                        "{} {} {} -> {} => {} age {}",
                         s(&f["network"]),
                         s(&f["proto"]),
                         s(&f["client"]),
                         s(&f["service"]),
                         s(&f["backend"]),
                         f["age_secs"]
+                            .as_u64()
+                            .map_or("-".to_owned(), |a| format!("{a}s"))
                     );
                 }
             });

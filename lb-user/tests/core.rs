@@ -1164,3 +1164,28 @@ fn service_edits() {
     assert_eq!(net.remove_services("api", None), 2);
     assert_eq!(net.services.len(), 1);
 }
+
+/// The nftables dataplane's whole transaction for the shared-port state, pinned: the seed's
+/// maps and chains, elements exactly as `lb elements` renders them (host-bound ports in their
+/// own map), hairpin masquerade per interface. `nft_ruleset_is_accepted_by_nft` in the netns
+/// suite feeds the same text to a real `nft`.
+#[test]
+fn golden_nft_ruleset() {
+    let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();
+    let web = state.network("web").unwrap();
+    let got = lb_user::dataplane::nft::ruleset(web).unwrap();
+    if std::env::var_os("LB_BLESS").is_some() {
+        std::fs::write(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/golden/shared_port.web.nft"
+            ),
+            &got,
+        )
+        .unwrap();
+    }
+    assert_eq!(got, include_str!("golden/shared_port.web.nft"));
+    let edge = state.network("edge").unwrap();
+    let err = lb_user::dataplane::nft::ruleset(edge).unwrap_err();
+    assert!(err.to_string().contains("dsr"), "{err}");
+}

@@ -14,6 +14,7 @@ pub struct LbDaemon {
     dir: PathBuf,
     child: Option<Child>,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 /// What one `lb` client command did.
@@ -43,6 +44,16 @@ impl From<Output> for Run {
 impl LbDaemon {
     /// Starts `lb daemon` (binary `lb`) pinning under `bpffs`, with `extra` daemon flags.
     pub fn start(lb: &Path, bpffs: &Path, extra: &[&str]) -> Result<Self> {
+        Self::start_env(lb, bpffs, extra, &[])
+    }
+
+    /// Like [`LbDaemon::start`], with `env` added to the daemon's environment.
+    pub fn start_env(
+        lb: &Path,
+        bpffs: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lbt-daemon-{}-{}",
@@ -57,9 +68,22 @@ impl LbDaemon {
             dir,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
         };
+        d.set_env(env);
         d.spawn()?;
         Ok(d)
+    }
+
+    /// Daemon flags and environment for the next [`LbDaemon::restart`].
+    pub fn set_extra(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+    }
+
+    pub fn set_env(&mut self, env: &[(&str, &str)]) {
+        self.env = (env.iter())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -90,6 +114,7 @@ impl LbDaemon {
             .args(["--retry-secs", "1"])
             .args(&self.extra)
             .env("LB_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)

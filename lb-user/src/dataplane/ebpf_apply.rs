@@ -209,7 +209,7 @@ impl Dataplane for EbpfDataplane {
                 client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
                 service: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
                 backend: format!("{}:{}", ip(t.daddr), u16::from_be(t.dport)),
-                age_secs: now.saturating_sub(t.last_seen_ns) / 1_000_000_000,
+                age_secs: Some(now.saturating_sub(t.last_seen_ns) / 1_000_000_000),
             })
             .collect();
         flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));

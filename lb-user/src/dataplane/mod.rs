@@ -12,9 +12,12 @@ use anyhow::Result;
 
 pub mod ebpf;
 pub mod ebpf_apply;
+pub mod nft;
+pub mod probe;
 
 pub use ebpf::SyncStats;
 pub use ebpf_apply::EbpfDataplane;
+pub use nft::NftDataplane;
 
 use crate::model::Network;
 
@@ -25,7 +28,9 @@ pub struct Flow {
     pub client: String,
     pub service: String,
     pub backend: String,
-    pub age_secs: u64,
+    /// Seconds since the flow's last packet; `None` where the dataplane cannot tell (the
+    /// kernel's conntrack, behind the nftables dataplane, does not keep it).
+    pub age_secs: Option<u64>,
 }
 
 /// Packets and bytes of one service or backend, summed over CPUs.

@@ -1,0 +1,303 @@
+//! The nftables fallback through the real daemon and CLI: the probe forced to fail selects it
+//! (and says why), it serves a VIP and a published port, the kernel's table holds exactly
+//! `lb elements`, a failing `nft` keeps the last good ruleset until the next sync heals it,
+//! and switching dataplanes across a restart leaves nothing of the other. Root only.
+use std::{collections::BTreeSet, net::Ipv4Addr, os::unix::fs::PermissionsExt as _, path::Path};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::LbDaemon,
+    netns::Topology,
+    require_root,
+    traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
+};
+use lb_user::dataplane::nft::{listed_elements, table_name};
+use serde_json::Value;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const PORT: u16 = 8080;
+const PUBLISHED: u16 = 18080;
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+fn add_network(d: &LbDaemon, topo: &Topology, name: &str) {
+    let mut args = vec!["network", "add", name, "--netns", topo.node.name()];
+    for i in &topo.node_ifaces {
+        args.extend(["--interface", i.as_str()]);
+    }
+    d.ok(&args);
+}
+
+fn set_service(d: &LbDaemon, network: &str, generation: &str, backends: &[Ipv4Addr]) -> String {
+    let backends: Vec<String> = backends.iter().map(|b| b.to_string()).collect();
+    let (vip, port) = (VIP.to_string(), format!("tcp/{PUBLISHED}:{PORT}"));
+    let mut args = vec![
+        "service",
+        "set",
+        network,
+        "api",
+        "--generation",
+        generation,
+        "--vip",
+        &vip,
+        "--port",
+        &port,
+    ];
+    for b in &backends {
+        args.extend(["--backend", b.as_str()]);
+    }
+    d.ok(&args)
+}
+
+/// Which backends answer `n` new connections to the VIP and to the published port.
+fn answering(topo: &Topology, n: usize) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for (addr, port) in [(VIP, PORT), (topo.node_ip, PUBLISHED)] {
+        for _ in 0..n {
+            let r: Reply = tcp_request(&topo.client, addr, port, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{addr}:{port}: {e:#}"))
+                .parse()
+                .unwrap();
+            assert_eq!(*r.peer.ip(), topo.client_ip, "routed: no masquerade");
+            seen.insert(r.backend);
+        }
+    }
+    seen
+}
+
+fn status(d: &LbDaemon) -> Value {
+    serde_json::from_str(&d.ok(&["status", "--json"])).unwrap()
+}
+
+/// `nft -j list table` of the network's table in the node namespace, as elements.
+fn nft_elements(topo: &Topology, network: &str) -> String {
+    let json = topo
+        .node
+        .exec(["nft", "-j", "list", "table", "ip", &table_name(network)])
+        .unwrap();
+    let mut listed: Vec<String> = listed_elements(&json)
+        .unwrap()
+        .into_iter()
+        .map(|l| l.element.to_string())
+        .collect();
+    listed.sort();
+    listed.join("\n")
+}
+
+fn sorted_lines(s: &str) -> String {
+    let mut v: Vec<&str> = s.lines().collect();
+    v.sort();
+    v.join("\n")
+}
+
+#[test]
+fn forced_probe_failure_selects_nftables_which_serves_and_holds_exactly_the_elements() {
+    if !require_root(
+        "forced_probe_failure_selects_nftables_which_serves_and_holds_exactly_the_elements",
+    ) {
+        return;
+    }
+    let topo = Topology::new(3).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start_env(
+        lb(),
+        bpffs.path(),
+        &["--dataplane", "auto"],
+        &[("LB_PROBE_FAIL", "test of the fallback")],
+    )
+    .unwrap();
+    let s = status(&d);
+    assert_eq!(s["dataplane"], "nftables", "{s}");
+    let reason = s["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("fell back") && reason.contains("test of the fallback"),
+        "{reason}"
+    );
+    println!("status reason: {reason}");
+
+    add_network(&d, &topo, "nf");
+    set_service(&d, "nf", "1", &topo.backend_ips);
+    let seen = answering(&topo, 30);
+    assert_eq!(seen.len(), 3, "every backend answers: {seen:?}");
+
+    let elements = d.ok(&["elements", "nf"]);
+    assert_eq!(nft_elements(&topo, "nf"), sorted_lines(&elements));
+    println!("nft -j list table holds exactly lb elements:\n{elements}");
+
+    // A rolling update: generation 2 shares the VIP and the port; the union is partitioned.
+    let gen2 = [topo.backend_ips[0]];
+    set_service(&d, "nf", "2", &gen2);
+    d.ok(&["service", "rm", "nf", "api", "--generation", "1"]);
+    let elements = d.ok(&["elements", "nf"]);
+    assert_eq!(nft_elements(&topo, "nf"), sorted_lines(&elements));
+    assert_eq!(answering(&topo, 10), BTreeSet::from(["b0".to_owned()]));
+
+    let flows = d.ok(&["conntrack", "nf"]);
+    assert!(
+        flows.contains(&format!(
+            "-> {VIP}:{PORT} => {}:{PORT}",
+            topo.backend_ips[0]
+        )),
+        "kernel conntrack listed: {flows}"
+    );
+    let metrics_like = status(&d);
+    assert_eq!(metrics_like["dataplane"], "nftables");
+    d.ok(&["network", "rm", "nf"]);
+    assert!(
+        topo.node
+            .exec(["nft", "list", "table", "ip", &table_name("nf")])
+            .is_err(),
+        "the table goes with the network"
+    );
+}
+
+#[test]
+fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
+    if !require_root("a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    // A `nft` first on PATH that fails while the marker exists, as the seed's tests do.
+    let dir = std::env::temp_dir().join(format!("lbt-fake-nft-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let marker = dir.join("fail");
+    let fake = dir.join("nft");
+    let real = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("nft is installed (cargo xtask setup)");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nif [ -e {} ]; then echo 'nft: injected failure' >&2; exit 1; fi\nexec {real} \"$@\"\n",
+            marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let d = LbDaemon::start_env(
+        lb(),
+        bpffs.path(),
+        &["--dataplane", "nftables"],
+        &[("PATH", &path)],
+    )
+    .unwrap();
+    add_network(&d, &topo, "heal");
+    set_service(&d, "heal", "1", &topo.backend_ips[..1]);
+    assert_eq!(answering(&topo, 5), BTreeSet::from(["b0".to_owned()]));
+
+    std::fs::write(&marker, "").unwrap();
+    let vip = VIP.to_string();
+    let port = format!("tcp/{PUBLISHED}:{PORT}");
+    let b1 = topo.backend_ips[1].to_string();
+    let r = d.cli(&[
+        "service",
+        "set",
+        "heal",
+        "api",
+        "--generation",
+        "1",
+        "--vip",
+        &vip,
+        "--port",
+        &port,
+        "--backend",
+        &b1,
+    ]);
+    println!("while nft fails: {}", r.stderr.trim());
+    assert!(
+        !r.ok() && r.stderr.contains("saved, but") && r.stderr.contains("injected failure"),
+        "{r:?}"
+    );
+    let s = status(&d);
+    let err = s["networks"][0]["error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains("injected failure"),
+        "status shows the failure: {s}"
+    );
+    assert_eq!(
+        answering(&topo, 5),
+        BTreeSet::from(["b0".to_owned()]),
+        "the last good ruleset still serves"
+    );
+
+    std::fs::remove_file(&marker).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while status(&d)["networks"][0]["applied"] != true {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not healed: {}",
+            status(&d)
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(answering(&topo, 5), BTreeSet::from(["b1".to_owned()]));
+    assert_eq!(
+        nft_elements(&topo, "heal"),
+        sorted_lines(&d.ok(&["elements", "heal"]))
+    );
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn switching_dataplanes_across_a_restart_leaves_nothing_of_the_other() {
+    if !require_root("switching_dataplanes_across_a_restart_leaves_nothing_of_the_other") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "ebpf"]).unwrap();
+    add_network(&d, &topo, "sw");
+    set_service(&d, "sw", "1", &topo.backend_ips);
+    assert_eq!(answering(&topo, 20).len(), 2);
+    let pins = bpffs.path().join("sw");
+    assert!(pins.exists());
+
+    d.set_extra(&["--dataplane", "nftables"]);
+    d.restart().unwrap();
+    assert_eq!(status(&d)["dataplane"], "nftables");
+    assert!(!pins.exists(), "eBPF pins left after switching to nftables");
+    assert_eq!(answering(&topo, 20).len(), 2, "served by nftables");
+    assert_eq!(
+        nft_elements(&topo, "sw"),
+        sorted_lines(&d.ok(&["elements", "sw"]))
+    );
+
+    d.set_extra(&["--dataplane", "ebpf"]);
+    d.restart().unwrap();
+    assert_eq!(status(&d)["dataplane"], "ebpf");
+    assert!(
+        topo.node
+            .exec(["nft", "list", "table", "ip", &table_name("sw")])
+            .is_err(),
+        "the nftables table is left after switching back to eBPF"
+    );
+    assert!(pins.exists());
+    assert_eq!(answering(&topo, 20).len(), 2, "served by eBPF again");
+}
+
+#[test]
+fn a_passing_probe_selects_ebpf_and_says_what_it_checked() {
+    if !require_root("a_passing_probe_selects_ebpf_and_says_what_it_checked") {
+        return;
+    }
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "auto"]).unwrap();
+    let s = status(&d);
+    assert_eq!(s["dataplane"], "ebpf", "{s}");
+    let reason = s["reason"].as_str().unwrap();
+    assert!(reason.contains("pass the verifier"), "{reason}");
+    println!("status reason: {reason}");
+}
