@@ -1173,7 +1173,8 @@ fn service_edits() {
 fn golden_nft_ruleset() {
     let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();
     let web = state.network("web").unwrap();
-    let got = lb_user::dataplane::nft::ruleset(web).unwrap();
+    let subnets = [("veth-lb".to_owned(), Ipv4Addr::new(10, 0, 0, 1), 24)];
+    let got = lb_user::dataplane::nft::ruleset(web, &subnets).unwrap();
     if std::env::var_os("LB_BLESS").is_some() {
         std::fs::write(
             concat!(
@@ -1186,6 +1187,6 @@ fn golden_nft_ruleset() {
     }
     assert_eq!(got, include_str!("golden/shared_port.web.nft"));
     let edge = state.network("edge").unwrap();
-    let err = lb_user::dataplane::nft::ruleset(edge).unwrap_err();
+    let err = lb_user::dataplane::nft::ruleset(edge, &[]).unwrap_err();
     assert!(err.to_string().contains("dsr"), "{err}");
 }

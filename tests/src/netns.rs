@@ -56,6 +56,13 @@ fn ip() -> Command {
 /// a concurrent add whose file was created just before that mount finds it hidden and fails
 /// with "Bind /proc/self/ns/net -> /run/netns/NAME failed: No such file or directory".
 pub fn add_netns(name: &str) -> Result<()> {
+    let _lock = netns_add_lock()?;
+    output(ip().args(["netns", "add", name])).map(drop)
+}
+
+/// The machine-wide lock of `ip netns add` (and of stale clean-up), held while the returned
+/// file is open.
+fn netns_add_lock() -> Result<std::fs::File> {
     use std::os::fd::AsRawFd as _;
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -67,7 +74,7 @@ pub fn add_netns(name: &str) -> Result<()> {
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
         return Err(io::Error::last_os_error()).context("locking /run/lbt-netns-add.lock");
     }
-    output(ip().args(["netns", "add", name])).map(drop)
+    Ok(lock)
 }
 
 /// Deletes the named namespace. Idempotent: a name that is already gone (a concurrent
@@ -157,6 +164,10 @@ impl Netns {
     /// deletion that fails is printed, not returned, so that one stuck leftover does not stop
     /// the test that found it.
     pub fn stale_cleanup() -> Result<Vec<String>> {
+        // Under the `ip netns add` lock: a name whose file exists but is not yet mounted is
+        // being created (by a test that names a dead pid on purpose, or a run that reuses
+        // one), and deleting it then would make that `ip netns add` fail.
+        let _lock = netns_add_lock()?;
         let mut removed = Vec::new();
         for name in Netns::list()? {
             if owner_pid(&name).is_none_or(pid_alive) {

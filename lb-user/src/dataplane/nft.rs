@@ -64,8 +64,13 @@ fn quoted_set(names: &[String]) -> String {
     format!("{{ {} }}", q.join(", "))
 }
 
-/// The whole `nft -f` transaction of one sync of `network` (pure: the golden tests read it).
-pub fn ruleset(network: &Network) -> Result<String> {
+/// The IPv4 subnets on each of a network's interfaces (aliases excluded): what hairpin
+/// masquerade needs to know.
+pub type Subnets = [(String, Ipv4Addr, u8)];
+
+/// The whole `nft -f` transaction of one sync of `network`, given the `subnets` on its
+/// interfaces (pure: the golden tests read it).
+pub fn ruleset(network: &Network, subnets: &Subnets) -> Result<String> {
     if network.mode == Mode::Dsr {
         bail!(
             "network {}: mode dsr is not available on the nftables dataplane",
@@ -142,13 +147,17 @@ pub fn ruleset(network: &Network) -> Result<String> {
         Masquerade::Always => {
             let _ = writeln!(s, "\t\tct status dnat oifname {ifaces} counter masquerade");
         }
-        // Hairpin: a translated flow that leaves by the interface it came in on would be
-        // answered around the node, so it takes the node's address.
+        // Hairpin: a translated flow from a client on the segment it is sent back to would be
+        // answered around the node, so it takes the node's address. (The eBPF dataplane asks
+        // "does it leave by the interface it came in on"; postrouting has no input interface,
+        // so the equivalent here is the client's address being on the output's subnet.)
         Masquerade::Auto => {
-            for i in &network.interfaces {
+            for (ifname, addr, prefix) in subnets {
+                let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
+                let net = Ipv4Addr::from(u32::from(*addr) & mask);
                 let _ = writeln!(
                     s,
-                    "\t\tct status dnat iifname \"{i}\" oifname \"{i}\" counter masquerade"
+                    "\t\tct status dnat oifname \"{ifname}\" ip saddr {net}/{prefix} counter masquerade"
                 );
             }
         }
@@ -277,22 +286,24 @@ impl NftDataplane {
     }
 }
 
-fn apply_in_netns(
-    network: &Network,
-    previous: Option<&Network>,
-    script: &str,
-) -> Result<SyncStats> {
+fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
     let nl = Netlink::new()?;
+    let mut subnets = Vec::new();
     for i in &network.interfaces {
-        nl.ifindex(i)?;
+        for (addr, prefix) in nl.ipv4_addrs(i)? {
+            if prefix < 32 {
+                subnets.push((i.clone(), addr, prefix));
+            }
+        }
     }
+    let script = ruleset(network, &subnets)?;
     let alias_if = &network.interfaces[0];
     let want: BTreeSet<Ipv4Addr> = compose(network).vips.keys().copied().collect();
     let have: BTreeSet<Ipv4Addr> = nl.aliases(alias_if)?.into_iter().collect();
     for vip in want.difference(&have) {
         nl.add_alias(alias_if, *vip)?;
     }
-    nft(&["-f", "-"], Some(script))?;
+    nft(&["-f", "-"], Some(&script))?;
     // The whole table is declared again: every element is written.
     let mut stats = SyncStats {
         written: network_elements(network).len(),
@@ -354,10 +365,9 @@ impl Dataplane for NftDataplane {
         {
             self.remove(prev)?;
         }
-        let script = ruleset(network)?;
         let (net, prev) = (network.clone(), previous.cloned());
         let stats = in_netns(network.netns.as_deref(), move || {
-            apply_in_netns(&net, prev.as_ref(), &script)
+            apply_in_netns(&net, prev.as_ref())
         })
         .with_context(|| format!("network {}", network.name))?;
         tracing::info!(network = %network.name, table = %table_name(&network.name), "network applied (nftables)");
