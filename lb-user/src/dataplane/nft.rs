@@ -180,14 +180,12 @@ fn nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
         .stderr(Stdio::piped())
         .spawn()
         .context("running nft (is the nftables package installed?)")?;
-    if let Some(input) = stdin {
-        child
-            .stdin
-            .take()
-            .expect("piped stdin")
-            .write_all(input.as_bytes())
-            .context("writing the ruleset to nft")?;
-    }
+    // An nft that refuses early exits before reading everything (a broken pipe here): its
+    // own exit status and message say why, so the write error only counts if it succeeded.
+    let wrote = stdin.map(|input| {
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        pipe.write_all(input.as_bytes())
+    });
     let out = child.wait_with_output().context("waiting for nft")?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
@@ -197,6 +195,9 @@ fn nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
             out.status,
             err.trim().replace('\n', " ")
         );
+    }
+    if let Some(Err(e)) = wrote {
+        return Err(e).context("writing the ruleset to nft");
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
