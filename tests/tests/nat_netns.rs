@@ -216,7 +216,10 @@ fn xdp_vip_and_published_port_without_offload() {
 }
 
 /// 4000 new connections over 4 backends: the counts fit a uniform distribution (χ², 3 degrees
-/// of freedom, rejected at p = 0.001 above 16.266).
+/// of freedom, rejected at p = 1e-6 above 30.66). The case runs on three dataplanes in every
+/// CI run, so p = 0.001 failed a sound run about once in 300 (it did: χ² = 17.34); a real
+/// defect is far beyond either bound — one backend given half its share (500 of 1000
+/// expected) alone makes χ² ≈ 250.
 fn chi_square(plane: Plane, name: &str) {
     let topo = Topology::new(4).unwrap();
     let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
@@ -242,8 +245,8 @@ fn chi_square(plane: Plane, name: &str) {
     println!("{name}: {counts:?} chi2 = {chi2:.2}");
     assert_eq!(counts.len(), 4);
     assert!(
-        chi2 < 16.266,
-        "χ² = {chi2:.2} rejects uniformity at p = 0.001: {counts:?}"
+        chi2 < 30.66,
+        "χ² = {chi2:.2} rejects uniformity at p = 1e-6: {counts:?}"
     );
 }
 
