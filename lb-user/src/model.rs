@@ -399,6 +399,11 @@ impl DesiredState {
 }
 
 impl Network {
+    /// Every VIP a contribution claims (the aliases the network keeps on its first interface).
+    pub fn vips(&self) -> std::collections::BTreeSet<Ipv4Addr> {
+        self.services.iter().map(|s| s.vip).collect()
+    }
+
     /// Checks the network on its own: its names, its interfaces, each contribution, who owns
     /// each VIP and published port, and that every composed set fits the bucket space.
     ///

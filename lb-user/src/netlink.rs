@@ -6,6 +6,7 @@
 //! workers, never leave the host namespace). The methods block; they own a private
 //! current-thread runtime, so they are safe to call from a thread that is not a tokio worker.
 use std::{
+    collections::BTreeSet,
     ffi::CString,
     net::{IpAddr, Ipv4Addr},
     os::fd::AsRawFd as _,
@@ -148,7 +149,7 @@ impl Netlink {
         Ok(all)
     }
 
-    /// The /32 addresses on `ifname`: what [`Netlink::add_alias`] puts there.
+    /// The /32 addresses on `ifname`: what [`Netlink::add_aliases`] puts there.
     pub fn aliases(&self, ifname: &str) -> Result<Vec<Ipv4Addr>> {
         Ok(self
             .ipv4_addrs(ifname)?
@@ -158,33 +159,50 @@ impl Netlink {
             .collect())
     }
 
-    /// Adds `vip/32` to `ifname`, so the node answers ARP for it and accepts its traffic.
-    /// Idempotent: an alias already present is success.
-    pub fn add_alias(&self, ifname: &str, vip: Ipv4Addr) -> Result<()> {
+    /// Adds `vip/32` to `ifname` for every VIP of `want` that is not there yet, so the node
+    /// answers ARP for them and accepts their traffic. One dump, then one request per missing
+    /// alias: an apply at thousands of VIPs costs requests only for what changed.
+    pub fn add_aliases(&self, ifname: &str, want: &BTreeSet<Ipv4Addr>) -> Result<()> {
+        let have: BTreeSet<Ipv4Addr> = self.aliases(ifname)?.into_iter().collect();
         let index = self.ifindex(ifname)?;
-        let r = self.rt.block_on(
-            self.handle
-                .address()
-                .add(index, IpAddr::V4(vip), 32)
-                .execute(),
-        );
-        match r {
-            Ok(()) => Ok(()),
-            Err(e) if errno(&e) == Some(libc::EEXIST) => Ok(()),
-            Err(e) => Err(anyhow::Error::new(e))
-                .with_context(|| format!("adding alias {vip}/32 to {ifname}")),
+        for vip in want.difference(&have) {
+            let r = self.rt.block_on(
+                self.handle
+                    .address()
+                    .add(index, IpAddr::V4(*vip), 32)
+                    .execute(),
+            );
+            match r {
+                // Already present (a concurrent writer, a race with the dump) is success.
+                Ok(()) => {}
+                Err(e) if errno(&e) == Some(libc::EEXIST) => {}
+                Err(e) => {
+                    return Err(anyhow::Error::new(e))
+                        .with_context(|| format!("adding alias {vip}/32 to {ifname}"));
+                }
+            }
         }
+        Ok(())
     }
 
-    /// Removes `vip/32` from `ifname`. Idempotent: an alias already gone is success.
-    pub fn remove_alias(&self, ifname: &str, vip: Ipv4Addr) -> Result<()> {
-        let index = match self.ifindex(ifname) {
-            Ok(i) => i,
+    /// Removes `vip/32` from `ifname` for every VIP of `vips`, with one dump. Idempotent: an
+    /// alias already gone, or the interface itself, is success.
+    pub fn remove_aliases(&self, ifname: &str, vips: &BTreeSet<Ipv4Addr>) -> Result<()> {
+        if vips.is_empty() {
+            return Ok(());
+        }
+        let Ok(index) = self.ifindex(ifname) else {
             // The interface went away, and its addresses with it.
-            Err(_) => return Ok(()),
+            return Ok(());
         };
         let msgs = self.addr_messages(Some(index))?;
-        for msg in msgs.into_iter().filter(|m| Self::v4(m) == Some((vip, 32))) {
+        for msg in msgs {
+            let Some((vip, 32)) = Self::v4(&msg) else {
+                continue;
+            };
+            if !vips.contains(&vip) {
+                continue;
+            }
             match self.rt.block_on(self.handle.address().del(msg).execute()) {
                 Ok(()) => {}
                 Err(e) if errno(&e) == Some(libc::EADDRNOTAVAIL) => {}

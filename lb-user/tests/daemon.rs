@@ -12,7 +12,7 @@ use std::{
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::LbDaemon,
+    daemon::{LbDaemon, network_add, service_set},
     netns::{Netns, Topology},
     require_root,
     traffic::{Reply, TIMEOUT, TcpSession, spawn_backends, tcp_request},
@@ -42,35 +42,15 @@ fn start_on(bpffs: &Bpffs, dp: &str) -> LbDaemon {
     LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dp]).expect("lb daemon starts")
 }
 
-/// `lb network add NAME` over the topology's node interfaces.
 fn add_network(d: &LbDaemon, topo: &Topology, name: &str) {
-    let mut args = vec!["network", "add", name, "--netns", topo.node.name()];
-    for i in &topo.node_ifaces {
-        args.extend(["--interface", i.as_str()]);
-    }
-    d.ok(&args);
+    d.ok(&network_add(topo, name));
 }
 
 fn set_service(d: &LbDaemon, network: &str, generation: &str, backends: &[Ipv4Addr]) {
-    let backends: Vec<String> = backends.iter().map(|b| b.to_string()).collect();
-    let vip = VIP.to_string();
     let port = format!("tcp/{PUBLISHED}:{PORT}");
-    let mut args = vec![
-        "service",
-        "set",
-        network,
-        "api",
-        "--generation",
-        generation,
-        "--vip",
-        &vip,
-        "--port",
-        &port,
-    ];
-    for b in &backends {
-        args.extend(["--backend", b.as_str()]);
-    }
-    d.ok(&args);
+    d.ok(&service_set(
+        network, "api", generation, VIP, &port, backends,
+    ));
 }
 
 fn backend_of(topo: &Topology, name: &str) -> Ipv4Addr {

@@ -6,7 +6,7 @@ use std::{collections::BTreeSet, net::Ipv4Addr, os::unix::fs::PermissionsExt as 
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::LbDaemon,
+    daemon::{LbDaemon, network_add, service_set},
     netns::Topology,
     require_root,
     traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
@@ -23,32 +23,22 @@ fn lb() -> &'static Path {
 }
 
 fn add_network(d: &LbDaemon, topo: &Topology, name: &str) {
-    let mut args = vec!["network", "add", name, "--netns", topo.node.name()];
-    for i in &topo.node_ifaces {
-        args.extend(["--interface", i.as_str()]);
-    }
-    d.ok(&args);
+    d.ok(&network_add(topo, name));
 }
 
 fn set_service(d: &LbDaemon, network: &str, generation: &str, backends: &[Ipv4Addr]) -> String {
-    let backends: Vec<String> = backends.iter().map(|b| b.to_string()).collect();
-    let (vip, port) = (VIP.to_string(), format!("tcp/{PUBLISHED}:{PORT}"));
-    let mut args = vec![
-        "service",
-        "set",
+    d.ok(&service_set(
         network,
         "api",
-        "--generation",
         generation,
-        "--vip",
-        &vip,
-        "--port",
-        &port,
-    ];
-    for b in &backends {
-        args.extend(["--backend", b.as_str()]);
-    }
-    d.ok(&args)
+        VIP,
+        &port(),
+        backends,
+    ))
+}
+
+fn port() -> String {
+    format!("tcp/{PUBLISHED}:{PORT}")
 }
 
 /// Which backends answer `n` new connections to the VIP and to the published port.
@@ -197,23 +187,14 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
     assert_eq!(answering(&topo, 5), BTreeSet::from(["b0".to_owned()]));
 
     std::fs::write(&marker, "").unwrap();
-    let vip = VIP.to_string();
-    let port = format!("tcp/{PUBLISHED}:{PORT}");
-    let b1 = topo.backend_ips[1].to_string();
-    let r = d.cli(&[
-        "service",
-        "set",
+    let r = d.cli(&service_set(
         "heal",
         "api",
-        "--generation",
         "1",
-        "--vip",
-        &vip,
-        "--port",
-        &port,
-        "--backend",
-        &b1,
-    ]);
+        VIP,
+        &port(),
+        &topo.backend_ips[1..],
+    ));
     println!("while nft fails: {}", r.stderr.trim());
     assert!(
         !r.ok() && r.stderr.contains("saved, but") && r.stderr.contains("injected failure"),

@@ -1,12 +1,15 @@
 //! A real `lb daemon` process for a test (or the demo): private state dir and socket, a
 //! bpffs the caller owns, stopped (by its own pid) when dropped.
 use std::{
+    net::Ipv4Addr,
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
+
+use crate::netns::Topology;
 
 pub struct LbDaemon {
     lb: PathBuf,
@@ -39,6 +42,42 @@ impl From<Output> for Run {
             stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         }
     }
+}
+
+/// `lb network add NAME --netns NODE --interface …` over `topo`'s node interfaces (the first
+/// faces the client and carries the VIP aliases).
+pub fn network_add(topo: &Topology, name: &str) -> Vec<String> {
+    let mut args: Vec<String> = ["network", "add", name, "--netns", topo.node.name()]
+        .map(String::from)
+        .into();
+    for i in &topo.node_ifaces {
+        args.extend(["--interface".into(), i.clone()]);
+    }
+    args
+}
+
+/// `lb service set NETWORK ID --generation G --vip VIP --port PORT --backend B…`.
+pub fn service_set(
+    network: &str,
+    id: &str,
+    generation: &str,
+    vip: Ipv4Addr,
+    port: &str,
+    backends: &[Ipv4Addr],
+) -> Vec<String> {
+    let mut args: Vec<String> = ["service", "set", network, id, "--generation", generation]
+        .map(String::from)
+        .into();
+    args.extend([
+        "--vip".into(),
+        vip.to_string(),
+        "--port".into(),
+        port.into(),
+    ]);
+    for b in backends {
+        args.extend(["--backend".into(), b.to_string()]);
+    }
+    args
 }
 
 impl LbDaemon {
@@ -135,9 +174,9 @@ impl LbDaemon {
     }
 
     /// `lb ARGS --socket …`.
-    pub fn cli(&self, args: &[&str]) -> Run {
+    pub fn cli<S: AsRef<str>>(&self, args: &[S]) -> Run {
         Command::new(&self.lb)
-            .args(args)
+            .args(args.iter().map(AsRef::as_ref))
             .arg("--socket")
             .arg(self.socket())
             .output()
@@ -146,8 +185,9 @@ impl LbDaemon {
     }
 
     /// Like [`LbDaemon::cli`], and panics with everything `lb` said unless it succeeded.
-    pub fn ok(&self, args: &[&str]) -> String {
+    pub fn ok<S: AsRef<str>>(&self, args: &[S]) -> String {
         let r = self.cli(args);
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         assert!(
             r.ok(),
             "lb {args:?} failed: {r:?}\ndaemon log:\n{}",

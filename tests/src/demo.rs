@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result, ensure};
 
 use crate::{
     bpffs::Bpffs,
-    daemon::LbDaemon,
+    daemon::{LbDaemon, network_add, service_set},
     netns::Topology,
     traffic::{Reply, http_get, spawn_backends},
 };
@@ -92,21 +92,11 @@ pub fn run(lb: &Path, requests: usize, out: &mut dyn Write) -> Result<Report> {
     };
 
     step(out, "programming the service through the lb CLI")?;
-    let mut network = vec!["network", "add", "demo", "--netns", topo.node.name()];
-    for i in &topo.node_ifaces {
-        network.extend(["--interface", i.as_str()]);
-    }
-    lb_cmd(out, &network)?;
-    let vip = VIP.to_string();
+    let network = network_add(&topo, "demo");
+    lb_cmd(out, &network.iter().map(String::as_str).collect::<Vec<_>>())?;
     let port = format!("tcp/{PUBLISHED}:{HTTP_PORT}");
-    let backend_ips: Vec<String> = topo.backend_ips.iter().map(|b| b.to_string()).collect();
-    let mut service = vec![
-        "service", "set", "demo", "web", "--vip", &vip, "--port", &port,
-    ];
-    for b in &backend_ips {
-        service.extend(["--backend", b.as_str()]);
-    }
-    lb_cmd(out, &service)?;
+    let service = service_set("demo", "web", "1", VIP, &port, &topo.backend_ips);
+    lb_cmd(out, &service.iter().map(String::as_str).collect::<Vec<_>>())?;
 
     let half = requests / 2;
     step(

@@ -72,10 +72,6 @@ fn same_shape(a: &Network, b: &Network) -> bool {
     a.interfaces == b.interfaces && a.netns == b.netns && a.attach == b.attach && a.mode == b.mode
 }
 
-fn vips(network: &Network) -> BTreeSet<Ipv4Addr> {
-    network.services.iter().map(|s| s.vip).collect()
-}
-
 /// Everything of one apply that must run inside the network's namespace.
 fn apply_in_netns(
     dp: &mut EbpfNetwork,
@@ -97,13 +93,8 @@ fn apply_in_netns(
     let composed = compose(network);
     let plan = ebpf::plan(network, &composed);
     let alias_if = &network.interfaces[0];
-    let want: BTreeSet<Ipv4Addr> = composed.vips.keys().copied().collect();
-    // One dump instead of one request per VIP: a change at thousands of services must not
-    // cost thousands of netlink round trips.
-    let have: BTreeSet<Ipv4Addr> = nl.aliases(alias_if)?.into_iter().collect();
-    for vip in want.difference(&have) {
-        nl.add_alias(alias_if, *vip)?;
-    }
+    let want = network.vips();
+    nl.add_aliases(alias_if, &want)?;
     // The node's own addresses, without the VIP aliases: a VIP is matched on every port by
     // its own map, and thousands of aliases would not fit the local-address map.
     let node = NodeAddrs {
@@ -118,9 +109,10 @@ fn apply_in_netns(
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
     let stats = dp.sync(&plan, &node, &keep).context("writing maps")?;
-    for vip in previous_vips.difference(&want).filter(|v| have.contains(v)) {
-        nl.remove_alias(alias_if, *vip)?;
-    }
+    nl.remove_aliases(
+        alias_if,
+        &previous_vips.difference(&want).copied().collect(),
+    )?;
     Ok(stats)
 }
 
@@ -130,7 +122,7 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
-        let mut previous_vips = previous.map(vips).unwrap_or_default();
+        let mut previous_vips = previous.map(Network::vips).unwrap_or_default();
         if let Some(prev) = previous
             && !same_shape(prev, network)
         {
@@ -163,11 +155,7 @@ impl Dataplane for EbpfDataplane {
         let tc_mode = self.tc_mode;
         in_netns(network.netns.as_deref(), move || {
             ebpf::detach_all(&dir, &net.interfaces, tc_mode)?;
-            let nl = Netlink::new()?;
-            for vip in vips(&net) {
-                nl.remove_alias(&net.interfaces[0], vip)?;
-            }
-            Ok(())
+            Netlink::new()?.remove_aliases(&net.interfaces[0], &net.vips())
         })
         .with_context(|| format!("network {}: removing", network.name))?;
         tracing::info!(network = %network.name, "network removed");

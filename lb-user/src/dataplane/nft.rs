@@ -79,7 +79,7 @@ pub fn ruleset(network: &Network, subnets: &Subnets) -> Result<String> {
     }
     let table = table_name(&network.name);
     let elements = network_elements(network);
-    let vips: BTreeSet<Ipv4Addr> = compose(network).vips.keys().copied().collect();
+    let vips = network.vips();
     let ifaces = quoted_set(&network.interfaces);
     let mut s = String::new();
     // `add` then `delete` makes the delete valid whether or not the table exists; both and the
@@ -299,11 +299,8 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     }
     let script = ruleset(network, &subnets)?;
     let alias_if = &network.interfaces[0];
-    let want: BTreeSet<Ipv4Addr> = compose(network).vips.keys().copied().collect();
-    let have: BTreeSet<Ipv4Addr> = nl.aliases(alias_if)?.into_iter().collect();
-    for vip in want.difference(&have) {
-        nl.add_alias(alias_if, *vip)?;
-    }
+    let want = network.vips();
+    nl.add_aliases(alias_if, &want)?;
     nft(&["-f", "-"], Some(&script))?;
     // The whole table is declared again: every element is written.
     let mut stats = SyncStats {
@@ -311,10 +308,7 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
         ..SyncStats::default()
     };
     if let Some(prev) = previous {
-        let prev_vips: BTreeSet<Ipv4Addr> = prev.services.iter().map(|s| s.vip).collect();
-        for vip in prev_vips.difference(&want).filter(|v| have.contains(v)) {
-            nl.remove_alias(alias_if, *vip)?;
-        }
+        nl.remove_aliases(alias_if, &prev.vips().difference(&want).copied().collect())?;
         // As the eBPF dataplane does: UDP flows of a removed backend go (a UDP client would
         // otherwise stay pinned to a dead address); TCP flows end by themselves.
         let now: BTreeSet<Ipv4Addr> = (network.services.iter())
@@ -379,11 +373,7 @@ impl Dataplane for NftDataplane {
         let net = network.clone();
         in_netns(network.netns.as_deref(), move || {
             delete_table(&net.name)?;
-            let nl = Netlink::new()?;
-            for vip in net.services.iter().map(|s| s.vip).collect::<BTreeSet<_>>() {
-                nl.remove_alias(&net.interfaces[0], vip)?;
-            }
-            Ok(())
+            Netlink::new()?.remove_aliases(&net.interfaces[0], &net.vips())
         })
         .with_context(|| format!("network {}: removing", network.name))?;
         tracing::info!(network = %network.name, "network removed (nftables)");
@@ -475,7 +465,9 @@ impl Dataplane for NftDataplane {
     /// Per-element counters: the nat chain sees the first packet of each connection only, so
     /// here packets and bytes count new flows, not traffic.
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
-        let mut out: Vec<Count> = Vec::new();
+        // (service, backend) → (packets, bytes): one pass over the elements.
+        let mut sums: std::collections::BTreeMap<(String, Option<Ipv4Addr>), (u64, u64)> =
+            std::collections::BTreeMap::new();
         for l in Self::list(network)? {
             let (head, _) = l
                 .element
@@ -499,23 +491,19 @@ impl Dataplane for NftDataplane {
                 .next()
                 .and_then(|b| b.parse().ok());
             for b in [None, backend] {
-                match out
-                    .iter_mut()
-                    .find(|c| c.service == service && c.backend == b)
-                {
-                    Some(c) => {
-                        c.packets += l.packets;
-                        c.bytes += l.bytes;
-                    }
-                    None => out.push(Count {
-                        service: service.clone(),
-                        backend: b,
-                        packets: l.packets,
-                        bytes: l.bytes,
-                    }),
-                }
+                let sum = sums.entry((service.clone(), b)).or_default();
+                sum.0 += l.packets;
+                sum.1 += l.bytes;
             }
         }
-        Ok(out)
+        Ok(sums
+            .into_iter()
+            .map(|((service, backend), (packets, bytes))| Count {
+                service,
+                backend,
+                packets,
+                bytes,
+            })
+            .collect())
     }
 }
