@@ -381,6 +381,10 @@ impl Daemon {
         let mut networks = Vec::new();
         for n in self.desired.networks.clone() {
             let flows = self.dp.flows(&n).map(|f| f.len()).ok();
+            let warnings = self
+                .dp
+                .warnings(&n)
+                .unwrap_or_else(|e| vec![format!("checking the node: {e:#}")]);
             let last = self.stats.last_sync.get(&n.name);
             networks.push(json!({
                 "name": n.name,
@@ -392,6 +396,7 @@ impl Daemon {
                 "services": n.services.len(),
                 "backends": n.services.iter().map(|s| s.backends.len()).sum::<usize>(),
                 "flows": flows,
+                "warnings": warnings,
                 "last_sync": last.map(|s| json!({"written": s.written, "deleted": s.deleted, "flows_flushed": s.flows_flushed})),
             }));
         }

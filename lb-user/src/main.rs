@@ -516,6 +516,9 @@ fn run(cli: Cli) -> Result<()> {
                             .collect::<Vec<_>>()
                             .join(",")
                     );
+                    for w in n["warnings"].as_array().into_iter().flatten() {
+                        println!("  warning: {}", s(w));
+                    }
                 }
             });
             Ok(())

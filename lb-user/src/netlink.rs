@@ -15,7 +15,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use futures_util::TryStreamExt as _;
-use netlink_packet_route::address::{AddressAttribute, AddressMessage};
+use netlink_packet_route::{
+    address::{AddressAttribute, AddressMessage},
+    link::{InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkInfo, LinkMessage},
+};
 
 /// Runs `f` on a new thread that has joined network namespace `netns` (a name under
 /// /run/netns, or a path such as /proc/PID/ns/net); `None` runs it in the caller's namespace,
@@ -213,5 +216,51 @@ impl Netlink {
             }
         }
         Ok(())
+    }
+
+    /// The ports of bridge `ifname` whose hairpin mode is off (sorted), or `None` when
+    /// `ifname` is not a bridge. One link dump.
+    pub fn ports_without_hairpin(&self, ifname: &str) -> Result<Option<Vec<String>>> {
+        let index = self.ifindex(ifname)?;
+        let links: Vec<LinkMessage> = self.rt.block_on(async {
+            (self.handle.link().get().execute())
+                .try_collect()
+                .await
+                .context("listing links")
+        })?;
+        let infos = |m: &LinkMessage| -> Vec<LinkInfo> {
+            (m.attributes.iter())
+                .filter_map(|a| match a {
+                    LinkAttribute::LinkInfo(i) => Some(i.clone()),
+                    _ => None,
+                })
+                .flatten()
+                .collect()
+        };
+        let is_bridge = (links.iter())
+            .find(|m| m.header.index == index)
+            .is_some_and(|m| infos(m).contains(&LinkInfo::Kind(InfoKind::Bridge)));
+        if !is_bridge {
+            return Ok(None);
+        }
+        let mut off = Vec::new();
+        for m in &links {
+            if !m.attributes.contains(&LinkAttribute::Controller(index)) {
+                continue;
+            }
+            let hairpin = infos(m).iter().any(|i| {
+                matches!(i, LinkInfo::PortData(InfoPortData::BridgePort(p))
+                    if p.contains(&InfoBridgePort::HairpinMode(true)))
+            });
+            if !hairpin {
+                let name = m.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfName(n) => Some(n.clone()),
+                    _ => None,
+                });
+                off.push(name.unwrap_or_else(|| format!("if{}", m.header.index)));
+            }
+        }
+        off.sort();
+        Ok(Some(off))
     }
 }

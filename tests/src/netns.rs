@@ -399,7 +399,7 @@ impl Topology {
         node.create_bridge(NODE_BRIDGE)?;
         node.up(NODE_BRIDGE, Some(topo.node_backend_ip))?;
         for (i, backend) in topo.backends.iter().enumerate() {
-            let port = format!("lbb{i}");
+            let port = Self::bridge_port(i);
             node.veth(&port, backend, ENDPOINT_IF)?;
             node.enslave(&port, NODE_BRIDGE)?;
         }
@@ -500,6 +500,23 @@ impl Topology {
             .chain(iter::once(&self.client))
             .chain(&self.switch)
             .chain(iter::once(&self.node))
+    }
+
+    /// The node bridge's port facing backend `i` in [`Topology::new`].
+    pub fn bridge_port(i: usize) -> String {
+        format!("lbb{i}")
+    }
+
+    /// Sets hairpin mode on every port of the node bridge of [`Topology::new`], as Docker (with
+    /// the userland proxy off) and the CNI bridge plugin (`hairpinMode`) do on theirs.
+    pub fn set_hairpin(&self, on: bool) -> Result<()> {
+        let on = if on { "on" } else { "off" };
+        for i in 0..self.backends.len() {
+            let port = Self::bridge_port(i);
+            self.node
+                .ip(["link", "set", &port, "type", "bridge_slave", "hairpin", on])?;
+        }
+        Ok(())
     }
 
     /// Sets tx checksum offload on every interface of every namespace of the topology (bridges

@@ -54,4 +54,9 @@ pub trait Dataplane: Send {
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>>;
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>>;
+    /// Conditions of the node, outside what lb writes, under which part of the network's
+    /// service will not work on this dataplane; `lb status` shows them.
+    fn warnings(&mut self, _network: &Network) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
 }

@@ -338,6 +338,53 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     Ok(stats)
 }
 
+/// Where br_netfilter hands the IP hooks a bridge's frames (a node running Docker or
+/// Kubernetes loads it).
+const BR_NETFILTER: &str = "/proc/sys/net/bridge/bridge-nf-call-iptables";
+
+/// One line per bridge of the network on which a backend balanced to *itself* through its own
+/// VIP or published port would get no answer, naming the ports at fault.
+///
+/// Why: with br_netfilter on, the IP prerouting hook (our DNAT) runs from the bridge layer, and
+/// when the new destination is on the same bridge the kernel *bridges* the frame to it instead
+/// of routing it (`br_nf_pre_routing_finish`'s bridged DNAT). A peer backend gets it, and
+/// postrouting still masquerades it; the asking backend does not, because a bridge sends a
+/// frame back out the port it came in by only when that port is in hairpin mode. Docker (with
+/// the userland proxy off) and the CNI bridge plugin (`hairpinMode`) set it on the ports they
+/// create; lb does not change ports it does not own, it says so. The eBPF dataplane translates
+/// on the bridge's own ingress, after the bridge layer has delivered the frame locally, so it
+/// has no such case. Reads the calling thread's namespace (/proc/sys/net is per namespace).
+fn hairpin_warnings_here(network: &Network) -> Result<Vec<String>> {
+    if network.masquerade == Masquerade::Never {
+        // Nothing hairpins without masquerade, on either dataplane.
+        return Ok(Vec::new());
+    }
+    match std::fs::read_to_string(BR_NETFILTER) {
+        Ok(v) if v.trim() == "1" => {}
+        // br_netfilter not loaded, or off here: the DNATed frame is routed and masqueraded.
+        Ok(_) => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {BR_NETFILTER}")),
+    }
+    let nl = Netlink::new()?;
+    let mut warnings = Vec::new();
+    for bridge in &network.interfaces {
+        if let Some(ports) = nl.ports_without_hairpin(bridge)?
+            && !ports.is_empty()
+        {
+            warnings.push(format!(
+                "bridge {bridge}: hairpin mode is off on port(s) {} while br_netfilter is on \
+                 (net.bridge.bridge-nf-call-iptables=1), so a backend behind them balanced to \
+                 itself through its own VIP or published port gets no answer; turn it on as \
+                 Docker and the CNI bridge plugin do: ip link set PORT type bridge_slave \
+                 hairpin on",
+                ports.join(", ")
+            ));
+        }
+    }
+    Ok(warnings)
+}
+
 /// Deletes network `name`'s table in the calling thread's namespace, if there is one.
 pub fn delete_table(name: &str) -> Result<()> {
     let table = table_name(name);
@@ -366,6 +413,18 @@ impl Dataplane for NftDataplane {
         })
         .with_context(|| format!("network {}", network.name))?;
         tracing::info!(network = %network.name, table = %table_name(&network.name), "network applied (nftables)");
+        // Said once per apply, that is once per change of the network; `lb status` says it
+        // for as long as it holds (ports come and go without a sync).
+        match self.warnings(network) {
+            Ok(w) => {
+                for warning in w {
+                    tracing::warn!(network = %network.name, "{warning}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(network = %network.name, error = %format!("{e:#}"), "checking bridge hairpin modes")
+            }
+        }
         Ok(stats)
     }
 
@@ -404,6 +463,14 @@ impl Dataplane for NftDataplane {
             removed.push(network.to_owned());
         }
         Ok(removed)
+    }
+
+    fn warnings(&mut self, network: &Network) -> Result<Vec<String>> {
+        let net = network.clone();
+        in_netns(network.netns.as_deref(), move || {
+            hairpin_warnings_here(&net)
+        })
+        .with_context(|| format!("network {}", network.name))
     }
 
     /// The kernel's conntrack entries translated to one of this network's services.
