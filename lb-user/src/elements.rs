@@ -107,11 +107,9 @@ pub fn dsr_elements(composed: &Composed) -> Vec<Element> {
 /// moby, the NAT table as well as the real-server map (validation keeps its published-port
 /// map empty, so its NAT part is the VIP map alone).
 pub fn network_elements(network: &Network) -> Vec<Element> {
-    let maps = match network.mode {
-        Mode::Nat => Maps::Nat,
-        Mode::Dsr => Maps::Both,
-    };
-    elements(&compose(network), maps)
+    (placed_elements(network).into_iter())
+        .map(|p| p.element)
+        .collect()
 }
 
 /// One element per line, each ending in a newline; nothing for no elements.
@@ -126,25 +124,69 @@ enum Maps {
     Both,
 }
 
-/// The key of one composed set, ordered structurally (see the module comment).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum SetKey {
+/// The key of one composed set — a service as counters name it — ordered structurally (see
+/// the module comment).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SetKey {
     Vip(Ipv4Addr),
     Port(PortKey),
 }
 
+impl fmt::Display for SetKey {
+    /// `vip 10.99.0.10`, `tcp/8080`, `tcp/8080@192.168.1.10`: the `service` label of the
+    /// metrics, on every dataplane.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SetKey::Vip(vip) => write!(f, "vip {vip}"),
+            SetKey::Port(key) => key.fmt(f),
+        }
+    }
+}
+
+/// An element with the set it belongs to and the backend it sends to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placed {
+    pub set: SetKey,
+    pub backend: Ipv4Addr,
+    pub element: Element,
+}
+
+/// [`network_elements`], each with its set and backend (what per-element counters are
+/// reported under), in the same order.
+pub fn placed_elements(network: &Network) -> Vec<Placed> {
+    let maps = match network.mode {
+        Mode::Nat => Maps::Nat,
+        Mode::Dsr => Maps::Both,
+    };
+    placed(&compose(network), maps)
+}
+
 fn elements(composed: &Composed, maps: Maps) -> Vec<Element> {
+    placed(composed, maps)
+        .into_iter()
+        .map(|p| p.element)
+        .collect()
+}
+
+fn placed(composed: &Composed, maps: Maps) -> Vec<Placed> {
     let nat = maps != Maps::Dsr;
     let dsr = maps != Maps::Nat;
-    let mut rows: Vec<(&'static str, SetKey, Interval, String)> = Vec::new();
+    let mut rows: Vec<(&'static str, SetKey, Interval, Ipv4Addr, String)> = Vec::new();
     for (&vip, backends) in &composed.vips {
-        for (interval, backend) in equal_weight_intervals(backends, BUCKETS) {
+        for (interval, &backend) in equal_weight_intervals(backends, BUCKETS) {
             let value = backend.to_string();
             if dsr {
-                rows.push((REAL_SERVER, SetKey::Vip(vip), interval, value.clone()));
+                let row = (
+                    REAL_SERVER,
+                    SetKey::Vip(vip),
+                    interval,
+                    backend,
+                    value.clone(),
+                );
+                rows.push(row);
             }
             if nat {
-                rows.push((NAT_SERVICE_VIP, SetKey::Vip(vip), interval, value));
+                rows.push((NAT_SERVICE_VIP, SetKey::Vip(vip), interval, backend, value));
             }
         }
     }
@@ -155,30 +197,35 @@ fn elements(composed: &Composed, maps: Maps) -> Vec<Element> {
                     NAT_PUBLISH_PORT,
                     SetKey::Port(key),
                     interval,
+                    *ip,
                     format!("{ip} . {target}"),
                 ));
             }
         }
     }
     // (map, set, interval) is unique per element, so the value never decides the order.
-    rows.sort_unstable_by_key(|(map, set, interval, _)| (*map, *set, *interval));
+    rows.sort_unstable_by_key(|(map, set, interval, _, _)| (*map, *set, *interval));
     rows.into_iter()
-        .map(|(map, set, interval, value)| Element {
-            map,
-            key: match set {
-                SetKey::Vip(vip) => format!("{vip} . {interval}"),
-                SetKey::Port(PortKey {
-                    host_ip: None,
-                    proto,
-                    port,
-                }) => format!("{proto} . {port} . {interval}"),
-                SetKey::Port(PortKey {
-                    host_ip: Some(host_ip),
-                    proto,
-                    port,
-                }) => format!("{host_ip} . {proto} . {port} . {interval}"),
+        .map(|(map, set, interval, backend, value)| Placed {
+            set,
+            backend,
+            element: Element {
+                map,
+                key: match set {
+                    SetKey::Vip(vip) => format!("{vip} . {interval}"),
+                    SetKey::Port(PortKey {
+                        host_ip: None,
+                        proto,
+                        port,
+                    }) => format!("{proto} . {port} . {interval}"),
+                    SetKey::Port(PortKey {
+                        host_ip: Some(host_ip),
+                        proto,
+                        port,
+                    }) => format!("{host_ip} . {proto} . {port} . {interval}"),
+                },
+                value,
             },
-            value,
         })
         .collect()
 }

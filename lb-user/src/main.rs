@@ -225,6 +225,17 @@ fn main() {
 }
 
 /// Sends `req` and returns the result, or the daemon's error as ours.
+/// Every value of a repeated flag, the first bad one named with its flag.
+fn parse_each<T>(values: &[String], flag: &str) -> Result<Vec<T>>
+where
+    T: std::str::FromStr,
+    T::Err: std::error::Error + Send + Sync + 'static,
+{
+    (values.iter())
+        .map(|v| v.parse::<T>().with_context(|| format!("{flag} {v}")))
+        .collect()
+}
+
 fn call(client: &Client, req: &Request) -> Result<Value> {
     let resp = api::call(&client.socket, req)?;
     match (resp.ok, resp.result, resp.error) {
@@ -347,20 +358,8 @@ fn run(cli: Cli) -> Result<()> {
                     id: service_id,
                     generation,
                     vip: model::parse_ipv4(&vip).context("--vip")?,
-                    backends: backends
-                        .iter()
-                        .map(|b| {
-                            b.parse::<Backend>()
-                                .with_context(|| format!("--backend {b}"))
-                        })
-                        .collect::<Result<_>>()?,
-                    ports: ports
-                        .iter()
-                        .map(|p| {
-                            p.parse::<PortConfig>()
-                                .with_context(|| format!("--port {p}"))
-                        })
-                        .collect::<Result<_>>()?,
+                    backends: parse_each::<Backend>(&backends, "--backend")?,
+                    ports: parse_each::<PortConfig>(&ports, "--port")?,
                 };
                 done(
                     &client,

@@ -122,6 +122,13 @@ impl Proto {
             Proto::Sctp => lb_common::IPPROTO_SCTP,
         }
     }
+
+    /// The protocol of IP protocol number `n`, if ports can be published for it.
+    pub fn from_number(n: u8) -> Option<Proto> {
+        [Proto::Tcp, Proto::Udp, Proto::Sctp]
+            .into_iter()
+            .find(|p| p.number() == n)
+    }
 }
 
 /// Everything `lb` should program, all networks at once (`lb apply` replaces it wholesale).

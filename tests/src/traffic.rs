@@ -285,6 +285,24 @@ fn exchange_error(
     }
 }
 
+/// A TCP connection from `ns` to `peer` whose connect, sends and reads each time out after
+/// `timeout`; `what` names it in errors (`tcp`, `http`).
+fn connect_tcp(ns: &Netns, peer: SocketAddrV4, timeout: Duration, what: &str) -> Result<TcpStream> {
+    let stream = ns
+        .run(|| TcpStream::connect_timeout(&peer.into(), timeout))?
+        .map_err(|e| {
+            exchange_error(
+                e,
+                &format!("{what} connect from {} to", ns.name()),
+                peer,
+                timeout,
+            )
+        })?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    Ok(stream)
+}
+
 /// A TCP connection made from inside a namespace, asked many times: the flow (and so the
 /// backend lb picked for it) stays the same for its whole life.
 pub struct TcpSession {
@@ -298,18 +316,7 @@ impl TcpSession {
     /// `timeout`.
     pub fn connect(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<TcpSession> {
         let peer = SocketAddrV4::new(addr, port);
-        let stream = ns
-            .run(|| TcpStream::connect_timeout(&peer.into(), timeout))?
-            .map_err(|e| {
-                exchange_error(
-                    e,
-                    &format!("tcp connect from {} to", ns.name()),
-                    peer,
-                    timeout,
-                )
-            })?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
+        let stream = connect_tcp(ns, peer, timeout, "tcp")?;
         Ok(TcpSession {
             lines: BufReader::new(stream),
             peer,
@@ -405,18 +412,7 @@ pub fn udp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> 
 pub fn http_get(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
     use std::io::Read as _;
     let peer = SocketAddrV4::new(addr, port);
-    let mut stream = ns
-        .run(|| TcpStream::connect_timeout(&peer.into(), timeout))?
-        .map_err(|e| {
-            exchange_error(
-                e,
-                &format!("http connect from {} to", ns.name()),
-                peer,
-                timeout,
-            )
-        })?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
+    let mut stream = connect_tcp(ns, peer, timeout, "http")?;
     write!(stream, "GET / HTTP/1.0\r\nHost: {peer}\r\n\r\n")
         .map_err(|e| exchange_error(e, "http send to", peer, timeout))?;
     let mut response = String::new();

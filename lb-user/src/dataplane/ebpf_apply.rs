@@ -20,8 +20,9 @@ use super::{
     ebpf::{self, EbpfNetwork, NodeAddrs, ServiceKey, SyncStats, TcMode, ip},
 };
 use crate::{
-    compose::compose,
-    model::Network,
+    compose::{PortKey, compose},
+    elements::SetKey,
+    model::{Network, Proto},
     netlink::{Netlink, in_netns},
 };
 
@@ -230,26 +231,25 @@ impl Dataplane for EbpfDataplane {
     }
 }
 
-pub fn proto_name(proto: u8) -> String {
-    match proto {
-        lb_common::IPPROTO_TCP => "tcp".into(),
-        lb_common::IPPROTO_UDP => "udp".into(),
-        lb_common::IPPROTO_SCTP => "sctp".into(),
-        p => p.to_string(),
-    }
+/// `tcp`, `udp`, `sctp`, or the number of a protocol lb does not publish.
+fn proto_name(proto: u8) -> String {
+    Proto::from_number(proto).map_or_else(|| proto.to_string(), |p| p.to_string())
 }
 
+/// The composed set a service entry holds, as [`SetKey`]'s `Display` names it for every
+/// dataplane. lb writes only protocols it publishes; anything else is shown raw.
 fn service_label(key: &ServiceKey) -> String {
-    match *key {
-        ServiceKey::Vip(a) => format!("vip {}", ip(a)),
-        ServiceKey::Port { addr, port, proto } => {
-            let mut s = format!("{}/{}", proto_name(proto), u16::from_be(port));
-            if addr != 0 {
-                s.push_str(&format!("@{}", ip(addr)));
-            }
-            s
-        }
-    }
+    let set = match *key {
+        ServiceKey::Vip(a) => Some(SetKey::Vip(ip(a))),
+        ServiceKey::Port { addr, port, proto } => Proto::from_number(proto).map(|proto| {
+            SetKey::Port(PortKey {
+                host_ip: (addr != 0).then(|| ip(addr)),
+                proto,
+                port: u16::from_be(port),
+            })
+        }),
+    };
+    set.map_or_else(|| format!("{key:?}"), |s| s.to_string())
 }
 
 /// CLOCK_MONOTONIC, the clock `bpf_ktime_get_ns` reads.

@@ -19,7 +19,7 @@
 //! a third map, `nat-publish-port-host`, consulted before `nat-publish-port`; both read back
 //! as `nat-publish-port` elements in DESIGN.md's notation.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet, HashMap},
     fmt::Write as _,
     io::Write as _,
     net::Ipv4Addr,
@@ -32,7 +32,9 @@ use serde_json::Value;
 use super::{Count, Dataplane, Flow, SyncStats};
 use crate::{
     compose::compose,
-    elements::{Element, NAT_PUBLISH_PORT, NAT_SERVICE_VIP, network_elements},
+    elements::{
+        Element, NAT_PUBLISH_PORT, NAT_SERVICE_VIP, SetKey, network_elements, placed_elements,
+    },
     model::{Masquerade, Mode, Network},
     netlink::{Netlink, in_netns},
 };
@@ -530,43 +532,30 @@ impl Dataplane for NftDataplane {
     }
 
     /// Per-element counters: the nat chain sees the first packet of each connection only, so
-    /// here packets and bytes count new flows, not traffic.
+    /// here packets and bytes count new flows, not traffic. Each element is reported under
+    /// the set and backend the desired state places it in; a sync replaces the table
+    /// wholesale, so the table holds exactly those, except while a sync is failing, when the
+    /// elements only the previous state had are left out until the retry heals it.
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
+        let owner: HashMap<Element, (SetKey, Ipv4Addr)> = (placed_elements(network).into_iter())
+            .map(|p| (p.element, (p.set, p.backend)))
+            .collect();
         // (service, backend) → (packets, bytes): one pass over the elements.
-        let mut sums: std::collections::BTreeMap<(String, Option<Ipv4Addr>), (u64, u64)> =
-            std::collections::BTreeMap::new();
+        let mut sums: BTreeMap<(SetKey, Option<Ipv4Addr>), (u64, u64)> = BTreeMap::new();
         for l in Self::list(network)? {
-            let (head, _) = l
-                .element
-                .key
-                .rsplit_once(" . ")
-                .unwrap_or((&l.element.key, ""));
-            let service = if l.element.map == NAT_SERVICE_VIP {
-                format!("vip {head}")
-            } else {
-                let parts: Vec<&str> = head.split(" . ").collect();
-                match parts.as_slice() {
-                    [host, proto, port] => format!("{proto}/{port}@{host}"),
-                    [proto, port] => format!("{proto}/{port}"),
-                    _ => head.to_owned(),
-                }
+            let Some(&(set, backend)) = owner.get(&l.element) else {
+                continue;
             };
-            let backend = l
-                .element
-                .value
-                .split(" . ")
-                .next()
-                .and_then(|b| b.parse().ok());
-            for b in [None, backend] {
-                let sum = sums.entry((service.clone(), b)).or_default();
+            for b in [None, Some(backend)] {
+                let sum = sums.entry((set, b)).or_default();
                 sum.0 += l.packets;
                 sum.1 += l.bytes;
             }
         }
         Ok(sums
             .into_iter()
-            .map(|((service, backend), (packets, bytes))| Count {
-                service,
+            .map(|((set, backend), (packets, bytes))| Count {
+                service: set.to_string(),
                 backend,
                 packets,
                 bytes,
