@@ -1,4 +1,5 @@
-//! Shared helpers of the root-only tests: the root guard, packet builders, netns guards.
+//! Shared helpers of the root-only tests: the root guard, packet builders, netns guards, and
+//! real traffic with operators' tools.
 
 /// Whether a root-only test may run. Off root it prints why and returns false so the test can
 /// return early; under `CI=true` (CI runs as root) an unprivileged run is a failure, never a
@@ -19,6 +20,7 @@ pub fn require_root(test: &str) -> bool {
 
 pub mod netns;
 pub mod packet;
+pub mod tools;
 pub mod traffic;
 
 pub mod bpffs;

@@ -422,8 +422,11 @@ pub fn http_get(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Res
     let (head, body) = response
         .split_once("\r\n\r\n")
         .with_context(|| format!("http answer from {peer} has no header end: {response:?}"))?;
+    // An HTTP/1.1 server (nginx) answers a 1.0 request with a 1.1 status line.
     ensure!(
-        head.starts_with("HTTP/1.0 200 "),
+        ["HTTP/1.0 200 ", "HTTP/1.1 200 "]
+            .iter()
+            .any(|status| head.starts_with(status)),
         "http answer from {peer}: {:?}",
         head.lines().next().unwrap_or_default()
     );
