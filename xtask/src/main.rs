@@ -8,6 +8,7 @@ use std::{
     ffi::OsStr,
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -19,14 +20,23 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages the tests, the demo and an operator's inspection commands use.
 const DEBIAN_PACKAGES: &[&str] = &[
-    "bpftool",   // map and program inspection (README, tests)
-    "conntrack", // kernel conntrack of the nftables fallback
-    "ethtool",   // checksum offload on/off in the netns tests
-    "iproute2",  // ip netns, veth, tc
-    "iptables",  // hostport-style baselines
-    "nftables",  // the fallback dataplane
-    "tcpdump",   // debugging captures in namespaces
+    "bpftool",     // map and program inspection (README, tests)
+    "conntrack",   // kernel conntrack of the nftables fallback
+    "ethtool",     // checksum offload on/off in the netns tests
+    "iperf",       // iperf 2: TCP throughput through a namespace path (tests)
+    "iproute2",    // ip netns, veth, tc
+    "iptables",    // hostport-style baselines
+    "netsniff-ng", // trafgen: UDP from a PF_PACKET TX ring, skbs with paged payload (tests)
+    "nftables",    // the fallback dataplane
+    "nginx-light", // HTTP backends that answer who they are and whom they saw (tests)
+    "sockperf",    // UDP and TCP latency under load (benchmarks by hand)
+    "tcpdump",     // debugging captures in namespaces
+    "wrk",         // HTTP load: keep-alive runs and connection storms (tests)
 ];
+
+/// Where Debian's invoke-rc.d asks whether a maintainer script may start a service; exit
+/// status 101 means it may not (init-system-helpers' README.policy-rc.d).
+const POLICY_RC_D: &str = "/usr/sbin/policy-rc.d";
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "Build, test and demo lb")]
@@ -158,7 +168,12 @@ fn test(extra: &[String]) -> Result<()> {
     let mut cmd = cargo();
     cmd.args(["test", "--locked", "--all-targets", "--no-fail-fast"])
         .args(extra);
-    let (passed, failed) = run_counting(&mut cmd)?;
+    let TestRun {
+        passed,
+        failed,
+        times,
+    } = run_counting(&mut cmd)?;
+    print_times(&times);
     println!("xtask test: {passed} passed, {failed} failed");
     if failed > 0 {
         bail!("{failed} tests failed");
@@ -167,18 +182,49 @@ fn test(extra: &[String]) -> Result<()> {
 }
 
 /// Runs `cargo test`, passing its output through, and adds up its `test result:` lines so the
-/// run ends with one total rather than the last test binary's count.
-fn run_counting(cmd: &mut Command) -> Result<(u64, u64)> {
-    use std::io::{BufRead as _, BufReader};
+/// run ends with one total rather than the last test binary's count. Also times each test
+/// binary, from cargo's `Running ...` line (stderr) to the binary's `test result:` line
+/// (stdout). Both pipes are read on threads of their own into one channel: the lines of the
+/// two streams arrive in the order they were written, give or take the microseconds between
+/// a write and its reader, which cannot reorder a binary's start and its result.
+fn run_counting(cmd: &mut Command) -> Result<TestRun> {
+    use std::io::{BufRead as _, BufReader, Read};
+    use std::sync::mpsc;
     let mut child = cmd
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("failed to start {}", show(cmd)))?;
+    let (tx, rx) = mpsc::channel();
+    let forward = |pipe: Box<dyn Read + Send>, stderr: bool| {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                if tx.send((stderr, line)).is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let readers = [
+        forward(Box::new(child.stdout.take().expect("piped stdout")), false),
+        forward(Box::new(child.stderr.take().expect("piped stderr")), true),
+    ];
+    // The channel ends when both readers have.
+    drop(tx);
     let (mut passed, mut failed) = (0, 0);
-    for line in BufReader::new(child.stdout.take().expect("piped stdout")).lines() {
+    let mut timer = BinaryTimer::default();
+    for (stderr, line) in rx {
         let line = line.context("reading cargo test output")?;
+        let now = Instant::now();
+        if stderr {
+            eprintln!("{line}");
+            timer.cargo_line(&line, now);
+            continue;
+        }
         println!("{line}");
         if let Some(rest) = line.strip_prefix("test result: ") {
+            timer.result_line(now);
             let count = |what: &str| -> u64 {
                 rest.split(';')
                     .filter_map(|part| part.trim().rsplit_once(' '))
@@ -190,11 +236,100 @@ fn run_counting(cmd: &mut Command) -> Result<(u64, u64)> {
             failed += count("failed");
         }
     }
+    for reader in readers {
+        let _ = reader.join();
+    }
     let status = child.wait().context("waiting for cargo test")?;
     if !status.success() && failed == 0 {
         bail!("{} failed ({status})", show(cmd));
     }
-    Ok((passed, failed))
+    Ok(TestRun {
+        passed,
+        failed,
+        times: timer.finish(Instant::now()),
+    })
+}
+
+/// What a `cargo test` run counted: tests passed and failed over every binary, and each
+/// binary's wall time in the order they ran.
+struct TestRun {
+    passed: u64,
+    failed: u64,
+    times: Vec<(String, Duration)>,
+}
+
+/// The wall time of each test binary of a `cargo test` run, in the order they ran.
+#[derive(Default)]
+struct BinaryTimer {
+    running: Option<(String, Instant)>,
+    done: Vec<(String, Duration)>,
+}
+
+impl BinaryTimer {
+    /// A line cargo printed on stderr: `Running ...` and `Doc-tests ...` start a binary (and
+    /// end the one before, if it died before its `test result:`).
+    fn cargo_line(&mut self, line: &str, now: Instant) {
+        if let Some(binary) = test_binary(line) {
+            self.end(now);
+            self.running = Some((binary, now));
+        }
+    }
+
+    /// A binary's `test result:` line: it is done.
+    fn result_line(&mut self, now: Instant) {
+        self.end(now);
+    }
+
+    fn end(&mut self, now: Instant) {
+        if let Some((binary, started)) = self.running.take() {
+            self.done.push((binary, now - started));
+        }
+    }
+
+    fn finish(mut self, now: Instant) -> Vec<(String, Duration)> {
+        self.end(now);
+        self.done
+    }
+}
+
+/// The test binary a cargo status line starts, named by its source and its crate or test name
+/// without cargo's hash: `     Running tests/tools.rs (target/debug/deps/tools-ecc3...)` is
+/// `tests/tools.rs (tools)`, `     Running unittests src/lib.rs (target/debug/deps/lb_user-1f...)`
+/// is `unittests src/lib.rs (lb_user)`.
+fn test_binary(line: &str) -> Option<String> {
+    let line = line.trim();
+    if line.starts_with("Doc-tests ") {
+        return Some(line.to_owned());
+    }
+    let rest = line.strip_prefix("Running ")?;
+    let Some((source, path)) = rest.rsplit_once(" (") else {
+        return Some(rest.to_owned());
+    };
+    let file = path
+        .trim_end_matches(')')
+        .rsplit('/')
+        .next()
+        .unwrap_or(path);
+    let name = match file.rsplit_once('-') {
+        Some((name, hash)) if !hash.is_empty() && hash.chars().all(|c| c.is_ascii_hexdigit()) => {
+            name
+        }
+        _ => file,
+    };
+    Some(format!("{source} ({name})"))
+}
+
+/// The binaries' wall times, longest first.
+fn print_times(times: &[(String, Duration)]) {
+    if times.is_empty() {
+        return;
+    }
+    let mut times = times.to_vec();
+    times.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    println!("xtask test: wall time per test binary, longest first");
+    for (binary, time) in &times {
+        println!("{:>9.1} s  {binary}", time.as_secs_f64());
+    }
 }
 
 fn setup() -> Result<()> {
@@ -290,6 +425,8 @@ fn setup() -> Result<()> {
             say(&format!("installing Debian package {p} (apt-get)"));
         }
         run_quiet(Command::new("apt-get").args(["update"]))?;
+        // nginx-light's postinst would start nginx on this machine, listening on port 80.
+        let _no_starts = NoServiceStarts::new(Path::new(POLICY_RC_D))?;
         run_quiet(
             Command::new("apt-get")
                 .env("DEBIAN_FRONTEND", "noninteractive")
@@ -298,6 +435,54 @@ fn setup() -> Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// While alive, package installs start no service: a [`POLICY_RC_D`] that exits 101. It is
+/// written only when none exists (an existing one is the machine's policy and is left alone),
+/// and only the one written here is removed, on drop: after apt-get, whether it failed or not.
+struct NoServiceStarts {
+    /// The file written here, if any.
+    written: Option<PathBuf>,
+}
+
+impl NoServiceStarts {
+    /// The guard on `path` ([`POLICY_RC_D`] but in tests).
+    fn new(path: &Path) -> Result<NoServiceStarts> {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // create_new: a policy that appears between a check and the write is never replaced.
+        let mut file = match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o755)
+            .open(path)
+        {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Ok(NoServiceStarts { written: None });
+            }
+            Err(e) => return Err(e).with_context(|| format!("creating {}", path.display())),
+        };
+        // From here on the guard owns the file: a failed write still removes it.
+        let guard = NoServiceStarts {
+            written: Some(path.to_path_buf()),
+        };
+        file.write_all(
+            b"#!/bin/sh\n# cargo xtask setup: no service starts while it installs packages.\nexit 101\n",
+        )
+        .with_context(|| format!("writing {}", path.display()))?;
+        Ok(guard)
+    }
+}
+
+impl Drop for NoServiceStarts {
+    fn drop(&mut self) {
+        if let Some(path) = &self.written
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            eprintln!("xtask setup: cannot remove {}: {e}", path.display());
+        }
+    }
 }
 
 fn debian_installed(package: &str) -> bool {
@@ -372,4 +557,96 @@ fn show(cmd: &Command) -> String {
         .map(OsStr::to_string_lossy)
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cargo_running_lines_name_the_binary_without_its_hash() {
+        let cases = [
+            (
+                "     Running tests/tools.rs (target/debug/deps/tools-ecc376998a43aaf1)",
+                Some("tests/tools.rs (tools)"),
+            ),
+            (
+                "     Running unittests src/lib.rs (target/debug/deps/lb_user-1f0e2d3c4b5a6978)",
+                Some("unittests src/lib.rs (lb_user)"),
+            ),
+            (
+                "     Running unittests src/main.rs (target/debug/deps/xtask-0123456789abcdef)",
+                Some("unittests src/main.rs (xtask)"),
+            ),
+            ("   Doc-tests lb_common", Some("Doc-tests lb_common")),
+            ("   Compiling lb-tests v0.1.0 (/work/tests)", None),
+            ("running 6 tests", None),
+        ];
+        for (line, binary) in cases {
+            assert_eq!(test_binary(line).as_deref(), binary, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn a_binary_runs_from_its_running_line_to_its_result_or_the_next_binary() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut timer = BinaryTimer::default();
+        timer.cargo_line("   Compiling lb-tests v0.1.0", at(0));
+        timer.cargo_line("     Running tests/a.rs (target/debug/deps/a-0a)", at(100));
+        timer.result_line(at(1100));
+        // Crashes before its result line: it ends where the next binary starts.
+        timer.cargo_line("     Running tests/b.rs (target/debug/deps/b-0b)", at(1200));
+        timer.cargo_line("     Running tests/c.rs (target/debug/deps/c-0c)", at(1500));
+        timer.result_line(at(1600));
+        // A stray result line (none running) times nothing.
+        timer.result_line(at(1700));
+        timer.cargo_line("     Running tests/d.rs (target/debug/deps/d-0d)", at(2000));
+        let ms = |d: Duration| d.as_millis();
+        let times: Vec<(String, u128)> = (timer.finish(at(2500)).into_iter())
+            .map(|(b, d)| (b, ms(d)))
+            .collect();
+        let expected = [("a", 1000), ("b", 300), ("c", 100), ("d", 500)]
+            .map(|(n, t)| (format!("tests/{n}.rs ({n})"), t));
+        assert_eq!(times, expected);
+    }
+
+    /// A private empty directory under the system temp dir.
+    fn temp_dir(what: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("xtask-{}-{what}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn policy_rc_d_is_written_forbidding_starts_and_removed_after() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = temp_dir("policy-written");
+        let path = dir.join("policy-rc.d");
+        let guard = NoServiceStarts::new(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o111, 0o111, "executable: {mode:o}");
+        // What invoke-rc.d would run, answering "forbidden".
+        let status = Command::new(&path)
+            .arg("nginx")
+            .arg("start")
+            .status()
+            .unwrap();
+        assert_eq!(status.code(), Some(101));
+        drop(guard);
+        assert!(!path.exists(), "left behind");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_existing_policy_rc_d_is_left_alone() {
+        let dir = temp_dir("policy-existing");
+        let path = dir.join("policy-rc.d");
+        let policy = "#!/bin/sh\nexit 0\n";
+        std::fs::write(&path, policy).unwrap();
+        drop(NoServiceStarts::new(&path).unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), policy);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
