@@ -7,6 +7,8 @@
 //! exactly as it stands in the packet, so the hot path never swaps bytes.
 #![no_std]
 
+pub mod crc32c;
+
 /// Size of the random bucket space each VIP's and each published port's backends are
 /// partitioned over (moby's `numgen random mod 65536`).
 pub const BUCKETS: u32 = 65536;

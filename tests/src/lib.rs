@@ -18,6 +18,7 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+pub mod crc32c;
 pub mod netns;
 pub mod packet;
 pub mod tools;
