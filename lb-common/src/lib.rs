@@ -1,16 +1,21 @@
 //! What the eBPF programs and the controller must agree on, byte for byte: map key and value
-//! layouts, limits, and the bucket math that turns a random draw into a backend.
+//! layouts, limits, the bucket math that turns a flow into a backend, the flow lifecycle rules
+//! and the checksum arithmetic of a rewrite.
 //!
 //! This crate is compiled into both sides (`no_std` for the programs, `user` feature for the
-//! controller), so a layout or a partition rule cannot drift between them: there is no second
-//! copy to forget. Every multi-byte address and port in a map layout is in network byte order,
-//! exactly as it stands in the packet, so the hot path never swaps bytes.
+//! controller), so a layout, a partition rule or a timeout rule cannot drift between them: there
+//! is no second copy to forget, and what the programs do can be unit-tested on the host. Every
+//! multi-byte address and port in a map layout is in network byte order, exactly as it stands
+//! in the packet, so the hot path never swaps bytes.
 #![no_std]
 
 pub mod crc32c;
+pub mod csum;
+pub mod flow;
+pub mod hash;
 
-/// Size of the random bucket space each VIP's and each published port's backends are
-/// partitioned over (moby's `numgen random mod 65536`).
+/// Size of the bucket space each VIP's and each published port's backends are partitioned
+/// over (moby's `numgen random mod 65536`; here the low 16 bits of the flow hash).
 pub const BUCKETS: u32 = 65536;
 
 /// Most backends one set can hold: beyond this a backend would get no bucket at all, so the
@@ -19,10 +24,16 @@ pub const MAX_BACKENDS_PER_SET: u32 = BUCKETS;
 
 /// Capacity of the VIP and published-port service maps (entries per network).
 pub const MAX_SERVICES: u32 = 65536;
-/// Capacity of the backend-slot map: every slot of every live set plus the sets being swapped in.
+/// Capacity of the backend-slot map: every slot of every live set plus the sets being swapped
+/// in, and the retired sets kept for one more sync.
 pub const MAX_BACKEND_SLOTS: u32 = 1 << 18;
-/// Capacity of the LRU connection table; each flow takes two entries (one per direction).
+/// Capacity of the flow table. A flow takes two entries (one per direction) and two more when
+/// it is masqueraded; at 2^18 a node holds 65k masqueraded or 131k plain flows before the LRU
+/// starts evicting (which the flow hash survives, see [`flow`]).
 pub const MAX_FLOWS: u32 = 1 << 18;
+/// Capacity of the fragment map: IPv4 datagrams whose later fragments are still expected.
+/// Fragments of one datagram arrive within microseconds of each other, so a small LRU is ample.
+pub const MAX_FRAGS: u32 = 8192;
 /// Capacity of the node-local address set (what a published port answers on).
 pub const MAX_LOCAL_ADDRS: u32 = 1024;
 /// Slots in the per-CPU counter array: one per service and one per backend.
@@ -71,7 +82,7 @@ pub const fn slot_in(bucket: u32, n: u32, length: u32) -> Option<u32> {
     }
 }
 
-/// The backend index that `bucket` (a draw in `0..BUCKETS`) selects in a set of `n` backends.
+/// The backend index that `bucket` (in `0..BUCKETS`) selects in a set of `n` backends.
 /// The one bucket → backend function: the programs call it per new flow and the controller's
 /// rendering of `lb elements` is checked against it, so both dataplanes agree bucket for bucket.
 #[inline(always)]
@@ -95,6 +106,30 @@ macro_rules! map_layout {
         unsafe impl aya::Pod for $name {}
     };
 }
+
+/// Every pinned map with the version of its layout (key and value types, map type and
+/// capacity). A version changes whenever its layout does; the controller records the versions
+/// it pinned in `lb_layout` and replaces, instead of adopting, a pinned map whose recorded
+/// version differs (or that predates the record, version 1), so a program never reads a map
+/// written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
+/// append new maps, never reorder.
+pub const MAP_LAYOUTS: [(&str, u32); 10] = [
+    ("lb_vips", 1),
+    ("lb_ports", 1),
+    ("lb_backends", 1),
+    ("lb_flows", 2),
+    ("lb_local_addrs", 1),
+    ("lb_ifaces", 1),
+    ("lb_config", 2),
+    ("lb_counters", 1),
+    ("lb_frags", 1),
+    ("lb_reasons", 1),
+];
+
+/// The map that records [`MAP_LAYOUTS`]' versions of a pin directory: an array of `u32`
+/// whose own layout never changes.
+pub const LAYOUT_MAP: &str = "lb_layout";
+pub const LAYOUT_MAP_SLOTS: u32 = 64;
 
 map_layout! {
     /// Key of the VIP map: the address every port of which the service answers on.
@@ -149,7 +184,8 @@ map_layout! {
 }
 
 map_layout! {
-    /// One direction of a tracked flow, as the packet carries it before translation.
+    /// One direction of a tracked flow at one hook, as the packet carries it when it gets
+    /// there (before translation).
     pub struct FlowKey {
         pub saddr: u32,
         pub daddr: u32,
@@ -161,20 +197,65 @@ map_layout! {
 }
 
 map_layout! {
-    /// What to do with a packet of a tracked flow: rewrite its addresses and ports to these.
-    /// The forward entry (client → service) carries the backend (and the masquerade source);
-    /// the reverse entry (backend → client) carries the service address the client expects.
-    pub struct Translation {
+    /// Value of the flow table: what a packet of this direction becomes, and the state of the
+    /// flow it belongs to. [`flow`] holds the rules (which packets open a flow, transitions,
+    /// timeouts) and why every entry carries the state rather than one entry for the flow.
+    pub struct Flow {
+        /// The tuple the packet leaves with (addresses and ports rewritten to these). Reversed,
+        /// it is the key of this entry's partner (see [`flow`]).
         pub saddr: u32,
         pub daddr: u32,
         pub sport: u16,
         pub dport: u16,
-        pub flags: u32,
+        /// `FLOW_*` bits: which hook, which direction, which pair.
+        pub flags: u8,
+        /// 1 once the reply direction (the backend) has carried a packet.
+        pub replied: u8,
+        /// 1 once the original direction (the client) has sent a FIN or either side a RST.
+        pub closing_orig: u8,
+        /// 1 once the reply direction has sent a FIN or either side a RST.
+        pub closing_reply: u8,
+        /// 1 for a flow re-created from a mid-connection packet whose entries were lost, until
+        /// the backend answers (it gets the short `tcp_unreplied` timeout meanwhile).
+        pub recreated: u8,
+        pub _pad: [u8; 3],
+        /// The flow hash of the client's original tuple: its bucket (low 16 bits) and the
+        /// start of its masquerade port probe.
+        pub hash: u32,
         /// Counter slots the flow's packets are accounted to: its backend's and its service's.
         pub counter: u32,
         pub service_counter: u32,
-        /// `bpf_ktime_get_ns` of the last packet, for `lb conntrack`'s age and idle expiry.
-        pub last_seen_ns: u64,
+        /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) after which the entry counts as absent.
+        pub expires_ns: u64,
+    }
+}
+
+/// [`Flow::flags`]: the entry is applied on egress (TC egress); without it, on ingress (XDP or
+/// TC ingress).
+pub const FLOW_EGRESS: u8 = 1 << 0;
+/// [`Flow::flags`]: the entry belongs to the reply direction (backend → client).
+pub const FLOW_REPLY: u8 = 1 << 1;
+/// [`Flow::flags`]: the entry is one of a masqueraded flow's source-NAT pair (rather than of
+/// its destination-NAT pair).
+pub const FLOW_MASQ: u8 = 1 << 2;
+
+map_layout! {
+    /// Key of the fragment map: one IPv4 datagram in flight, as its fragments carry it.
+    pub struct FragKey {
+        pub saddr: u32,
+        pub daddr: u32,
+        pub id: u16,
+        pub proto: u8,
+        pub _pad: u8,
+    }
+}
+
+map_layout! {
+    /// Value of the fragment map: the ports the first fragment carried, which the later ones
+    /// (no L4 header) need to find their flow.
+    pub struct FragPorts {
+        pub sport: u16,
+        pub dport: u16,
     }
 }
 
@@ -187,11 +268,47 @@ map_layout! {
 }
 
 map_layout! {
+    /// Flow timeouts in seconds (see [`flow::timeout_secs`] for which applies when).
+    pub struct Timeouts {
+        pub tcp_syn: u32,
+        pub tcp_established: u32,
+        pub tcp_closing: u32,
+        pub tcp_unreplied: u32,
+        pub udp: u32,
+    }
+}
+
+impl Timeouts {
+    /// The defaults, Cilium's where it has one: a SYN waits 60 s for its answer, an
+    /// established connection lives 6 h idle, a closed one (FIN both ways, or a RST) 10 s, a
+    /// flow re-created from a mid-connection packet 5 s until the backend answers, UDP and
+    /// SCTP 60 s idle.
+    pub const DEFAULT: Timeouts = Timeouts {
+        tcp_syn: 60,
+        tcp_established: 21600,
+        tcp_closing: 10,
+        tcp_unreplied: 5,
+        udp: 60,
+    };
+}
+
+map_layout! {
     /// The one value of the per-network config array.
     pub struct Config {
         /// One of the `MASQ_*` modes.
         pub masquerade: u32,
-        pub flags: u32,
+        /// Key of the flow hash: random per network, kept across restarts (the map is pinned),
+        /// so that clients cannot aim at a backend and a restart does not move flows.
+        pub hash_key: u32,
+        /// Masquerade source ports: `masq_port_min..=masq_port_max` minus
+        /// `masq_hole_min..=masq_hole_max` (the node's ephemeral range, where its own sockets
+        /// pick their ports; an empty hole has min > max).
+        pub masq_port_min: u16,
+        pub masq_port_max: u16,
+        pub masq_hole_min: u16,
+        pub masq_hole_max: u16,
+        pub timeouts: Timeouts,
+        pub _pad: u32,
     }
 }
 
@@ -211,19 +328,85 @@ pub const MASQ_ALWAYS: u32 = 1;
 /// [`Config::masquerade`]: never SNAT; backends see the client's address.
 pub const MASQ_NEVER: u32 = 2;
 
-/// Source ports masqueraded flows are given: above the kernel's default ephemeral range
-/// (32768-60999), so they do not collide with the node's own connections.
-pub const MASQ_PORT_MIN: u16 = 61000;
+/// The kernel's own NAT port range for a source port it must change (`nf_nat` picks from
+/// 1024-65535 when the original port is above 1023): the widest range a masquerade can use.
+pub const MASQ_PORT_MIN: u16 = 1024;
 pub const MASQ_PORT_MAX: u16 = 65535;
 
-/// [`Translation::flags`]: the entry is applied on egress (it rewrites the source); entries
-/// without it are applied on ingress (they rewrite the destination). Keys of the two kinds
-/// never collide, but a reply's ingress lookup could otherwise find its egress entry.
-pub const FLOW_EGRESS: u32 = 1 << 0;
-/// [`Translation::flags`]: the entry belongs to a masqueraded flow.
-pub const FLOW_MASQ: u32 = 1 << 1;
-/// [`Translation::flags`]: the entry is the reply direction (backend → client) of its flow.
-pub const FLOW_REPLY: u32 = 1 << 2;
+/// Why a program run ended as it did: one per-CPU counter per reason (`lb_reasons`), so every
+/// outcome, passing included, leaves a trace an operator can read (`lb_datapath_total`).
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Rewritten by a tracked flow's entry.
+    Translated = 0,
+    /// Not IPv4, or a protocol the balancer does not translate.
+    NotIpv4,
+    /// IPv4 whose headers are cut short or lie about their lengths.
+    Malformed,
+    /// No flow and no service for it.
+    NotService,
+    /// For a service, but a packet that never opens a flow (SYN-ACK, FIN, RST, bare ...).
+    NoFlowOpener,
+    /// A packet of a connection or connected socket of the node itself.
+    NodeSocket,
+    /// A service whose set is empty: the stack answers (the VIP alias resets TCP).
+    NoBackend,
+    /// XDP cannot prove the L4 checksum is a full one (it may be a CHECKSUM_PARTIAL seed):
+    /// the TC program beside it translates the packet.
+    XdpDeferred,
+    /// A later fragment of a datagram whose first fragment was not seen.
+    FragUnknown,
+    /// A new flow (TCP SYN, or a UDP/SCTP packet).
+    FlowNew,
+    /// A TCP SYN that found its tuple's previous connection closing: selected afresh.
+    FlowReopened,
+    /// A mid-connection TCP packet whose entries were gone (evicted, flushed): re-created on
+    /// the same backend by the flow hash.
+    FlowRecreated,
+    /// An entry's partner was missing and was put back from the entry.
+    EntryRestored,
+    /// An entry was found past its expiry and treated as absent.
+    EntryExpired,
+    /// The client's source port was changed so that two flows do not share a reply tuple.
+    PortClash,
+    /// No free reply tuple for a new flow (dropped, as the kernel's NAT does).
+    NatFailed,
+    /// A new masquerade port claim.
+    MasqNew,
+    /// No free masquerade port (dropped, as the kernel's NAT does).
+    MasqFailed,
+    /// An SCTP fragment that would need a port rewrite (its CRC32c covers the whole datagram).
+    SctpFragment,
+}
+
+/// How many [`Reason`]s there are (the size of `lb_reasons`).
+pub const REASONS: u32 = Reason::SctpFragment as u32 + 1;
+
+impl Reason {
+    /// Every reason with its metric label, in counter-slot order.
+    pub const ALL: [(Reason, &'static str); REASONS as usize] = [
+        (Reason::Translated, "translated"),
+        (Reason::NotIpv4, "not_ipv4"),
+        (Reason::Malformed, "malformed"),
+        (Reason::NotService, "not_service"),
+        (Reason::NoFlowOpener, "no_flow_opener"),
+        (Reason::NodeSocket, "node_socket"),
+        (Reason::NoBackend, "no_backend"),
+        (Reason::XdpDeferred, "xdp_deferred"),
+        (Reason::FragUnknown, "frag_unknown"),
+        (Reason::FlowNew, "flow_new"),
+        (Reason::FlowReopened, "flow_reopened"),
+        (Reason::FlowRecreated, "flow_recreated"),
+        (Reason::EntryRestored, "entry_restored"),
+        (Reason::EntryExpired, "entry_expired"),
+        (Reason::PortClash, "port_clash"),
+        (Reason::NatFailed, "nat_failed"),
+        (Reason::MasqNew, "masq_new"),
+        (Reason::MasqFailed, "masq_failed"),
+        (Reason::SctpFragment, "sctp_fragment"),
+    ];
+}
 
 #[cfg(test)]
 mod tests {
@@ -279,5 +462,12 @@ mod tests {
         assert_eq!(bucket_interval(65536, 70000, BUCKETS), None);
         assert_eq!(slot_in(4, 10, 5), Some(4));
         assert_eq!(bucket_interval(5, 10, 5), None);
+    }
+
+    #[test]
+    fn reasons_are_listed_in_slot_order() {
+        for (i, (r, _)) in Reason::ALL.iter().enumerate() {
+            assert_eq!(*r as usize, i);
+        }
     }
 }

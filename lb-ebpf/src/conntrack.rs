@@ -1,98 +1,124 @@
-//! The LRU flow table. Each flow has an ingress entry (keyed by the packet as it arrives:
-//! rewrite its destination) and an egress entry (keyed by the packet as it leaves: rewrite its
-//! source). A tracked flow follows its entries whatever the service maps say now: that is what
-//! keeps a flow on its backend while the backend set changes.
+//! The flow table as the programs use it: finding a live entry, folding a packet into its
+//! state and expiry (and its partner's), and claiming a tuple for a new entry. The rules
+//! themselves (what opens a flow, timeouts, partners) are `lb_common::flow`'s.
 use aya_ebpf::{
     bindings::{BPF_ANY, BPF_NOEXIST},
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns},
+    helpers::bpf_ktime_get_ns,
 };
-use lb_common::{FlowKey, MASQ_PORT_MAX, MASQ_PORT_MIN, Translation};
+use lb_common::{
+    Config, Flow, FlowKey, Reason,
+    flow::{self, expired, is_partner, partner, partner_key},
+};
 
-use crate::maps::FLOWS;
-
-/// `last_seen_ns` is refreshed at most this often: a write per packet would bounce the entry's
-/// cache line between CPUs for a value `lb conntrack` shows in seconds.
-const TOUCH_NS: u64 = 1_000_000_000;
-
-/// How many random masquerade ports a new flow tries before it gives up (and passes
-/// untranslated): with a few thousand ports per backend this fails only when nearly all are taken.
-const MASQ_PORT_TRIES: u32 = 8;
-
-#[inline(always)]
-pub fn lookup(key: &FlowKey) -> Option<Translation> {
-    let entry = FLOWS.get_ptr_mut(key)?;
-    // SAFETY: the map owns the value; a concurrent update of last_seen_ns is benign.
-    unsafe {
-        let now = bpf_ktime_get_ns();
-        if now.wrapping_sub((*entry).last_seen_ns) > TOUCH_NS {
-            (*entry).last_seen_ns = now;
-        }
-        Some(*entry)
-    }
-}
-
-/// The tuple a packet of the opposite direction carries.
-#[inline(always)]
-pub fn reversed(key: &FlowKey) -> FlowKey {
-    FlowKey {
-        saddr: key.daddr,
-        daddr: key.saddr,
-        sport: key.dport,
-        dport: key.sport,
-        proto: key.proto,
-        _pad: [0; 3],
-    }
-}
-
-/// Records a new flow: `key` → `forward` (ingress) and the reply's tuple → `reply` (egress).
-/// Two CPUs may see the first packets of one flow at once and pick different backends; the
-/// forward entry is inserted only if absent, and whoever loses takes the winner's choice, so
-/// one flow never has two backends.
-#[inline(always)]
-pub fn track(
-    key: &FlowKey,
-    forward: &Translation,
-    reply_key: &FlowKey,
-    reply: &Translation,
-) -> Option<Translation> {
-    if FLOWS.insert(key, forward, BPF_NOEXIST as u64).is_err() {
-        return lookup(key);
-    }
-    FLOWS.insert(reply_key, reply, BPF_ANY as u64).ok()?;
-    Some(*forward)
-}
-
-/// Claims a masquerade source port: inserts the reply-side entry `claim` under `base` with a
-/// random port in `MASQ_PORT_MIN..=MASQ_PORT_MAX` as its destination port, only if that tuple
-/// is free. The entry itself is the claim, so two clients with the same source port reaching
-/// the same backend get two different ports.
-#[inline(always)]
-pub fn claim_masq_port(base: &FlowKey, claim: &Translation) -> Option<u16> {
-    let span = u32::from(MASQ_PORT_MAX - MASQ_PORT_MIN) + 1;
-    let mut key = *base;
-    for _ in 0..MASQ_PORT_TRIES {
-        // SAFETY: helper without preconditions.
-        let port = MASQ_PORT_MIN + (unsafe { bpf_get_prandom_u32() } % span) as u16;
-        key.dport = port.to_be();
-        if FLOWS.insert(&key, claim, BPF_NOEXIST as u64).is_ok() {
-            return Some(port.to_be());
-        }
-    }
-    None
-}
-
-#[inline(always)]
-pub fn forget(key: &FlowKey) {
-    let _ = FLOWS.remove(key);
-}
-
-#[inline(always)]
-pub fn insert_new(key: &FlowKey, value: &Translation) -> bool {
-    FLOWS.insert(key, value, BPF_NOEXIST as u64).is_ok()
-}
+use crate::{maps::FLOWS, stats};
 
 #[inline(always)]
 pub fn now() -> u64 {
     // SAFETY: helper without preconditions.
     unsafe { bpf_ktime_get_ns() }
+}
+
+/// What the table holds for a key at this moment.
+pub enum Found {
+    /// A live entry (a pointer into the map: updates are in place).
+    Live(*mut Flow),
+    /// Nothing, or an entry past its expiry (absent, for every purpose).
+    Absent,
+}
+
+#[inline(always)]
+pub fn find(key: &FlowKey, now: u64, hook: u32) -> Found {
+    match FLOWS.get_ptr_mut(key) {
+        // SAFETY: the map owns the value; concurrent byte-wise updates are benign (see
+        // lb_common::flow, "State").
+        Some(e) if !expired(unsafe { &*e }, now) => Found::Live(e),
+        Some(_) => {
+            stats::reason(hook, Reason::EntryExpired);
+            Found::Absent
+        }
+        None => Found::Absent,
+    }
+}
+
+/// Folds a packet with `tcp_flags` into the live entry `e` (keyed by `key`) and, when its state
+/// changed or its expiry is due, writes state and expiry to it and its partner, putting a
+/// missing partner back. Only the fields that change are written: a concurrent writer's state
+/// bytes are never overwritten with an older copy.
+#[inline(always)]
+pub fn update(hook: u32, key: &FlowKey, e: *mut Flow, tcp_flags: u8, cfg: &Config, now: u64) {
+    // SAFETY: `e` points into the map (see `find`).
+    let mut next = unsafe { *e };
+    let changed = flow::observe(&mut next, key.proto, tcp_flags);
+    let timeout = flow::timeout_secs(&next, key.proto, &cfg.timeouts);
+    let Some(expires) = flow::next_expiry(&next, now, timeout, changed) else {
+        return;
+    };
+    next.expires_ns = expires;
+    // SAFETY: as above.
+    unsafe { write_state(e, &next) };
+    let pk = partner_key(&next, key.proto);
+    match FLOWS.get_ptr_mut(&pk) {
+        // SAFETY: as above.
+        Some(p) if is_partner(unsafe { &*p }, key) => unsafe { write_state(p, &next) },
+        Some(_) => {}
+        None => {
+            let (pk, p) = partner(key, &next);
+            if FLOWS.insert(&pk, &p, BPF_NOEXIST as u64).is_ok() {
+                stats::reason(hook, Reason::EntryRestored);
+            }
+        }
+    }
+}
+
+/// Writes `next`'s state bytes (those set in it) and expiry into `*e`.
+///
+/// # Safety
+/// `e` must point into the flow map.
+#[inline(always)]
+unsafe fn write_state(e: *mut Flow, next: &Flow) {
+    unsafe {
+        if next.replied != 0 && (*e).replied == 0 {
+            (*e).replied = 1;
+            (*e).recreated = 0;
+        }
+        if next.closing_orig != 0 && (*e).closing_orig == 0 {
+            (*e).closing_orig = 1;
+        }
+        if next.closing_reply != 0 && (*e).closing_reply == 0 {
+            (*e).closing_reply = 1;
+        }
+        (*e).expires_ns = next.expires_ns;
+    }
+}
+
+/// Claims `key` for `value`, whose partner is keyed by `owner`: succeeds where the key is
+/// free, where its entry expired, or where it already belongs to `owner` (the same flow's
+/// previous connection on a reused tuple, or another CPU creating the same flow at the same
+/// moment, which computed the same entry). An entry of another live flow keeps its key.
+///
+/// Two CPUs may both find the same expired entry and both overwrite it for different flows;
+/// the later write wins and the earlier flow loses its reply direction (its next packets are
+/// then re-created, see `lb_common::flow`). That takes two new flows hashing to the same port
+/// of the same backend within the same microsecond as an expiry.
+#[inline(always)]
+pub fn claim(key: &FlowKey, value: &Flow, owner: &FlowKey, now: u64) -> bool {
+    if FLOWS.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+        return true;
+    }
+    match FLOWS.get_ptr(key) {
+        // SAFETY: map value read in place.
+        Some(e) if expired(unsafe { &*e }, now) || is_partner(unsafe { &*e }, owner) => {
+            FLOWS.insert(key, value, BPF_ANY as u64).is_ok()
+        }
+        Some(_) => false,
+        // Evicted or collected between the two calls: take it.
+        None => FLOWS.insert(key, value, BPF_NOEXIST as u64).is_ok(),
+    }
+}
+
+/// Writes an entry whose key is the flow's own (F or S): a previous entry there is this
+/// tuple's previous connection, replaced.
+#[inline(always)]
+pub fn put(key: &FlowKey, value: &Flow) -> bool {
+    FLOWS.insert(key, value, BPF_ANY as u64).is_ok()
 }

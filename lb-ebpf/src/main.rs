@@ -1,42 +1,75 @@
 //! Entry points of the `lb` dataplane; the journey of a packet is in [`nat`]. Each entry point
-//! is one line around a function returning `Option`: `None` means "not ours, or not
-//! translatable" and the packet goes on to the stack untouched. The balancer never drops
-//! traffic it does not understand.
+//! runs one path, counts its outcome (`lb_reasons`) and turns it into the hook's verdict. What
+//! is not ours passes untouched (`TC_ACT_UNSPEC` lets other TC programs run after us); the only
+//! drops are flows the kernel's NAT would drop too (no unique tuple for them).
 #![no_std]
 #![no_main]
 
 mod conntrack;
 mod csum;
+mod frag;
+mod icmp;
+mod lb;
 mod maps;
 mod nat;
 mod parse;
+mod snat;
 mod stats;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, xdp_action},
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action},
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
+use nat::Verdict;
+use stats::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_XDP};
 
-/// Ingress fast path (`attach xdp`): DNAT of new and tracked flows before an skb exists.
-#[xdp]
+/// Ingress fast path (`attach xdp`), frags-aware so that a veth keeps GSO for its peer: DNAT
+/// of what it can prove it rewrites right, before an skb exists. The TC ingress program is
+/// attached beside it for the rest.
+#[xdp(frags)]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
-    let _ = nat::ingress(&ctx);
-    xdp_action::XDP_PASS
+    let ctx = parse::Xdp(ctx);
+    match nat::finish(HOOK_XDP, nat::ingress(&ctx, HOOK_XDP, true)) {
+        Verdict::Translated => {
+            nat::xdp_handoff(&ctx);
+            xdp_action::XDP_PASS
+        }
+        Verdict::Pass(_) => xdp_action::XDP_PASS,
+        Verdict::Drop(_) => xdp_action::XDP_DROP,
+    }
 }
 
-/// Ingress (`attach tc`): the same path as [`lb_xdp`], on the skb.
+/// Ingress on the skb (`attach tc`, and beside XDP for what XDP leaves).
 #[classifier]
 pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
-    let _ = nat::ingress(&ctx);
-    TC_ACT_OK
+    let ctx = parse::Skb(ctx);
+    if nat::translated_by_xdp(&ctx) {
+        return TC_ACT_UNSPEC;
+    }
+    tc(nat::finish(
+        HOOK_TC_INGRESS,
+        nat::ingress(&ctx, HOOK_TC_INGRESS, false),
+    ))
 }
 
 /// Egress, always attached: reverse NAT of replies and masquerade.
 #[classifier]
 pub fn lb_tc_egress(ctx: TcContext) -> i32 {
-    let _ = nat::egress(&ctx);
-    TC_ACT_OK
+    let ctx = parse::Skb(ctx);
+    tc(nat::finish(
+        HOOK_TC_EGRESS,
+        nat::egress(&ctx, HOOK_TC_EGRESS),
+    ))
+}
+
+#[inline(always)]
+fn tc(v: Verdict) -> i32 {
+    match v {
+        Verdict::Translated => TC_ACT_OK,
+        Verdict::Pass(_) => TC_ACT_UNSPEC,
+        Verdict::Drop(_) => TC_ACT_SHOT as i32,
+    }
 }
 
 #[cfg(not(test))]

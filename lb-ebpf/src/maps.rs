@@ -1,18 +1,23 @@
 //! Every map of the dataplane, declared once. One object instance (and so one set of these
-//! maps) per network; the controller pins them under `<bpffs>/<network>/`.
+//! maps) per network; the controller pins them under `<bpffs>/<network>/` and records their
+//! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
-//! Ownership: the controller is the only writer of every map here except `lb_flows` (written
-//! by the programs per new flow; the controller only deletes from it, to flush the flows of a
-//! removed backend) and `lb_counters` (programs only).
+//! Who writes what: the controller is the only writer of the service, backend, address,
+//! interface and config maps. The programs write `lb_flows` (entries of new flows, state and
+//! expiry of live ones), `lb_frags`, and the counters; the controller only deletes from
+//! `lb_flows` (expired entries, and the UDP flows of a removed backend).
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, FlowKey, Iface, MAX_BACKEND_SLOTS, MAX_COUNTERS,
-    MAX_FLOWS, MAX_IFACES, MAX_LOCAL_ADDRS, MAX_SERVICES, PortKey, Service, Translation, VipKey,
+    Backend, BackendKey, Config, Counters, Flow, FlowKey, FragKey, FragPorts, Iface,
+    LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES,
+    MAX_LOCAL_ADDRS, MAX_SERVICES, PortKey, REASONS, Service, VipKey,
 };
+
+use crate::stats::HOOKS;
 
 /// VIP → its backend set. Every port of a VIP is balanced.
 #[map(name = "lb_vips")]
@@ -24,14 +29,20 @@ pub static VIPS: HashMap<VipKey, Service> =
 pub static PORTS: HashMap<PortKey, Service> =
     HashMap::with_max_entries(MAX_SERVICES, BPF_F_NO_PREALLOC);
 
-/// (set, slot) → backend. A set is immutable once a service entry points at it.
+/// (set, slot) → backend. A set is immutable once a service entry points at it, and stays
+/// one sync after the last service entry stopped pointing at it.
 #[map(name = "lb_backends")]
 pub static BACKENDS: HashMap<BackendKey, Backend> =
     HashMap::with_max_entries(MAX_BACKEND_SLOTS, BPF_F_NO_PREALLOC);
 
-/// Both directions of every tracked flow (and the masquerade port claims).
+/// Every entry of every tracked flow (lb_common::flow: both directions, and the masquerade
+/// pair with its port claim).
 #[map(name = "lb_flows")]
-pub static FLOWS: LruHashMap<FlowKey, Translation> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+pub static FLOWS: LruHashMap<FlowKey, Flow> = LruHashMap::with_max_entries(MAX_FLOWS, 0);
+
+/// IPv4 datagrams whose first fragment was translated: the ports their later fragments lack.
+#[map(name = "lb_frags")]
+pub static FRAGS: LruHashMap<FragKey, FragPorts> = LruHashMap::with_max_entries(MAX_FRAGS, 0);
 
 /// The node's own addresses: a published port without `host_ip` matches only these.
 #[map(name = "lb_local_addrs")]
@@ -41,8 +52,20 @@ pub static LOCAL_ADDRS: HashMap<u32, u32> = HashMap::with_max_entries(MAX_LOCAL_
 #[map(name = "lb_ifaces")]
 pub static IFACES: HashMap<u32, Iface> = HashMap::with_max_entries(MAX_IFACES, 0);
 
+/// The network's settings: masquerade mode and ports, flow hash key, timeouts.
 #[map(name = "lb_config")]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
+/// Packets and bytes per service and per backend (slots assigned by the controller).
 #[map(name = "lb_counters")]
 pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_COUNTERS, 0);
+
+/// Packets per program and outcome: slot `hook * REASONS + reason` (see `stats`).
+#[map(name = "lb_reasons")]
+pub static REASON_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOOKS * REASONS, 0);
+
+/// The layout version of every map pinned beside it (`lb_common::MAP_LAYOUTS`): written by the
+/// controller when it pins, read by the next controller before it adopts the pins. The
+/// programs never touch it.
+#[map(name = "lb_layout")]
+pub static LAYOUT: Array<u32> = Array::with_max_entries(LAYOUT_MAP_SLOTS, 0);

@@ -1,298 +1,223 @@
-//! The NAT packet paths (DESIGN.md "Packet paths", NAT mode).
+//! The NAT packet paths (DESIGN.md "Packet paths", NAT mode) and the rewrite of a packet by a
+//! flow entry.
 //!
-//! Ingress (TC ingress, or XDP when attached so) rewrites destinations: a new flow to a service
-//! gets a backend, a tracked flow follows its entry, a reply to a masqueraded flow gets its
-//! client back. Egress (TC) rewrites sources: replies get the service address back, and a flow
-//! that must be masqueraded gets the node's address and a claimed port. Rewriting sources only
-//! on egress is forced: a packet whose source is one of the node's own addresses is dropped as
-//! martian when it is routed on input.
-use aya_ebpf::{helpers::bpf_get_prandom_u32, programs::TcContext};
+//! Ingress (XDP, TC ingress) rewrites destinations: a new flow to a service gets a backend
+//! (`lb`), a tracked flow follows its entry, a reply to a masqueraded flow gets its client
+//! back. Egress (TC) rewrites sources: replies get the service address back, and a flow that
+//! must be masqueraded gets the node's address and a claimed port (`snat`). Rewriting sources
+//! only on egress is forced: a packet whose source is one of the node's own addresses is
+//! dropped as martian when it is routed on input.
+use aya_ebpf::helpers::bpf_xdp_adjust_meta;
 use lb_common::{
-    BUCKETS, BackendKey, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKey, MASQ_AUTO, MASQ_NEVER,
-    PortKey, Service, Translation, VipKey, slot_for_bucket,
+    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, Reason,
+    csum::{IP_DADDR, IP_SADDR, L4Sum, Rewrite, set_addr, set_ports},
+    flow,
 };
 
 use crate::{
-    conntrack,
-    csum::{Csum, Rewrite},
-    maps::{BACKENDS, CONFIG, IFACES, LOCAL_ADDRS, PORTS, VIPS},
-    parse::{self, DADDR_OFF, IP_CSUM_OFF, IcmpError, Packet, Parsed, SADDR_OFF},
-    stats,
+    conntrack::{self, Found},
+    frag, icmp, lb,
+    maps::CONFIG,
+    parse::{self, Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
+    snat, stats,
 };
 
-pub fn ingress<C: Rewrite>(ctx: &C) -> Option<()> {
-    match parse::packet(ctx)? {
-        Parsed::Flow(p) => {
-            let t = match conntrack::lookup(&p.key) {
-                Some(t) if t.flags & FLOW_EGRESS == 0 => t,
-                Some(_) => return None,
-                None => new_flow(&p)?,
-            };
-            stats::account(&t, p.len);
-            rewrite_dst(ctx, &p, t.daddr, t.dport)
+/// How a program run ends.
+pub enum Verdict {
+    /// Not translated: on to the stack (or the next program) untouched.
+    Pass(Reason),
+    /// Rewritten by a flow entry.
+    Translated,
+    /// A flow that cannot be given a unique tuple (the kernel's NAT drops these too).
+    Drop(Reason),
+}
+
+impl Verdict {
+    pub fn reason(&self) -> Reason {
+        match self {
+            Verdict::Pass(r) | Verdict::Drop(r) => *r,
+            Verdict::Translated => Reason::Translated,
         }
-        Parsed::IcmpError(e) => icmp_error(ctx, &e, false),
     }
 }
 
-pub fn egress(ctx: &TcContext) -> Option<()> {
-    match parse::packet(ctx)? {
-        Parsed::Flow(p) => {
-            let t = match conntrack::lookup(&p.key) {
-                Some(t) if t.flags & FLOW_EGRESS != 0 => t,
-                Some(_) => return None,
-                None => masquerade(ctx, &p)?,
-            };
-            stats::account(&t, p.len);
-            rewrite_src(ctx, &p, t.saddr, t.sport)
-        }
-        Parsed::IcmpError(e) => icmp_error(ctx, &e, true),
-    }
-}
+/// A program context the paths can parse and rewrite.
+pub trait Ctx: Frame + Rewrite {}
+impl<T: Frame + Rewrite> Ctx for T {}
 
-/// The service a new flow's first packet is for: a VIP (any port), a published port on its
-/// `host_ip`, or a published port on any of the node's own addresses.
 #[inline(always)]
-fn service_for(key: &FlowKey) -> Option<Service> {
-    // SAFETY (all three): map values are plain data copied out at once.
-    if let Some(s) = unsafe { VIPS.get(&VipKey { addr: key.daddr }) } {
-        return Some(*s);
-    }
-    let mut port = PortKey {
-        addr: key.daddr,
-        port: key.dport,
-        proto: key.proto,
-        _pad: 0,
-    };
-    if let Some(s) = unsafe { PORTS.get(&port) } {
-        return Some(*s);
-    }
-    unsafe { LOCAL_ADDRS.get(&key.daddr) }?;
-    port.addr = 0;
-    unsafe { PORTS.get(&port) }.copied()
+fn config() -> Option<&'static Config> {
+    CONFIG.get(0)
 }
 
-/// Picks a backend for a new flow (one random bucket, `slot_for_bucket` from lb-common: the
-/// same function the controller's element rendering is checked against) and tracks the flow.
-/// A service with no backends returns `None`: the packet goes to the stack, where the VIP
-/// alias answers (TCP RST), as moby does.
+/// Whether XDP may rewrite `p` itself. XDP cannot see whether the L4 checksum is a full one or
+/// a CHECKSUM_PARTIAL seed (a local sender with offload on a veth), and the two need different
+/// updates. A partial checksum always equals the seed, so a field that differs from it is full
+/// and XDP rewrites the packet; one that equals it is left to the TC program attached beside
+/// XDP, which the kernel's helpers let see the truth. Fragments are never partial (the stack
+/// computes checksums before it fragments). SCTP and ICMP carry no inet L4 sum to get wrong.
 #[inline(always)]
-fn new_flow(p: &Packet) -> Option<Translation> {
-    let svc = service_for(&p.key)?;
-    // SAFETY: helper without preconditions.
-    let bucket = unsafe { bpf_get_prandom_u32() } % BUCKETS;
-    let slot = slot_for_bucket(bucket, svc.count)?;
-    // SAFETY: plain data copied out.
-    let backend = *unsafe {
-        BACKENDS.get(&BackendKey {
-            set_id: svc.set_id,
-            slot,
-        })
-    }?;
-    let dport = if backend.port != 0 {
-        backend.port
-    } else {
-        p.key.dport
+pub fn xdp_can_rewrite(p: &Packet) -> bool {
+    match p.l4 {
+        L4Sum::Tcp(_) | L4Sum::Udp(_) => p.frag != Frag::Whole || p.check != p.seed,
+        L4Sum::Sctp { .. } | L4Sum::None => true,
+    }
+}
+
+pub fn ingress<C: Ctx>(ctx: &C, hook: u32, xdp: bool) -> Verdict {
+    let Some(cfg) = config() else {
+        return Verdict::Pass(Reason::NotService);
     };
+    let mut p = match parse::packet(ctx) {
+        Ok(Parsed::Flow(p)) => p,
+        Ok(Parsed::IcmpError(e)) => return icmp::translate(ctx, hook, &e, false),
+        Err(r) => return Verdict::Pass(r),
+    };
+    if xdp && !xdp_can_rewrite(&p) {
+        return Verdict::Pass(Reason::XdpDeferred);
+    }
+    if !frag::follow(&mut p) {
+        return Verdict::Pass(Reason::FragUnknown);
+    }
+    match ingress_entry(ctx, hook, &p, cfg) {
+        Ok(e) => apply(ctx, &p, &e),
+        Err(v) => v,
+    }
+}
+
+/// The entry an ingress packet is rewritten by: its live entry, or a new flow's.
+#[inline(always)]
+fn ingress_entry<C: Ctx>(ctx: &C, hook: u32, p: &Packet, cfg: &Config) -> Result<Flow, Verdict> {
     let now = conntrack::now();
-    let forward = Translation {
-        saddr: p.key.saddr,
-        daddr: backend.addr,
-        sport: p.key.sport,
-        dport,
-        flags: 0,
-        counter: backend.counter,
-        service_counter: svc.counter,
-        last_seen_ns: now,
-    };
-    let reply_key = FlowKey {
-        saddr: backend.addr,
-        daddr: p.key.saddr,
-        sport: dport,
-        dport: p.key.sport,
-        proto: p.key.proto,
-        _pad: [0; 3],
-    };
-    let reply = Translation {
-        saddr: p.key.daddr,
-        daddr: p.key.saddr,
-        sport: p.key.dport,
-        dport: p.key.sport,
-        flags: FLOW_EGRESS | FLOW_REPLY,
-        ..forward
-    };
-    conntrack::track(&p.key, &forward, &reply_key, &reply)
-}
-
-/// Masquerade for a load-balanced flow on its way to its backend, when the network asks for
-/// it: `always`, or `auto` and the packet leaves by the interface it came in on (hairpin: a
-/// backend reaching its own service would otherwise get the reply straight from the backend,
-/// from an address it never spoke to). The flow is recognised by its reply entry.
-#[inline(always)]
-fn masquerade(ctx: &TcContext, p: &Packet) -> Option<Translation> {
-    let cfg = CONFIG.get(0)?;
-    // SAFETY: the skb pointer is valid for the program run.
-    let (ifindex, ingress_ifindex) =
-        unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).ingress_ifindex) };
-    match cfg.masquerade {
-        MASQ_NEVER => return None,
-        MASQ_AUTO if ifindex != ingress_ifindex => return None,
-        _ => {}
-    }
-    let reply = conntrack::lookup(&conntrack::reversed(&p.key))?;
-    if reply.flags & (FLOW_EGRESS | FLOW_REPLY) != FLOW_EGRESS | FLOW_REPLY
-        || reply.flags & FLOW_MASQ != 0
-    {
-        return None;
-    }
-    // SAFETY: plain data copied out.
-    let iface = *unsafe { IFACES.get(&ifindex) }?;
-    let base = FlowKey {
-        saddr: p.key.daddr,
-        daddr: iface.addr,
-        sport: p.key.dport,
-        dport: 0,
-        proto: p.key.proto,
-        _pad: [0; 3],
-    };
-    let claim = Translation {
-        saddr: p.key.daddr,
-        daddr: p.key.saddr,
-        sport: p.key.dport,
-        dport: p.key.sport,
-        flags: FLOW_MASQ | FLOW_REPLY,
-        ..reply
-    };
-    let port = conntrack::claim_masq_port(&base, &claim)?;
-    let snat = Translation {
-        saddr: iface.addr,
-        daddr: p.key.daddr,
-        sport: port,
-        dport: p.key.dport,
-        flags: FLOW_EGRESS | FLOW_MASQ,
-        ..reply
-    };
-    if !conntrack::insert_new(&p.key, &snat) {
-        // Another CPU masqueraded this flow first: release our port, take its translation.
-        conntrack::forget(&FlowKey {
-            dport: port,
-            ..base
-        });
-        return conntrack::lookup(&p.key);
-    }
-    Some(snat)
-}
-
-/// Rewrites an IPv4 address of the packet's own header (IP checksum, and the L4 checksum whose
-/// pseudo-header holds it).
-#[inline(always)]
-fn set_addr<C: Rewrite>(ctx: &C, p: &Packet, off: usize, old: u32, new: u32) -> Option<()> {
-    if old == new {
-        return Some(());
-    }
-    ctx.csum32(IP_CSUM_OFF, old, new, Csum::Ip)?;
-    if let Some(c) = p.l4_csum {
-        ctx.csum32(
-            c.off,
-            old,
-            new,
-            Csum::L4 {
-                udp: c.udp,
-                pseudo: true,
-                partial: c.partial,
-            },
-        )?;
-    }
-    ctx.store32(off, new)
-}
-
-#[inline(always)]
-fn set_port<C: Rewrite>(ctx: &C, p: &Packet, off: usize, old: u16, new: u16) -> Option<()> {
-    if old == new {
-        return Some(());
-    }
-    if let Some(c) = p.l4_csum {
-        ctx.csum16(
-            c.off,
-            old,
-            new,
-            Csum::L4 {
-                udp: c.udp,
-                pseudo: false,
-                partial: c.partial,
-            },
-        )?;
-    }
-    ctx.store16(off, new)
-}
-
-#[inline(always)]
-fn rewrite_dst<C: Rewrite>(ctx: &C, p: &Packet, daddr: u32, dport: u16) -> Option<()> {
-    set_addr(ctx, p, DADDR_OFF, p.key.daddr, daddr)?;
-    set_port(ctx, p, p.l4_off + 2, p.key.dport, dport)
-}
-
-#[inline(always)]
-fn rewrite_src<C: Rewrite>(ctx: &C, p: &Packet, saddr: u32, sport: u16) -> Option<()> {
-    set_addr(ctx, p, SADDR_OFF, p.key.saddr, saddr)?;
-    set_port(ctx, p, p.l4_off, p.key.sport, sport)
-}
-
-/// An ICMP error about a tracked flow (e.g. "fragmentation needed", which PMTU discovery
-/// depends on) is translated like a packet of the opposite direction of the flow it quotes:
-/// the quoted packet went one way, so the error's own tuple is found under the quoted tuple
-/// reversed. On ingress the quoted source (and the outer destination, if it is the same
-/// address) is rewritten; on egress the quoted destination (and the outer source). The
-/// quoted L4 checksum is left alone: the quote may be truncated, and no receiver checks it.
-#[inline(always)]
-fn icmp_error<C: Rewrite>(ctx: &C, e: &IcmpError, egress: bool) -> Option<()> {
-    let t = conntrack::lookup(&conntrack::reversed(&e.inner))?;
-    if (t.flags & FLOW_EGRESS != 0) != egress {
-        return None;
-    }
-    let icmp_csum = e.outer.l4_off + 2;
-    let inner_csum = e.inner_l3_off + 10;
-    let inner_l4 = e.inner_l4_off;
-    // (quoted address offset, its old value, new value, quoted port offset, old, new, outer
-    // address offset) for the side being rewritten.
-    let (addr_off, old_addr, new_addr, port_off, old_port, new_port, outer_off, outer_old) =
-        if egress {
-            (
-                e.inner_l3_off + 16,
-                e.inner.daddr,
-                t.saddr,
-                inner_l4 + 2,
-                e.inner.dport,
-                t.sport,
-                SADDR_OFF,
-                e.outer.key.saddr,
-            )
+    let mut reopen = false;
+    if let Found::Live(e) = conntrack::find(&p.key, now, hook) {
+        // SAFETY: map value copied out (updates go through `e`).
+        let entry = unsafe { *e };
+        if entry.flags & FLOW_EGRESS != 0 {
+            return Err(Verdict::Pass(Reason::NotService));
+        }
+        if entry.flags & FLOW_REPLY == 0 && flow::reopens(&entry, p.key.proto, p.tcp_flags) {
+            reopen = true;
         } else {
-            (
-                e.inner_l3_off + 12,
-                e.inner.saddr,
-                t.daddr,
-                inner_l4,
-                e.inner.sport,
-                t.dport,
-                DADDR_OFF,
-                e.outer.key.daddr,
-            )
-        };
-    if old_addr != new_addr {
-        let before: u16 = parse::read(ctx, inner_csum)?;
-        ctx.csum32(inner_csum, old_addr, new_addr, Csum::Ip)?;
-        let after: u16 = parse::read(ctx, inner_csum)?;
-        ctx.csum32(icmp_csum, old_addr, new_addr, Csum::Plain)?;
-        ctx.csum16(icmp_csum, before, after, Csum::Plain)?;
-        ctx.store32(addr_off, new_addr)?;
+            conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now);
+            return Ok(entry);
+        }
     }
-    if old_port != new_port {
-        ctx.csum16(icmp_csum, old_port, new_port, Csum::Plain)?;
-        ctx.store16(port_off, new_port)?;
+    if let Frag::Later(_) = p.frag {
+        return Err(Verdict::Pass(Reason::FragUnknown));
     }
-    if outer_old == old_addr {
-        set_addr(ctx, &e.outer, outer_off, old_addr, new_addr)?;
+    lb::new_flow(ctx, hook, p, cfg, now, reopen).map_err(|r| match r {
+        Reason::NatFailed => Verdict::Drop(r),
+        r => Verdict::Pass(r),
+    })
+}
+
+pub fn egress(ctx: &Skb, hook: u32) -> Verdict {
+    let Some(cfg) = config() else {
+        return Verdict::Pass(Reason::NotService);
+    };
+    let mut p = match parse::packet(ctx) {
+        Ok(Parsed::Flow(p)) => p,
+        Ok(Parsed::IcmpError(e)) => return icmp::translate(ctx, hook, &e, true),
+        Err(r) => return Verdict::Pass(r),
+    };
+    if !frag::follow(&mut p) {
+        return Verdict::Pass(Reason::FragUnknown);
     }
-    Some(())
+    match egress_entry(ctx, hook, &p, cfg) {
+        Ok(e) => apply(ctx, &p, &e),
+        Err(v) => v,
+    }
+}
+
+/// The entry an egress packet is rewritten by: its live entry, or a new masquerade's.
+#[inline(always)]
+fn egress_entry(ctx: &Skb, hook: u32, p: &Packet, cfg: &Config) -> Result<Flow, Verdict> {
+    let now = conntrack::now();
+    if let Found::Live(e) = conntrack::find(&p.key, now, hook) {
+        // SAFETY: map value copied out (updates go through `e`).
+        let entry = unsafe { *e };
+        if entry.flags & FLOW_EGRESS == 0 {
+            return Err(Verdict::Pass(Reason::NotService));
+        }
+        // A SYN on a closing masquerade entry is a new connection on a reused tuple: F was
+        // re-created on ingress; the claim is made again (and is found to be its own).
+        let reopen =
+            entry.flags & FLOW_REPLY == 0 && flow::reopens(&entry, p.key.proto, p.tcp_flags);
+        if !reopen {
+            conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now);
+            return Ok(entry);
+        }
+    }
+    snat::masquerade(ctx, hook, p, cfg, now)
+}
+
+/// Rewrites `p` to the tuple entry `e` gives, counts it, and records a first fragment.
+#[inline(always)]
+fn apply<C: Ctx>(ctx: &C, p: &Packet, e: &Flow) -> Verdict {
+    let ports_change = p.key.sport != e.sport || p.key.dport != e.dport;
+    if p.frag != Frag::Whole && ports_change && matches!(p.l4, L4Sum::Sctp { .. }) {
+        return Verdict::Pass(Reason::SctpFragment);
+    }
+    if rewrite(ctx, p, e).is_none() {
+        // Only an offset the parser checked can fail here; a half-rewritten packet must not
+        // leave.
+        return Verdict::Drop(Reason::Malformed);
+    }
+    frag::record(p);
+    // A flow is counted once per packet, by its own pair (F or R), not again by the
+    // masquerade pair the same packet also passes.
+    if e.flags & FLOW_MASQ == 0 {
+        stats::account(e, p.len);
+    }
+    Verdict::Translated
+}
+
+#[inline(always)]
+fn rewrite<C: Ctx>(ctx: &C, p: &Packet, e: &Flow) -> Option<()> {
+    let k = &p.key;
+    set_addr(ctx, L3_OFF, p.l4, L3_OFF + IP_SADDR, k.saddr, e.saddr)?;
+    set_addr(ctx, L3_OFF, p.l4, L3_OFF + IP_DADDR, k.daddr, e.daddr)?;
+    set_ports(ctx, p.l4_off, p.l4, (k.sport, k.dport), (e.sport, e.dport))
+}
+
+/// The value XDP leaves in a translated packet's metadata for the TC ingress program beside
+/// it, which then passes the packet on without parsing it again. Mixed with the network's
+/// hash key so that another network's TC program, should the metadata survive into it, does
+/// not take it for its own.
+const HANDOFF: u32 = 0x6c62_7864;
+
+/// Marks a packet XDP translated (best effort: without headroom for metadata, TC parses the
+/// packet again and finds it is not for a service, which is also right).
+#[inline(always)]
+pub fn xdp_handoff(ctx: &Xdp) {
+    let Some(cfg) = config() else { return };
+    // SAFETY: the helper checks the headroom itself.
+    if unsafe { bpf_xdp_adjust_meta(ctx.0.ctx, -4) } != 0 {
+        return;
+    }
+    let meta = ctx.0.metadata();
+    if meta + 4 <= ctx.0.metadata_end() {
+        // SAFETY: bounds-checked against the start of the packet data.
+        unsafe { (meta as *mut u32).write_unaligned(HANDOFF ^ cfg.hash_key) };
+    }
+}
+
+/// Whether the XDP program of this network already translated the skb.
+#[inline(always)]
+pub fn translated_by_xdp(ctx: &Skb) -> bool {
+    let Some(cfg) = config() else { return false };
+    // SAFETY: the skb is the program's valid context; reads are bounds-checked.
+    unsafe {
+        let meta = core::ptr::read_volatile(&(*ctx.0.skb.skb).data_meta) as usize;
+        let data = core::ptr::read_volatile(&(*ctx.0.skb.skb).data) as usize;
+        meta + 4 <= data && (meta as *const u32).read_unaligned() == HANDOFF ^ cfg.hash_key
+    }
+}
+
+/// Counts a run's outcome and returns it.
+#[inline(always)]
+pub fn finish(hook: u32, v: Verdict) -> Verdict {
+    stats::reason(hook, v.reason());
+    v
 }

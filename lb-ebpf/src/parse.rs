@@ -1,12 +1,18 @@
 //! Header parsing, and nothing else: where the IPv4 and L4 headers are and what they say.
 //! Every access is bounds-checked against the frame's end, which is what the verifier needs
-//! and what makes a truncated packet at any offset fall out as "not ours" (pass).
-use core::{mem::size_of, ptr::read_volatile};
+//! and what makes a truncated packet at any offset fall out as "not ours" (pass). Lengths the
+//! headers claim are checked against what arrived, so a packet that lies about them is passed
+//! untouched rather than translated by guesswork.
+use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
 
-use aya_ebpf::programs::{TcContext, XdpContext};
-
-use crate::csum::pseudo_seed;
-use lb_common::{FlowKey, IPPROTO_ICMP, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use aya_ebpf::{
+    EbpfContext as _,
+    helpers::bpf_xdp_get_buff_len,
+    programs::{TcContext, XdpContext},
+};
+use lb_common::{
+    FlowKey, IPPROTO_ICMP, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Reason, csum::L4Sum,
+};
 use network_types::{
     eth::{EthHdr, EtherType},
     ip::Ipv4Hdr,
@@ -17,33 +23,74 @@ use network_types::{
 /// `start` and `end` are read with volatile loads: otherwise LLVM reuses an earlier load and
 /// drops a bounds check it can prove redundant, while the verifier (which tracks each register
 /// separately, and forgets ranges across helper calls and spills) cannot, and rejects the
-/// access.
+/// access. They are re-read at every access because [`Frame::ensure`] may move the buffer.
 pub trait Frame {
     fn start(&self) -> usize;
     fn end(&self) -> usize;
+    /// The whole packet's length, paged-in data included.
+    fn len(&self) -> usize;
+    /// Makes the first `len` bytes (at most the packet's length) directly accessible. A TC
+    /// skb may hold only the link header in its linear area (a PF_PACKET TX ring, as trafgen
+    /// uses, and many NIC drivers put the rest in page fragments): this pulls what the
+    /// headers need, and no more, so a GRO'd segment's payload stays where it is. XDP headers
+    /// are in the first buffer or not at all.
+    fn ensure(&self, len: usize);
+    fn raw(&self) -> *mut c_void;
 }
 
-impl Frame for XdpContext {
+/// The program contexts, wrapped so that the crate can give them the shared
+/// `lb_common::csum::Rewrite` (see `csum`).
+pub struct Xdp(pub XdpContext);
+pub struct Skb(pub TcContext);
+
+impl Frame for Xdp {
     #[inline(always)]
     fn start(&self) -> usize {
         // SAFETY: ctx is the program's valid context for the whole run.
-        unsafe { read_volatile(&(*self.ctx).data) as usize }
+        unsafe { read_volatile(&(*self.0.ctx).data) as usize }
     }
     #[inline(always)]
     fn end(&self) -> usize {
-        unsafe { read_volatile(&(*self.ctx).data_end) as usize }
+        unsafe { read_volatile(&(*self.0.ctx).data_end) as usize }
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        // SAFETY: the helper only reads the context (fragments included, for xdp.frags).
+        unsafe { bpf_xdp_get_buff_len(self.0.ctx) as usize }
+    }
+    #[inline(always)]
+    fn ensure(&self, _len: usize) {}
+    #[inline(always)]
+    fn raw(&self) -> *mut c_void {
+        self.0.as_ptr()
     }
 }
 
-impl Frame for TcContext {
+impl Frame for Skb {
     #[inline(always)]
     fn start(&self) -> usize {
         // SAFETY: the skb is the program's valid context for the whole run.
-        unsafe { read_volatile(&(*self.skb.skb).data) as usize }
+        unsafe { read_volatile(&(*self.0.skb.skb).data) as usize }
     }
     #[inline(always)]
     fn end(&self) -> usize {
-        unsafe { read_volatile(&(*self.skb.skb).data_end) as usize }
+        unsafe { read_volatile(&(*self.0.skb.skb).data_end) as usize }
+    }
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.0.skb.len() as usize
+    }
+    #[inline(always)]
+    fn ensure(&self, len: usize) {
+        let want = len.min(Frame::len(self));
+        if self.end() - self.start() < want {
+            // A failed pull leaves the skb as it was; the bounds checks then pass the packet.
+            let _ = self.0.pull_data(want as u32);
+        }
+    }
+    #[inline(always)]
+    fn raw(&self) -> *mut c_void {
+        self.0.as_ptr()
     }
 }
 
@@ -75,29 +122,45 @@ pub fn read<T: Copy>(f: &impl Frame, off: usize) -> Option<T> {
 }
 
 pub const L3_OFF: usize = EthHdr::LEN;
-pub const SADDR_OFF: usize = L3_OFF + 12;
-pub const DADDR_OFF: usize = L3_OFF + 16;
-pub const IP_CSUM_OFF: usize = L3_OFF + 10;
+/// Offsets within L4 headers.
+const TCP_FLAGS: usize = 13;
+const TCP_CSUM: usize = 16;
+const UDP_CSUM: usize = 6;
+const SCTP_CSUM: usize = 8;
+const ICMP_HDR: usize = 8;
+/// The most a TCP/UDP/SCTP header needs read: TCP's fixed part (flags, checksum).
+const L4_MAX: usize = 20;
+
+/// Where a packet stands in its datagram.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Frag {
+    /// Not fragmented.
+    Whole,
+    /// The first fragment (offset 0, more to come): it carries the L4 header.
+    First(u16),
+    /// A later fragment: no L4 header, its ports are in `lb_frags`.
+    Later(u16),
+}
 
 /// A parsed IPv4 packet of a protocol the balancer translates.
 #[derive(Clone, Copy)]
 pub struct Packet {
-    /// The tuple as it stands in the packet (network byte order).
+    /// The tuple as it stands in the packet (network byte order). A later fragment's ports are
+    /// 0 until `frag::follow` fills them in.
     pub key: FlowKey,
-    /// Offset of the L4 header.
+    /// Offset of the L4 header (of the ports).
     pub l4_off: usize,
-    /// The L4 checksum translating addresses or ports must update, if there is one.
-    pub l4_csum: Option<L4Csum>,
+    /// The L4 checksum translating addresses or ports must update; `None` for a later fragment.
+    pub l4: L4Sum,
     /// IPv4 total length, for the byte counters.
     pub len: u16,
-}
-
-#[derive(Clone, Copy)]
-pub struct L4Csum {
-    pub off: usize,
-    pub udp: bool,
-    /// The field holds a CHECKSUM_PARTIAL seed, not a full checksum (see `csum::pseudo_seed`).
-    pub partial: bool,
+    /// TCP flags (0 for other protocols and later fragments).
+    pub tcp_flags: u8,
+    pub frag: Frag,
+    /// The L4 checksum field as found, and the pseudo-header seed it would hold if it were
+    /// CHECKSUM_PARTIAL (TCP/UDP only), for XDP's rule in `nat::xdp_can_rewrite`.
+    pub check: u16,
+    pub seed: u16,
 }
 
 /// An ICMP error quoting a packet of some flow: the outer packet (ports 0) and the quoted one.
@@ -120,119 +183,126 @@ const ICMP_DEST_UNREACH: u8 = 3;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETERPROB: u8 = 12;
 
-/// Parses `f` as Ethernet + IPv4 + (TCP | UDP | SCTP | ICMP error). `None` is every packet the
-/// balancer leaves alone: not IPv4, a fragment (without reassembly a later fragment cannot be
-/// matched to its flow, so translating only the first would split the datagram), another
-/// protocol, an ICMP message that is not an error, or a header cut short.
+/// Parses `f` as Ethernet + IPv4 + (TCP | UDP | SCTP | ICMP error). The error is why the
+/// balancer leaves the packet alone: not IPv4 or not a protocol it translates (including ICMP
+/// messages that are not errors), or headers that are cut short or lie about their lengths.
 #[inline(always)]
-pub fn packet(f: &impl Frame) -> Option<Parsed> {
-    let eth: EthHdr = read(f, 0)?;
+pub fn packet(f: &impl Frame) -> Result<Parsed, Reason> {
+    f.ensure(L3_OFF + Ipv4Hdr::LEN);
+    let eth: EthHdr = read(f, 0).ok_or(Reason::Malformed)?;
     if eth.ether_type != EtherType::Ipv4 as u16 {
-        return None;
+        return Err(Reason::NotIpv4);
     }
-    let ip: Ipv4Hdr = read(f, L3_OFF)?;
-    let (proto, ihl) = ipv4_header(&ip)?;
-    let l4_off = L3_OFF + ihl;
+    let ip: Ipv4Hdr = read(f, L3_OFF).ok_or(Reason::Malformed)?;
+    let ihl = header_len(&ip).ok_or(Reason::Malformed)?;
     let len = u16::from_be_bytes(ip.tot_len);
-    let mut key = FlowKey {
+    if usize::from(len) < ihl || usize::from(len) > f.len().saturating_sub(L3_OFF) {
+        return Err(Reason::Malformed);
+    }
+    let proto = ip.proto;
+    if !matches!(
+        proto,
+        IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP | IPPROTO_ICMP
+    ) {
+        return Err(Reason::NotIpv4);
+    }
+    let frags = u16::from_be_bytes(ip.frags);
+    let id = u16::from_be_bytes(ip.id);
+    let frag = match (frags & 0x1fff, frags & 0x2000 != 0) {
+        (0, false) => Frag::Whole,
+        (0, true) => Frag::First(id),
+        _ => Frag::Later(id),
+    };
+    let l4_off = L3_OFF + ihl;
+    let key = FlowKey {
         saddr: u32::from_ne_bytes(ip.src_addr),
         daddr: u32::from_ne_bytes(ip.dst_addr),
         proto,
         ..Default::default()
     };
+    let mut p = Packet {
+        key,
+        l4_off,
+        l4: L4Sum::None,
+        len,
+        tcp_flags: 0,
+        frag,
+        check: 0,
+        seed: 0,
+    };
+    if let Frag::Later(_) = frag {
+        // ICMP is never translated by fragment (an error quotes from the first one).
+        return if proto == IPPROTO_ICMP {
+            Err(Reason::NotIpv4)
+        } else {
+            Ok(Parsed::Flow(p))
+        };
+    }
+    let l4_len = usize::from(len) - ihl;
+    f.ensure(l4_off + L4_MAX);
     match proto {
         IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
-            let ports: [u16; 2] = read(f, l4_off)?;
-            key.sport = ports[0];
-            key.dport = ports[1];
-            let csum_off = match proto {
-                IPPROTO_TCP => l4_off + 16,
-                IPPROTO_UDP => l4_off + 6,
-                // SCTP's CRC32c covers neither addresses nor a pseudo-header.
-                _ => {
-                    return Some(Parsed::Flow(Packet {
-                        key,
-                        l4_off,
-                        l4_csum: None,
-                        len,
-                    }));
+            let hdr = match proto {
+                IPPROTO_TCP => 20,
+                IPPROTO_UDP => 8,
+                _ => 12,
+            };
+            if l4_len < hdr {
+                return Err(Reason::Malformed);
+            }
+            let ports: [u16; 2] = read(f, l4_off).ok_or(Reason::Malformed)?;
+            p.key.sport = ports[0];
+            p.key.dport = ports[1];
+            p.l4 = match proto {
+                IPPROTO_TCP => {
+                    p.tcp_flags = read(f, l4_off + TCP_FLAGS).ok_or(Reason::Malformed)?;
+                    L4Sum::Tcp((l4_off + TCP_CSUM) as u16)
                 }
+                IPPROTO_UDP => L4Sum::Udp((l4_off + UDP_CSUM) as u16),
+                _ => L4Sum::Sctp {
+                    off: (l4_off + SCTP_CSUM) as u16,
+                    len: l4_len as u16,
+                },
             };
-            let check: u16 = read(f, csum_off)?;
-            let seed = pseudo_seed(key.saddr, key.daddr, proto, len.wrapping_sub(ihl as u16));
-            let l4_csum = L4Csum {
-                off: csum_off,
-                udp: proto == IPPROTO_UDP,
-                partial: check == seed,
-            };
-            Some(Parsed::Flow(Packet {
-                key,
-                l4_off,
-                l4_csum: Some(l4_csum),
-                len,
-            }))
+            if let L4Sum::Tcp(off) | L4Sum::Udp(off) = p.l4 {
+                p.check = read(f, off.into()).ok_or(Reason::Malformed)?;
+                p.seed =
+                    lb_common::csum::pseudo_seed(p.key.saddr, p.key.daddr, proto, l4_len as u16);
+            }
+            Ok(Parsed::Flow(p))
         }
-        IPPROTO_ICMP => {
-            let icmp: [u8; 8] = read(f, l4_off)?;
+        _ => {
+            let icmp: [u8; 8] = read(f, l4_off).ok_or(Reason::Malformed)?;
             if !matches!(
                 icmp[0],
                 ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETERPROB
             ) {
-                return None;
+                return Err(Reason::NotIpv4);
             }
-            let inner_l3_off = l4_off + 8;
-            let inner_ip: Ipv4Hdr = read(f, inner_l3_off)?;
-            let (inner_proto, inner_ihl) = quoted_header(&inner_ip)?;
+            let inner_l3_off = l4_off + ICMP_HDR;
+            f.ensure(inner_l3_off + 60 + 8);
+            let inner_ip: Ipv4Hdr = read(f, inner_l3_off).ok_or(Reason::Malformed)?;
+            let inner_ihl = header_len(&inner_ip).ok_or(Reason::Malformed)?;
+            if !matches!(inner_ip.proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
+                return Err(Reason::NotIpv4);
+            }
             let inner_l4_off = inner_l3_off + inner_ihl;
-            let ports: [u16; 2] = read(f, inner_l4_off)?;
+            let ports: [u16; 2] = read(f, inner_l4_off).ok_or(Reason::Malformed)?;
             let inner = FlowKey {
                 saddr: u32::from_ne_bytes(inner_ip.src_addr),
                 daddr: u32::from_ne_bytes(inner_ip.dst_addr),
                 sport: ports[0],
                 dport: ports[1],
-                proto: inner_proto,
+                proto: inner_ip.proto,
                 ..Default::default()
             };
-            // ICMP's checksum has no pseudo-header: the outer addresses are not under it.
-            let outer = Packet {
-                key,
-                l4_off,
-                l4_csum: None,
-                len,
-            };
-            Some(Parsed::IcmpError(IcmpError {
-                outer,
+            Ok(Parsed::IcmpError(IcmpError {
+                outer: p,
                 inner_l3_off,
                 inner_l4_off,
                 inner,
             }))
         }
-        _ => None,
-    }
-}
-
-/// Protocol and header length of an unfragmented IPv4 header carrying TCP, UDP, SCTP or ICMP.
-#[inline(always)]
-fn ipv4_header(ip: &Ipv4Hdr) -> Option<(u8, usize)> {
-    let ihl = header_len(ip)?;
-    // MF set or a non-zero offset: a fragment.
-    if u16::from_be_bytes(ip.frags) & 0x3fff != 0 {
-        return None;
-    }
-    match ip.proto {
-        p @ (IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP | IPPROTO_ICMP) => Some((p, ihl)),
-        _ => None,
-    }
-}
-
-/// Protocol and header length of the IPv4 header an ICMP error quotes, if it is of a flow
-/// the balancer could have translated (TCP, UDP or SCTP).
-#[inline(always)]
-fn quoted_header(ip: &Ipv4Hdr) -> Option<(u8, usize)> {
-    let ihl = header_len(ip)?;
-    match ip.proto {
-        p @ (IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) => Some((p, ihl)),
-        _ => None,
     }
 }
 

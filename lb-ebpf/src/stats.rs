@@ -1,14 +1,22 @@
-//! Per-CPU packet and byte counters, one slot per service and per backend (the controller
-//! assigns the slots and sums the CPUs). Per-CPU, so the hot path needs no atomics.
-use lb_common::Translation;
+//! Per-CPU counters: packets and bytes per service and per backend (the controller assigns
+//! the slots and sums the CPUs), and one packet count per program and outcome reason. Per-CPU,
+//! so the hot path needs no atomics.
+use lb_common::{Counters, Flow, REASONS, Reason};
 
-use crate::maps::COUNTERS;
+use crate::maps::{COUNTERS, REASON_COUNTS};
+
+/// The programs, in `lb_reasons` slot order (`lb_common::HOOK_NAMES`).
+pub const HOOKS: u32 = 3;
+pub const HOOK_XDP: u32 = 0;
+pub const HOOK_TC_INGRESS: u32 = 1;
+pub const HOOK_TC_EGRESS: u32 = 2;
 
 #[inline(always)]
 fn add(slot: u32, bytes: u16) {
     if let Some(c) = COUNTERS.get_ptr_mut(slot) {
         // SAFETY: a per-CPU slot is only ever touched by this CPU's program run.
         unsafe {
+            let c: *mut Counters = c;
             (*c).packets += 1;
             (*c).bytes += u64::from(bytes);
         }
@@ -17,7 +25,16 @@ fn add(slot: u32, bytes: u16) {
 
 /// Accounts one packet of a translated flow to its backend and its service.
 #[inline(always)]
-pub fn account(t: &Translation, bytes: u16) {
-    add(t.counter, bytes);
-    add(t.service_counter, bytes);
+pub fn account(f: &Flow, bytes: u16) {
+    add(f.counter, bytes);
+    add(f.service_counter, bytes);
+}
+
+/// Counts one run of program `hook` that ended for `reason`.
+#[inline(always)]
+pub fn reason(hook: u32, reason: Reason) {
+    if let Some(c) = REASON_COUNTS.get_ptr_mut(hook * REASONS + reason as u32) {
+        // SAFETY: as above, this CPU's slot.
+        unsafe { *c += 1 };
+    }
 }

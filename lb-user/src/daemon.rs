@@ -28,7 +28,11 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::{
     api::{self, MAX_REQUEST, Request, Response},
-    dataplane::{Dataplane, EbpfDataplane, NftDataplane, SyncStats, ebpf::TcMode, nft, probe},
+    dataplane::{
+        Dataplane, EbpfDataplane, NftDataplane, SyncStats,
+        ebpf::{TcMode, gc::STATES},
+        nft, probe,
+    },
     elements::network_elements,
     model::{DesiredState, Network},
     netlink::{Netlink, in_netns},
@@ -55,6 +59,8 @@ pub struct Options {
     pub metrics: Option<SocketAddr>,
     /// How often failed applies are retried.
     pub retry: Duration,
+    /// How often the eBPF dataplane's flow collector runs.
+    pub gc: Duration,
 }
 
 /// Upper bounds (seconds) of the reconcile duration histogram.
@@ -234,6 +240,7 @@ impl Daemon {
         new.validate().context("rejected")?;
         for net in &new.networks {
             if self.desired.network(&net.name) != Some(net) {
+                self.dp.supports(net).context("rejected")?;
                 check_interfaces(net).context("rejected")?;
             }
         }
@@ -380,7 +387,7 @@ impl Daemon {
     fn status(&mut self) -> Result<Value> {
         let mut networks = Vec::new();
         for n in self.desired.networks.clone() {
-            let flows = self.dp.flows(&n).map(|f| f.len()).ok();
+            let counted = self.flow_counts(&n);
             let warnings = self
                 .dp
                 .warnings(&n)
@@ -395,7 +402,9 @@ impl Daemon {
                 "mode": n.mode,
                 "services": n.services.len(),
                 "backends": n.services.iter().map(|s| s.backends.len()).sum::<usize>(),
-                "flows": flows,
+                "flows": counted.as_ref().map(|c| c.by_state.iter().sum::<u64>()),
+                "flows_by_state": counted.as_ref().map(|c| STATES.iter().zip(c.by_state).map(|(s, n)| (s.to_string(), n)).collect::<BTreeMap<_, _>>()),
+                "flow_entries": counted.as_ref().and_then(|c| c.entries),
                 "warnings": warnings,
                 "last_sync": last.map(|s| json!({"written": s.written, "deleted": s.deleted, "flows_flushed": s.flows_flushed})),
             }));
@@ -407,6 +416,33 @@ impl Daemon {
         }))
     }
 
+    /// The network's flows by state: the collector's last count on the eBPF dataplane (the
+    /// writer never walks the table for this), the kernel's conntrack on nftables.
+    fn flow_counts(&mut self, n: &Network) -> Option<FlowCounts> {
+        if let Some(c) = self.dp.flow_stats(n) {
+            return Some(FlowCounts {
+                by_state: c.by_state,
+                entries: Some(c.entries),
+                expired_total: Some(c.expired_total),
+            });
+        }
+        if self.dp.name() != "nftables" {
+            return None;
+        }
+        let flows = self.dp.flows(n).ok()?;
+        let mut by_state = [0; 3];
+        for f in &flows {
+            if let Some(i) = STATES.iter().position(|s| *s == f.state) {
+                by_state[i] += 1;
+            }
+        }
+        Some(FlowCounts {
+            by_state,
+            entries: None,
+            expired_total: None,
+        })
+    }
+
     /// Prometheus text exposition of every network's counters and the daemon's own.
     pub fn metrics(&mut self) -> String {
         use std::fmt::Write as _;
@@ -416,8 +452,32 @@ impl Daemon {
         let mut bytes = String::from(
             "# HELP lb_bytes_total Bytes (IP length) translated, per service and backend.\n# TYPE lb_bytes_total counter\n",
         );
-        let mut conntrack = String::from(
-            "# HELP lb_conntrack_entries Tracked flows.\n# TYPE lb_conntrack_entries gauge\n",
+        let mut flows = Metric::new("lb_conntrack_entries", "gauge", "Live tracked flows.");
+        let mut states = Metric::new("lb_flows", "gauge", "Live tracked flows by state.");
+        let mut entries = Metric::new(
+            "lb_flow_table_entries",
+            "gauge",
+            "Entries in the flow table (eBPF: both directions and masquerade pairs, expired ones not yet collected).",
+        );
+        let mut expiries = Metric::new(
+            "lb_flow_expiries_total",
+            "counter",
+            "Flow entries the collector deleted after they expired.",
+        );
+        let mut evictions = Metric::new(
+            "lb_flow_evictions_total",
+            "counter",
+            "Flows found to have lost entries before they expired (LRU eviction), re-created or restored by the datapath.",
+        );
+        let mut masq_failures = Metric::new(
+            "lb_masquerade_failures_total",
+            "counter",
+            "New flows dropped because no masquerade port was free.",
+        );
+        let mut datapath = Metric::new(
+            "lb_datapath_packets_total",
+            "counter",
+            "Program runs per hook and outcome or event reason.",
         );
         for n in self.desired.networks.clone() {
             if let Ok(counts) = self.dp.counts(&n) {
@@ -432,17 +492,47 @@ impl Daemon {
                     let _ = writeln!(bytes, "lb_bytes_total{{{labels}}} {}", c.bytes);
                 }
             }
-            if let Ok(flows) = self.dp.flows(&n) {
-                let _ = writeln!(
-                    conntrack,
-                    "lb_conntrack_entries{{network=\"{}\"}} {}",
-                    esc(&n.name),
-                    flows.len()
-                );
+            let net = format!("network=\"{}\"", esc(&n.name));
+            if let Some(c) = self.flow_counts(&n) {
+                flows.add(&net, c.by_state.iter().sum());
+                for (state, count) in STATES.iter().zip(c.by_state) {
+                    states.add(&format!("{net},state=\"{state}\""), count);
+                }
+                if let Some(e) = c.entries {
+                    entries.add(&net, e);
+                }
+                if let Some(e) = c.expired_total {
+                    expiries.add(&net, e);
+                }
+            }
+            if let Ok(reasons) = self.dp.reasons(&n)
+                && !reasons.is_empty()
+            {
+                let sum = |names: &[&str]| -> u64 {
+                    (reasons.iter())
+                        .filter(|(_, r, _)| names.contains(r))
+                        .map(|(_, _, c)| c)
+                        .sum()
+                };
+                evictions.add(&net, sum(&["flow_recreated", "entry_restored"]));
+                masq_failures.add(&net, sum(&["masq_failed"]));
+                for (hook, reason, count) in reasons {
+                    datapath.add(&format!("{net},hook=\"{hook}\",reason=\"{reason}\""), count);
+                }
             }
         }
         out.push_str(&bytes);
-        out.push_str(&conntrack);
+        for m in [
+            flows,
+            states,
+            entries,
+            expiries,
+            evictions,
+            masq_failures,
+            datapath,
+        ] {
+            out.push_str(&m.text);
+        }
         out.push_str("# HELP lb_apply_errors_total Failed applies, per network.\n# TYPE lb_apply_errors_total counter\n");
         for (n, c) in &self.stats.apply_errors {
             let _ = writeln!(out, "lb_apply_errors_total{{network=\"{}\"}} {c}", esc(n));
@@ -460,6 +550,33 @@ impl Daemon {
             self.stats.reconcile_count, self.stats.reconcile_sum, self.stats.reconcile_count
         );
         out
+    }
+}
+
+/// Flow counts as status and metrics show them; `None` where the dataplane does not know.
+struct FlowCounts {
+    by_state: [u64; 3],
+    entries: Option<u64>,
+    expired_total: Option<u64>,
+}
+
+/// One metric family of the exposition: its HELP and TYPE lines, then its samples.
+struct Metric {
+    name: &'static str,
+    text: String,
+}
+
+impl Metric {
+    fn new(name: &'static str, kind: &str, help: &str) -> Self {
+        Self {
+            name,
+            text: format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"),
+        }
+    }
+
+    fn add(&mut self, labels: &str, value: u64) {
+        use std::fmt::Write as _;
+        let _ = writeln!(self.text, "{}{{{labels}}} {value}", self.name);
     }
 }
 
@@ -527,7 +644,9 @@ fn actor(mut daemon: Daemon, jobs: mpsc::Receiver<Job>, retry: Duration) {
 /// Picks the dataplane: `auto` probes the kernel and falls back to nftables, saying why.
 fn dataplane(opts: &Options) -> Result<(Box<dyn Dataplane>, String)> {
     let ebpf = || -> Result<Box<dyn Dataplane>> {
-        Ok(Box::new(EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?))
+        let mut dp = EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?;
+        dp.collect_every(opts.gc)?;
+        Ok(Box::new(dp))
     };
     match opts.dataplane {
         DataplaneChoice::Nftables => Ok((

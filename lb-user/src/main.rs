@@ -9,7 +9,7 @@ use lb_user::{
     daemon::{self, DataplaneChoice},
     dataplane::ebpf::{DEFAULT_BPFFS, TcMode},
     elements,
-    model::{self, Backend, DEFAULT_GENERATION, Network, PortConfig, Service},
+    model::{self, Backend, DEFAULT_GENERATION, FlowTimeouts, Network, PortConfig, Service},
     oneshot,
 };
 use serde_json::Value;
@@ -78,6 +78,11 @@ enum Cmd {
         /// Seconds between retries of a failed apply.
         #[arg(long, default_value_t = 5)]
         retry_secs: u64,
+        /// Seconds between passes of the flow collector, which deletes expired flow entries
+        /// (the programs already ignore them) and counts flows by state for status and
+        /// metrics.
+        #[arg(long, default_value_t = 10)]
+        gc_secs: u64,
     },
     /// Networks: a set of interfaces the programs attach to, and their services.
     Network {
@@ -114,7 +119,7 @@ enum Cmd {
         #[command(flatten)]
         client: Client,
     },
-    /// Live flows: proto client -> service => backend, age.
+    /// Live flows: proto client -> service => backend, state, seconds left.
     Conntrack {
         network: Option<String>,
         #[command(flatten)]
@@ -164,6 +169,10 @@ enum NetworkCmd {
         attach: String,
         #[arg(long, default_value = "auto")]
         masquerade: String,
+        /// A flow timeout, NAME=SECONDS (tcp_syn, tcp_established, tcp_closing,
+        /// tcp_unreplied, udp); repeatable.
+        #[arg(long = "timeout")]
+        timeouts: Vec<String>,
     },
     Rm {
         name: String,
@@ -282,6 +291,7 @@ fn run(cli: Cli) -> Result<()> {
             metrics,
             tc,
             retry_secs,
+            gc_secs,
         } => daemon::run(daemon::Options {
             state_dir,
             socket,
@@ -294,6 +304,7 @@ fn run(cli: Cli) -> Result<()> {
             tc_mode: tc_mode(tc),
             metrics,
             retry: Duration::from_secs(retry_secs.max(1)),
+            gc: Duration::from_secs(gc_secs.max(1)),
         }),
         Cmd::Network { cmd, client } => match cmd {
             NetworkCmd::Add {
@@ -303,7 +314,12 @@ fn run(cli: Cli) -> Result<()> {
                 mode,
                 attach,
                 masquerade,
+                timeouts: specs,
             } => {
+                let mut timeouts = FlowTimeouts::default();
+                for spec in &specs {
+                    timeouts.set(spec)?;
+                }
                 let network = Network {
                     name,
                     interfaces,
@@ -311,6 +327,7 @@ fn run(cli: Cli) -> Result<()> {
                     mode: mode.parse()?,
                     attach: attach.parse()?,
                     masquerade: masquerade.parse()?,
+                    timeouts,
                     services: vec![],
                 };
                 done(&client, &call(&client, &Request::NetworkAdd { network })?);
@@ -476,13 +493,14 @@ fn run(cli: Cli) -> Result<()> {
             show(&client, &v, |v| {
                 for f in v.as_array().into_iter().flatten() {
                     println!(
-                        "{} {} {} -> {} => {} age {}",
+                        "{} {} {} -> {} => {} {} {}",
                         s(&f["network"]),
                         s(&f["proto"]),
                         s(&f["client"]),
                         s(&f["service"]),
                         s(&f["backend"]),
-                        f["age_secs"]
+                        s(&f["state"]),
+                        f["expires_secs"]
                             .as_u64()
                             .map_or("-".to_owned(), |a| format!("{a}s"))
                     );

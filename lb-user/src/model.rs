@@ -156,8 +156,105 @@ pub struct Network {
     pub attach: Attach,
     #[serde(default)]
     pub masquerade: Masquerade,
+    /// Flow timeouts, where the defaults do not suit (eBPF dataplane; the nftables one keeps
+    /// the kernel's conntrack timeouts).
+    #[serde(default, skip_serializing_if = "FlowTimeouts::is_default")]
+    pub timeouts: FlowTimeouts,
     #[serde(default)]
     pub services: Vec<Service>,
+}
+
+/// How long a flow's entries live without packets, in seconds, per state (see
+/// `lb_common::flow::timeout_secs`); unset ones take [`lb_common::Timeouts::DEFAULT`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FlowTimeouts {
+    /// A TCP SYN not answered yet (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_syn: Option<u32>,
+    /// An answered TCP connection (default 21600, 6 h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_established: Option<u32>,
+    /// A TCP connection closed both ways or reset (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_closing: Option<u32>,
+    /// A TCP flow re-created from a mid-connection packet, until the backend answers
+    /// (default 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_unreplied: Option<u32>,
+    /// UDP and SCTP (default 60).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub udp: Option<u32>,
+}
+
+/// Longest timeout accepted: a week (the kernel's longest conntrack default is 5 days).
+pub const MAX_TIMEOUT_SECS: u32 = 7 * 24 * 3600;
+
+impl FlowTimeouts {
+    /// The timeout names, as `--timeout NAME=SECS` and the JSON fields spell them.
+    pub const NAMES: [&'static str; 5] = [
+        "tcp_syn",
+        "tcp_established",
+        "tcp_closing",
+        "tcp_unreplied",
+        "udp",
+    ];
+
+    pub fn is_default(&self) -> bool {
+        *self == FlowTimeouts::default()
+    }
+
+    fn fields(&mut self) -> [(&'static str, &mut Option<u32>); 5] {
+        [
+            ("tcp_syn", &mut self.tcp_syn),
+            ("tcp_established", &mut self.tcp_established),
+            ("tcp_closing", &mut self.tcp_closing),
+            ("tcp_unreplied", &mut self.tcp_unreplied),
+            ("udp", &mut self.udp),
+        ]
+    }
+
+    /// Sets one timeout from `NAME=SECS`, as `lb network add --timeout` takes it.
+    pub fn set(&mut self, spec: &str) -> Result<(), Invalid> {
+        let syntax = || Invalid::TimeoutSyntax(spec.to_owned());
+        let (name, secs) = spec.split_once('=').ok_or_else(syntax)?;
+        let secs: u32 = secs.parse().map_err(|_| syntax())?;
+        let slot = self
+            .fields()
+            .into_iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| Invalid::UnknownKeyword {
+                what: "timeout",
+                value: name.to_owned(),
+                expected: Self::NAMES.join(", "),
+            })?;
+        *slot = Some(secs);
+        Ok(())
+    }
+
+    fn validate(mut self) -> Result<(), Invalid> {
+        for (name, v) in self.fields() {
+            if let Some(secs) = *v
+                && !(1..=MAX_TIMEOUT_SECS).contains(&secs)
+            {
+                return Err(Invalid::TimeoutRange { name, secs });
+            }
+        }
+        Ok(())
+    }
+
+    /// Every timeout, defaults filled in.
+    pub fn resolve(&self) -> lb_common::Timeouts {
+        let d = lb_common::Timeouts::DEFAULT;
+        lb_common::Timeouts {
+            tcp_syn: self.tcp_syn.unwrap_or(d.tcp_syn),
+            tcp_established: self.tcp_established.unwrap_or(d.tcp_established),
+            tcp_closing: self.tcp_closing.unwrap_or(d.tcp_closing),
+            tcp_unreplied: self.tcp_unreplied.unwrap_or(d.tcp_unreplied),
+            udp: self.udp.unwrap_or(d.udp),
+        }
+    }
 }
 
 /// One contribution (moby's loadBalancer): one generation of one service. Generations of a
@@ -308,6 +405,12 @@ pub enum Invalid {
     },
     #[error("{set} has {n} backends once composed; at most {max} fit the bucket space")]
     TooManyBackends { set: String, n: usize, max: u32 },
+    #[error("invalid timeout {0:?}: expected NAME=SECONDS")]
+    TimeoutSyntax(String),
+    #[error("timeout {name}={secs} out of range 1-{max}", max = MAX_TIMEOUT_SECS)]
+    TimeoutRange { name: &'static str, secs: u32 },
+    #[error("backend {0} is also a VIP of this network; a VIP cannot be a backend")]
+    BackendIsVip(Ipv4Addr),
     #[error("{n} {what} once composed; the dataplane holds at most {max}")]
     TooManySets {
         what: &'static str,
@@ -426,6 +529,7 @@ impl Network {
         if self.interfaces.is_empty() {
             return Err(at(Invalid::NoInterface));
         }
+        self.timeouts.validate().map_err(&at)?;
         let mut interfaces = BTreeSet::new();
         for name in &self.interfaces {
             check_interface(name).map_err(&at)?;
@@ -482,6 +586,20 @@ impl Network {
                     }));
                 }
                 owners.push((key, &service.id));
+            }
+        }
+
+        // A packet translated to a backend must not be a service's packet again (it would be
+        // translated twice, by XDP and then TC, or by two hooks).
+        for service in &self.services {
+            if let Some(b) = service
+                .backends
+                .iter()
+                .find(|b| vip_owner.contains_key(&b.ip))
+            {
+                return Err(at_path(self.service_path(service))(Invalid::BackendIsVip(
+                    b.ip,
+                )));
             }
         }
 

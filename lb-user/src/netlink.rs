@@ -218,28 +218,31 @@ impl Netlink {
         Ok(())
     }
 
-    /// The ports of bridge `ifname` whose hairpin mode is off (sorted), or `None` when
-    /// `ifname` is not a bridge. One link dump.
-    pub fn ports_without_hairpin(&self, ifname: &str) -> Result<Option<Vec<String>>> {
-        let index = self.ifindex(ifname)?;
-        let links: Vec<LinkMessage> = self.rt.block_on(async {
+    fn links(&self) -> Result<Vec<LinkMessage>> {
+        self.rt.block_on(async {
             (self.handle.link().get().execute())
                 .try_collect()
                 .await
                 .context("listing links")
-        })?;
-        let infos = |m: &LinkMessage| -> Vec<LinkInfo> {
-            (m.attributes.iter())
-                .filter_map(|a| match a {
-                    LinkAttribute::LinkInfo(i) => Some(i.clone()),
-                    _ => None,
-                })
-                .flatten()
-                .collect()
-        };
+        })
+    }
+
+    /// Whether `ifname` is a veth.
+    pub fn is_veth(&self, ifname: &str) -> Result<bool> {
+        let index = self.ifindex(ifname)?;
+        Ok((self.links()?.iter())
+            .find(|m| m.header.index == index)
+            .is_some_and(|m| link_infos(m).contains(&LinkInfo::Kind(InfoKind::Veth))))
+    }
+
+    /// The ports of bridge `ifname` whose hairpin mode is off (sorted), or `None` when
+    /// `ifname` is not a bridge. One link dump.
+    pub fn ports_without_hairpin(&self, ifname: &str) -> Result<Option<Vec<String>>> {
+        let index = self.ifindex(ifname)?;
+        let links = self.links()?;
         let is_bridge = (links.iter())
             .find(|m| m.header.index == index)
-            .is_some_and(|m| infos(m).contains(&LinkInfo::Kind(InfoKind::Bridge)));
+            .is_some_and(|m| link_infos(m).contains(&LinkInfo::Kind(InfoKind::Bridge)));
         if !is_bridge {
             return Ok(None);
         }
@@ -248,7 +251,7 @@ impl Netlink {
             if !m.attributes.contains(&LinkAttribute::Controller(index)) {
                 continue;
             }
-            let hairpin = infos(m).iter().any(|i| {
+            let hairpin = link_infos(m).iter().any(|i| {
                 matches!(i, LinkInfo::PortData(InfoPortData::BridgePort(p))
                     if p.contains(&InfoBridgePort::HairpinMode(true)))
             });
@@ -263,4 +266,15 @@ impl Netlink {
         off.sort();
         Ok(Some(off))
     }
+}
+
+/// A link's IFLA_LINKINFO attributes (kind, port data).
+fn link_infos(m: &LinkMessage) -> Vec<LinkInfo> {
+    (m.attributes.iter())
+        .filter_map(|a| match a {
+            LinkAttribute::LinkInfo(i) => Some(i.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
 }

@@ -38,6 +38,9 @@ pub fn load(
     let state = DesiredState::from_json(&text).with_context(|| format!("{}", file.display()))?;
     let previous = read_loaded(state_dir)?;
     let mut dp = EbpfDataplane::new(bpffs, tc_mode)?;
+    for network in &state.networks {
+        dp.supports(network)?;
+    }
     let mut applied = Vec::new();
     for network in &state.networks {
         let stats = dp.apply(network, previous.network(&network.name))?;

@@ -35,6 +35,7 @@ fn state(topo: &Topology, attach: Attach) -> DesiredState {
             mode: Mode::Nat,
             attach,
             masquerade: Masquerade::Auto,
+            timeouts: Default::default(),
             services: vec![Service {
                 id: "web".into(),
                 generation: "1".into(),

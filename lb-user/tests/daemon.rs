@@ -156,6 +156,7 @@ fn full_state(topo: &Topology) -> DesiredState {
             mode: Mode::Nat,
             attach: Attach::Xdp,
             masquerade: Masquerade::Always,
+            timeouts: Default::default(),
             services: vec![
                 Service {
                     id: "api".into(),
@@ -804,6 +805,7 @@ fn one_backend_change_at_10000_services_touches_o1_map_entries() {
             mode: Mode::Nat,
             attach: Attach::Tc,
             masquerade: Masquerade::Auto,
+            timeouts: Default::default(),
             services,
         }],
     };

@@ -6,6 +6,12 @@ use std::net::Ipv4Addr;
 
 pub const ETH_P_IP: u16 = 0x0800;
 
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_PSH: u8 = 0x08;
+pub const TCP_ACK: u8 = 0x10;
+
 /// RFC 1071 one's-complement sum of `data`, folded, not yet inverted.
 fn sum16(data: &[u8], mut acc: u32) -> u32 {
     let mut chunks = data.chunks_exact(2);
@@ -45,6 +51,10 @@ pub struct Ipv4Packet {
     pub options: Vec<u8>,
     /// The flags + fragment offset field (DF by default).
     pub frag: u16,
+    /// The IPv4 identification field.
+    pub id: u16,
+    /// TCP flags (SYN by default).
+    pub tcp_flags: u8,
     /// Stores this L4 checksum instead of the computed one (e.g. `Some(0)`: UDP without one).
     pub l4_csum: Option<u16>,
     pub payload: Vec<u8>,
@@ -67,6 +77,8 @@ impl Ipv4Packet {
             ttl: 64,
             options: Vec::new(),
             frag: 0x4000,
+            id: 0x1234,
+            tcp_flags: TCP_SYN,
             l4_csum: None,
             payload: b"hello".to_vec(),
         }
@@ -84,6 +96,26 @@ impl Ipv4Packet {
             proto: 132,
             ..Self::tcp(saddr, sport, daddr, dport)
         }
+    }
+
+    /// A later fragment of this packet's datagram: its IPv4 header (same addresses, protocol
+    /// and id) with fragment offset `offset8` (in 8-byte units, as the header counts it), MF
+    /// as `more` says, and `data` (no L4 header: that is in the first fragment).
+    pub fn later_fragment(&self, offset8: u16, more: bool, data: &[u8]) -> Vec<u8> {
+        let frag = offset8 | if more { 0x2000 } else { 0 };
+        let mut frame = eth_header(self.dst_mac, self.src_mac, ETH_P_IP);
+        frame.extend(ipv4_header(
+            self.saddr,
+            self.daddr,
+            self.proto,
+            self.ttl,
+            frag,
+            self.id,
+            &self.options,
+            data.len(),
+        ));
+        frame.extend(data);
+        frame
     }
 
     /// The same packet in the other direction (addresses, ports and MACs swapped).
@@ -107,7 +139,7 @@ impl Ipv4Packet {
                 h.extend(self.dport.to_be_bytes());
                 h.extend(1u32.to_be_bytes()); // seq
                 h.extend(0u32.to_be_bytes()); // ack
-                h.extend([0x50, 0x02]); // data offset 5, SYN
+                h.extend([0x50, self.tcp_flags]); // data offset 5
                 h.extend(64240u16.to_be_bytes());
                 h.extend([0, 0, 0, 0]); // checksum, urgent
                 h.extend(&self.payload);
@@ -142,6 +174,7 @@ impl Ipv4Packet {
             self.proto,
             self.ttl,
             self.frag,
+            self.id,
             &self.options,
             l4.len(),
         ));
@@ -163,12 +196,14 @@ fn eth_header(dst: [u8; 6], src: [u8; 6], ethertype: u16) -> Vec<u8> {
     frame
 }
 
+#[allow(clippy::too_many_arguments)]
 fn ipv4_header(
     saddr: Ipv4Addr,
     daddr: Ipv4Addr,
     proto: u8,
     ttl: u8,
     frag: u16,
+    id: u16,
     options: &[u8],
     l4_len: usize,
 ) -> Vec<u8> {
@@ -176,7 +211,7 @@ fn ipv4_header(
     let total = (ihl * 4 + l4_len) as u16;
     let mut ip = vec![0x40 | ihl as u8, 0];
     ip.extend(total.to_be_bytes());
-    ip.extend([0x12, 0x34]); // id
+    ip.extend(id.to_be_bytes());
     ip.extend(frag.to_be_bytes());
     ip.extend([ttl, proto, 0, 0]);
     ip.extend(saddr.octets());
@@ -215,7 +250,7 @@ pub fn icmp_error(
     let c = checksum(&icmp);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
     let mut frame = eth_header([0x02, 0, 0, 0, 0, 0x02], [0x02, 0, 0, 0, 0, 0x01], ETH_P_IP);
-    frame.extend(ipv4_header(saddr, daddr, 1, 64, 0, &[], icmp.len()));
+    frame.extend(ipv4_header(saddr, daddr, 1, 64, 0, 0x1234, &[], icmp.len()));
     frame.extend(icmp);
     frame
 }
@@ -274,6 +309,10 @@ pub fn verify(frame: &[u8]) -> Result<(), String> {
     }
     let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
     let seg = &ip[ihl..total];
+    if u16::from_be_bytes([ip[6], ip[7]]) & 0x1fff != 0 {
+        // A later fragment: its L4 checksum is in the first one.
+        return Ok(());
+    }
     match ip[9] {
         p @ (6 | 17) => {
             let at = l4_csum_offset(p).unwrap();

@@ -60,6 +60,7 @@ fn network(topo: &Topology, name: &str, attach: Attach, backends: &[Backend]) ->
         mode: Mode::Nat,
         attach,
         masquerade: Masquerade::Never,
+        timeouts: Default::default(),
         services: vec![Service {
             id: "web".into(),
             generation: "1".into(),

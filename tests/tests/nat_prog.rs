@@ -8,13 +8,11 @@
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use aya::programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp};
-use lb_common::{
-    FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKey, MASQ_PORT_MAX, MASQ_PORT_MIN, Translation,
-};
+use lb_common::{FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, FlowKey, MASQ_PORT_MAX, MASQ_PORT_MIN};
 use lb_tests::{
     packet::{
-        self, Ipv4Packet, SCTP_CRC_MARKER, arp_request, icmp_error, ip_of, ipv6_tcp_syn,
-        pseudo_seed, verify,
+        Ipv4Packet, SCTP_CRC_MARKER, arp_request, icmp_error, ip_of, ipv6_tcp_syn, pseudo_seed,
+        verify,
     },
     require_root,
 };
@@ -28,6 +26,10 @@ use lb_user::{
 
 const XDP_PASS: u32 = 2;
 const TC_ACT_OK: u32 = 0;
+/// `TC_ACT_UNSPEC` (-1): not translated, on to the next program.
+const TC_ACT_UNSPEC: u32 = u32::MAX;
+/// What XDP leaves in a translated packet's metadata for TC (lb-ebpf `nat::HANDOFF`).
+const XDP_HANDOFF: u32 = 0x6c62_7864;
 
 const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 2);
 const CLIENT2: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 3);
@@ -90,6 +92,7 @@ fn network(masquerade: Masquerade) -> Network {
         mode: Mode::Nat,
         attach: Attach::Tc,
         masquerade,
+        timeouts: Default::default(),
         services: vec![
             service(
                 "web",
@@ -144,6 +147,7 @@ impl Fixture {
         let node = NodeAddrs {
             local: vec![NODE, HOST_IP],
             ifaces: vec![(1, NODE)],
+            ephemeral: None,
         };
         let keep: BTreeSet<Ipv4Addr> = self
             .net
@@ -174,12 +178,12 @@ impl Fixture {
                     input.len()
                 )
             });
-        let want = if prog == Prog::Xdp {
-            XDP_PASS
+        let passed = if prog == Prog::Xdp {
+            verdict == XDP_PASS
         } else {
-            TC_ACT_OK
+            verdict == TC_ACT_OK || verdict == TC_ACT_UNSPEC
         };
-        assert_eq!(verdict, want, "{prog:?} must never drop");
+        assert!(passed, "{prog:?} must not drop this (verdict {verdict})");
         (verdict, out)
     }
 
@@ -221,12 +225,20 @@ impl Fixture {
             }
         }?;
         out.truncate(res.data_size_out as usize);
+        if prog == Prog::Xdp && out.len() == input.len() + 4 {
+            // A packet XDP translated carries the handoff to TC ingress in its metadata,
+            // which a test run returns in front of the frame.
+            let hash_key = self.dp.config().unwrap().hash_key;
+            let meta = u32::from_ne_bytes(out[..4].try_into().unwrap());
+            assert_eq!(meta, XDP_HANDOFF ^ hash_key, "XDP's handoff to TC");
+            out.drain(..4);
+        }
         Ok((res.return_value, out))
     }
 
-    fn flow(&self, key: &FlowKey) -> Option<Translation> {
+    fn flow(&self, key: &FlowKey) -> Option<Flow> {
         self.dp
-            .flows()
+            .flow_entries()
             .into_iter()
             .find(|(k, _)| k == key)
             .map(|(_, t)| t)
@@ -339,7 +351,7 @@ fn tcp_syn_to_vip_is_dnated_and_both_directions_tracked() {
         .expect("reply entry");
     assert_eq!((reply.saddr, reply.sport), (be(VIP), 443u16.to_be()));
     assert_eq!(reply.flags, FLOW_EGRESS | FLOW_REPLY);
-    assert_eq!(f.dp.flows().len(), 2, "one flow, two entries");
+    assert_eq!(f.dp.flow_entries().len(), 2, "one flow, two entries");
 }
 
 fn with_options(mut p: Ipv4Packet, len: usize) -> Vec<u8> {
@@ -412,7 +424,7 @@ fn published_port_to_a_non_local_address_is_untouched() {
     let p = Ipv4Packet::tcp(CLIENT, 40020, NOT_LOCAL, 8080).build();
     expect_untouched(&mut f, Prog::TcIngress, &p);
     expect_untouched(&mut f, Prog::Xdp, &p);
-    assert!(f.dp.flows().is_empty(), "nothing tracked");
+    assert!(f.dp.flow_entries().is_empty(), "nothing tracked");
 }
 
 #[test]
@@ -525,7 +537,7 @@ fn vip_without_backends_passes_to_the_stack() {
     let p = Ipv4Packet::tcp(CLIENT, 40080, EMPTY_VIP, 80).build();
     expect_untouched(&mut f, Prog::TcIngress, &p);
     expect_untouched(&mut f, Prog::Xdp, &p);
-    assert!(f.dp.flows().is_empty());
+    assert!(f.dp.flow_entries().is_empty());
 }
 
 #[test]
@@ -541,7 +553,7 @@ fn non_service_traffic_passes_byte_identical() {
             expect_untouched(&mut f, prog, input);
         }
     }
-    assert!(f.dp.flows().is_empty());
+    assert!(f.dp.flow_entries().is_empty());
 }
 
 #[test]
@@ -581,19 +593,40 @@ fn ip_options_are_skipped_to_find_l4() {
     }
 }
 
+/// A fragmented datagram to a published port: the first fragment (the one with the UDP
+/// header) is DNATed and records the datagram; the later ones, which have no ports, follow it to
+/// the same backend with only their addresses changed. A later fragment of a datagram whose
+/// first was never seen passes as it is.
 #[test]
-fn fragments_pass_untouched() {
+fn fragments_of_a_translated_datagram_are_followed() {
     let Some(mut f) = fixture() else { return };
-    // First fragment (MF), a middle one, and the last (offset, no MF).
-    for frag in [0x2000u16, 0x2000 | 10, 20] {
-        let mut p = Ipv4Packet::udp(CLIENT, 40110, VIP, 53);
-        p.frag = frag;
-        let input = p.build();
-        for prog in [Prog::Xdp, Prog::TcIngress, Prog::TcEgress] {
-            expect_untouched(&mut f, prog, &input);
+    for (prog, sport) in [(Prog::TcIngress, 40110), (Prog::Xdp, 40111)] {
+        let mut first = Ipv4Packet::udp(CLIENT, sport, NODE, 5353);
+        first.frag = 0x2000;
+        first.id = sport;
+        let backend = expect_dnat(&mut f, prog, &first, &WEB, 53);
+        let data = [0xab; 24];
+        for (offset8, more) in [(2, true), (5, false)] {
+            let later = first.later_fragment(offset8, more, &data);
+            let (_, out) = f.run(prog, &later);
+            verify(&out).unwrap_or_else(|e| panic!("{prog:?}: {e}"));
+            let moved = Ipv4Packet {
+                daddr: backend,
+                ..first.clone()
+            };
+            assert_eq!(
+                out,
+                moved.later_fragment(offset8, more, &data),
+                "{prog:?}: a later fragment goes where its first went, payload untouched"
+            );
         }
+        let stray = Ipv4Packet {
+            id: sport + 1000,
+            ..first.clone()
+        }
+        .later_fragment(2, true, &data);
+        expect_untouched(&mut f, prog, &stray);
     }
-    assert!(f.dp.flows().is_empty());
 }
 
 /// Every cut inside the headers of a packet the programs would translate passes as it is and
@@ -605,7 +638,7 @@ fn truncated_headers_at_every_offset_pass_untouched() {
     // A tracked flow, so that an ICMP error about it would be translated if it were whole.
     let syn = Ipv4Packet::tcp(CLIENT, 40125, VIP, 443);
     expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
-    let tracked = f.dp.flows().len();
+    let tracked = f.dp.flow_entries().len();
     let router = Ipv4Addr::new(10, 10, 0, 254);
     let cases: [(Vec<u8>, usize); 5] = [
         // Through the TCP checksum, the UDP header, the SCTP ports: what the programs read.
@@ -646,7 +679,11 @@ fn truncated_headers_at_every_offset_pass_untouched() {
                 }
             }
         }
-        assert_eq!(f.dp.flows().len(), tracked, "a cut packet is never tracked");
+        assert_eq!(
+            f.dp.flow_entries().len(),
+            tracked,
+            "a cut packet is never tracked"
+        );
     }
     for (full, _) in &cases {
         let (_, out) = f.run(Prog::TcIngress, full);
@@ -655,8 +692,11 @@ fn truncated_headers_at_every_offset_pass_untouched() {
     println!("{runs} truncated runs passed untouched ({refused} refused by the kernel)");
 }
 
+/// XDP cannot tell a CHECKSUM_PARTIAL seed from a full checksum that happens to equal it, and
+/// the two need different updates: such a packet is left to the TC program beside XDP,
+/// untouched and untracked, and TC (which the kernel's helpers tell) translates it.
 #[test]
-fn xdp_keeps_a_checksum_partial_seed_a_seed() {
+fn xdp_leaves_a_possible_checksum_partial_seed_to_tc() {
     let Some(mut f) = fixture() else { return };
     // What a local sender with offload puts in the TCP checksum field (veth hands XDP the
     // packet like that): the pseudo-header sum for the device to complete.
@@ -664,16 +704,14 @@ fn xdp_keeps_a_checksum_partial_seed_a_seed() {
     let mut input = p.build();
     let seed = pseudo_seed(ip_of(&input));
     input[14 + 20 + 16..14 + 20 + 18].copy_from_slice(&seed.to_be_bytes());
-    let (_, out) = f.run(Prog::Xdp, &input);
-    let (backend, _) = dst(&out);
-    assert!(WEB.contains(&backend));
-    let field = u16::from_be_bytes([out[14 + 20 + 16], out[14 + 20 + 17]]);
-    assert_eq!(
-        field,
-        pseudo_seed(ip_of(&out)),
-        "the seed follows the new pseudo-header"
+    expect_untouched(&mut f, Prog::Xdp, &input);
+    assert!(
+        f.dp.flow_entries().is_empty(),
+        "XDP tracks nothing it leaves"
     );
-    assert!(packet::checksum(&ip_of(&out)[..20]) == 0, "IP checksum");
+    let (verdict, out) = f.run(Prog::TcIngress, &input);
+    assert_eq!(verdict, TC_ACT_OK);
+    assert!(WEB.contains(&dst(&out).0), "TC translates it");
 }
 
 #[test]

@@ -11,12 +11,12 @@ use std::net::Ipv4Addr;
 use anyhow::Result;
 
 pub mod ebpf;
-pub mod ebpf_apply;
 pub mod nft;
 pub mod probe;
 
 pub use ebpf::SyncStats;
-pub use ebpf_apply::EbpfDataplane;
+pub use ebpf::dataplane::EbpfDataplane;
+pub use ebpf::gc::FlowStats;
 pub use nft::NftDataplane;
 
 use crate::model::Network;
@@ -28,9 +28,10 @@ pub struct Flow {
     pub client: String,
     pub service: String,
     pub backend: String,
-    /// Seconds since the flow's last packet; `None` where the dataplane cannot tell (the
-    /// kernel's conntrack, behind the nftables dataplane, does not keep it).
-    pub age_secs: Option<u64>,
+    /// `opening` (no answer yet), `established` or `closing` (TCP closed or reset).
+    pub state: String,
+    /// Seconds until the flow expires if no packet comes.
+    pub expires_secs: Option<u64>,
 }
 
 /// Packets and bytes of one service or backend, summed over CPUs.
@@ -47,6 +48,9 @@ pub struct Count {
 pub trait Dataplane: Send {
     /// `ebpf` or `nftables`.
     fn name(&self) -> &'static str;
+    /// Whether this dataplane can serve `network` at all (checked before a change is saved,
+    /// so that a network it cannot serve is refused instead of retried forever).
+    fn supports(&self, network: &Network) -> Result<()>;
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats>;
     fn remove(&mut self, network: &Network) -> Result<()>;
     /// Removes whatever this dataplane holds for networks that are not in `keep` (left by a
@@ -54,6 +58,15 @@ pub trait Dataplane: Send {
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>>;
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>>;
+    /// The flow table's shape as last counted off the hot path (`None`: not counted yet, or
+    /// the dataplane does not count).
+    fn flow_stats(&self, _network: &Network) -> Option<FlowStats> {
+        None
+    }
+    /// Per program and outcome, how many packets the datapath saw (`(hook, reason, count)`).
+    fn reasons(&mut self, _network: &Network) -> Result<Vec<(&'static str, &'static str, u64)>> {
+        Ok(Vec::new())
+    }
     /// Conditions of the node, outside what lb writes, under which part of the network's
     /// service will not work on this dataplane; `lb status` shows them.
     fn warnings(&mut self, _network: &Network) -> Result<Vec<String>> {

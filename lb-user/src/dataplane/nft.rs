@@ -397,7 +397,30 @@ pub fn delete_table(name: &str) -> Result<()> {
     .map(drop)
 }
 
+/// The kernel's conntrack state of a `conntrack -L` line in lb's three words: TCP's
+/// SYN_SENT/SYN_RECV are opening, ESTABLISHED is established, the FIN and close states are
+/// closing; other protocols are opening until the reply direction was seen.
+fn kernel_state(proto: &str, words: &[&str]) -> &'static str {
+    match (proto, words.get(3).copied()) {
+        ("tcp", Some("SYN_SENT" | "SYN_RECV" | "SYN_SENT2" | "NONE")) => "opening",
+        ("tcp", Some("ESTABLISHED")) => "established",
+        ("tcp", _) => "closing",
+        _ if words.contains(&"[UNREPLIED]") => "opening",
+        _ => "established",
+    }
+}
+
 impl Dataplane for NftDataplane {
+    fn supports(&self, network: &Network) -> Result<()> {
+        if network.mode == Mode::Dsr {
+            bail!(
+                "network {}: mode dsr is not available on the nftables dataplane",
+                network.name
+            );
+        }
+        Ok(())
+    }
+
     fn name(&self) -> &'static str {
         "nftables"
     }
@@ -488,8 +511,10 @@ impl Dataplane for NftDataplane {
         })?;
         let mut flows = Vec::new();
         for line in out.lines() {
-            let mut words = line.split_whitespace();
-            let Some(proto) = words.next() else { continue };
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let Some(&proto) = words.first() else {
+                continue;
+            };
             let field = |k: &str, nth: usize| -> Option<&str> {
                 line.split_whitespace()
                     .filter_map(|w| w.strip_prefix(k))
@@ -524,7 +549,8 @@ impl Dataplane for NftDataplane {
                 client: format!("{src}:{sport}"),
                 service: format!("{dst}:{dport}"),
                 backend: format!("{bsrc}:{bport}"),
-                age_secs: None,
+                state: kernel_state(proto, &words).to_owned(),
+                expires_secs: words.get(2).and_then(|w| w.parse().ok()),
             });
         }
         flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));

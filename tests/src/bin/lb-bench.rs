@@ -72,6 +72,7 @@ fn network() -> Network {
         mode: Mode::Nat,
         attach: Attach::Tc,
         masquerade: Masquerade::Never,
+        timeouts: Default::default(),
         services,
     }
 }
@@ -130,6 +131,7 @@ fn main() -> Result<()> {
     let node = NodeAddrs {
         local: vec![NODE],
         ifaces: vec![(1, NODE)],
+        ephemeral: None,
     };
     let keep: BTreeSet<Ipv4Addr> = (net.services.iter())
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
@@ -180,7 +182,7 @@ fn main() -> Result<()> {
         let pass = if c.hook == Hook::Xdp { 2 } else { 0 };
         ensure!(verdict == pass, "{}: verdict {verdict}", c.what);
     }
-    let tracked = dp.flows().len();
+    let tracked = dp.flow_entries().len();
 
     println!(
         "lb bench: BPF_PROG_TEST_RUN, {SERVICES} services x 3 backends, {ROUNDS} interleaved rounds of {REPEAT} runs per case"

@@ -10,19 +10,17 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
     path::{Path, PathBuf},
+    time::Duration,
 };
 
-use anyhow::{Context as _, Result};
-use lb_common::{FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY};
+use anyhow::{Context as _, Result, bail};
 
-use super::{
-    Count, Dataplane, Flow,
-    ebpf::{self, EbpfNetwork, NodeAddrs, ServiceKey, SyncStats, TcMode, ip},
-};
+use super::{self as ebpf, EbpfNetwork, NodeAddrs, ServiceKey, SyncStats, TcMode, gc, ip};
 use crate::{
     compose::{PortKey, compose},
+    dataplane::{Count, Dataplane, Flow, FlowStats},
     elements::SetKey,
-    model::{Network, Proto},
+    model::{Attach, Mode, Network, Proto},
     netlink::{Netlink, in_netns},
 };
 
@@ -30,6 +28,9 @@ pub struct EbpfDataplane {
     bpffs: PathBuf,
     tc_mode: TcMode,
     nets: BTreeMap<String, EbpfNetwork>,
+    /// The flow collector's findings, when one runs (the daemon's; `lb load` has none, and
+    /// needs none: the programs expire flows themselves).
+    collector: Option<gc::Collector>,
 }
 
 impl EbpfDataplane {
@@ -40,7 +41,14 @@ impl EbpfDataplane {
             bpffs: bpffs.to_path_buf(),
             tc_mode,
             nets: BTreeMap::new(),
+            collector: None,
         })
+    }
+
+    /// Starts the flow collector over this dataplane's pins, every `interval`.
+    pub fn collect_every(&mut self, interval: Duration) -> Result<()> {
+        self.collector = Some(gc::spawn(&self.bpffs, interval)?);
+        Ok(())
     }
 
     pub fn tc_mode(&self) -> TcMode {
@@ -103,6 +111,7 @@ fn apply_in_netns(
             .filter(|a| !want.contains(a) && !previous_vips.contains(a))
             .collect(),
         ifaces,
+        ephemeral: NodeAddrs::read_ephemeral(),
     };
     let keep: BTreeSet<Ipv4Addr> = network
         .services
@@ -122,7 +131,18 @@ impl Dataplane for EbpfDataplane {
         "ebpf"
     }
 
+    fn supports(&self, network: &Network) -> Result<()> {
+        if network.mode == Mode::Dsr {
+            bail!(
+                "network {}: mode dsr is not available on the eBPF dataplane yet; use mode nat",
+                network.name
+            );
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
+        self.supports(network)?;
         let mut previous_vips = previous.map(Network::vips).unwrap_or_default();
         if let Some(prev) = previous
             && !same_shape(prev, network)
@@ -144,6 +164,9 @@ impl Dataplane for EbpfDataplane {
         let stats = result.with_context(|| format!("network {}", network.name))?;
         tracing::info!(network = %network.name, written = stats.written, deleted = stats.deleted,
             flushed = stats.flows_flushed, "network applied");
+        if let Some(c) = &self.collector {
+            c.kick();
+        }
         Ok(stats)
     }
 
@@ -186,23 +209,63 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>> {
-        let now = monotonic_ns();
         let dp = self.net(&network.name)?;
-        let mut flows: Vec<Flow> = dp
-            .flows()
+        Ok(gc::live_flows(&dp.flow_entries(), gc::monotonic_ns()))
+    }
+
+    fn flow_stats(&self, network: &Network) -> Option<FlowStats> {
+        let all = (self.collector.as_ref()?.stats)
+            .lock()
+            .expect("collector stats lock");
+        all.get(&network.name).cloned()
+    }
+
+    fn reasons(&mut self, network: &Network) -> Result<Vec<(&'static str, &'static str, u64)>> {
+        let dp = self.net(&network.name)?;
+        Ok(dp
+            .reasons()?
             .into_iter()
-            // The client → service entry of each flow (not its reply, masquerade or claim).
-            .filter(|(_, t)| t.flags & (FLOW_EGRESS | FLOW_REPLY | FLOW_MASQ) == 0)
-            .map(|(k, t)| Flow {
-                proto: proto_name(k.proto),
-                client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
-                service: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
-                backend: format!("{}:{}", ip(t.daddr), u16::from_be(t.dport)),
-                age_secs: Some(now.saturating_sub(t.last_seen_ns) / 1_000_000_000),
-            })
-            .collect();
-        flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
-        Ok(flows)
+            .map(|(hook, r, n)| (hook, lb_common::Reason::ALL[r as usize].1, n))
+            .collect())
+    }
+
+    /// What `attach xdp` does not deliver on this node: interfaces without native XDP (TC
+    /// serves them alone), and veths, where XDP costs more than it saves (the program makes the
+    /// veth run its peer's packets through NAPI and an xdp_buff: 20-25% of packets per second
+    /// measured here before the program does anything, while TC alone sees the same skb for
+    /// free).
+    fn warnings(&mut self, network: &Network) -> Result<Vec<String>> {
+        if network.attach != Attach::Xdp {
+            return Ok(Vec::new());
+        }
+        let dp = self.net(&network.name)?;
+        let (with, without): (Vec<String>, Vec<String>) = (network.interfaces.iter())
+            .cloned()
+            .partition(|i| dp.has_xdp(i));
+        let veths = in_netns(network.netns.as_deref(), move || {
+            let nl = Netlink::new()?;
+            let mut veths = Vec::new();
+            for i in &with {
+                if nl.is_veth(i)? {
+                    veths.push(i.clone());
+                }
+            }
+            Ok(veths)
+        })?;
+        let mut out = Vec::new();
+        if !without.is_empty() {
+            out.push(format!(
+                "attach xdp: {} has no native XDP; TC ingress serves it alone (generic XDP would only add cost)",
+                without.join(", ")
+            ));
+        }
+        if !veths.is_empty() {
+            out.push(format!(
+                "attach xdp on veth {}: on a veth XDP costs more than it saves (the veth switches to NAPI and xdp_buff for every packet, 20-25% of packets/s here before lb does anything); attach tc is faster on veth, XDP pays off on physical NICs with native driver support",
+                veths.join(", ")
+            ));
+        }
+        Ok(out)
     }
 
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
@@ -231,11 +294,6 @@ impl Dataplane for EbpfDataplane {
     }
 }
 
-/// `tcp`, `udp`, `sctp`, or the number of a protocol lb does not publish.
-fn proto_name(proto: u8) -> String {
-    Proto::from_number(proto).map_or_else(|| proto.to_string(), |p| p.to_string())
-}
-
 /// The composed set a service entry holds, as [`SetKey`]'s `Display` names it for every
 /// dataplane. lb writes only protocols it publishes; anything else is shown raw.
 fn service_label(key: &ServiceKey) -> String {
@@ -250,15 +308,4 @@ fn service_label(key: &ServiceKey) -> String {
         }),
     };
     set.map_or_else(|| format!("{key:?}"), |s| s.to_string())
-}
-
-/// CLOCK_MONOTONIC, the clock `bpf_ktime_get_ns` reads.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes the timespec we pass and nothing else.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }

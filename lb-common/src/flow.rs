@@ -1,0 +1,387 @@
+//! The flow lifecycle: which packets open a flow, how a flow's state follows its packets, when
+//! its entries expire, and how its entries find each other. Pure rules, run by the programs
+//! per packet and by the controller's garbage collector, and unit-tested here.
+//!
+//! # Entries
+//! A load-balanced flow has two entries in `lb_flows`, one per direction, each keyed by the
+//! tuple the packet carries at the hook that translates it:
+//! - F, ingress, original direction: `client:c → service:p` becomes `client:c' → backend:q`;
+//! - R, egress, reply direction: `backend:q → client:c'` becomes `service:p → client:c`.
+//!
+//! A masqueraded flow has two more, the source-NAT pair:
+//! - S, egress, original direction: `client:c' → backend:q` becomes `node:m → backend:q`;
+//! - C, ingress, reply direction: `backend:q → node:m` becomes `backend:q → client:c'`.
+//!
+//! Every entry's partner (F↔R, S↔C) is keyed by the entry's own rewritten tuple reversed, so
+//! either entry finds the other with no extra field, and a missing partner can be rebuilt from
+//! the entry ([`partner`]). R's key is the flow's reply tuple at the backend; C's is the
+//! masquerade claim: inserting one only where absent (or expired, or already this flow's) is
+//! what keeps two flows from ever sharing a reply tuple (`c' ≠ c` when another flow holds
+//! `backend:q → client:c`, as the kernel's NAT changes a clashing source port).
+//!
+//! # State
+//! Each entry carries the whole flow's state (replied, FIN/RST seen per side, re-created)
+//! rather than pointing at one record, so that a packet costs one lookup. Both entries of a pair
+//! see every packet of the flow (F and S the client's, R and C the backend's), and a state
+//! change is written to the entry and its partner at once. The fields are single bytes, set
+//! and never cleared within one flow, so two CPUs updating one entry can only add to each
+//! other's changes, never undo them; the expiry they write may then briefly reflect the state
+//! one of them saw, which the next packet or the partner's write corrects.
+//!
+//! # Expiry
+//! An entry past its expiry counts as absent everywhere (the programs never act on it, so even
+//! `lb load` without a daemon expires flows); the daemon's collector deletes expired entries of
+//! both directions off the hot path. An active flow's expiry is rewritten at most once per
+//! [`REFRESH_NS`] (a write per packet would bounce the entry's cache line between CPUs), each
+//! time for the entry and its partner, so a flow with traffic in one direction only keeps both
+//! directions alive, and a partner lost to LRU eviction is put back within a second.
+use crate::{FLOW_EGRESS, FLOW_REPLY, Flow, FlowKey, IPPROTO_TCP, Timeouts};
+
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+/// An entry's expiry is rewritten when it would move by more than this.
+pub const REFRESH_NS: u64 = 1_000_000_000;
+pub const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// How a packet without a live entry may open a flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opener {
+    /// A TCP SYN (without ACK, FIN or RST).
+    Syn,
+    /// A TCP packet of an established connection (ACK, no SYN/FIN/RST) whose entries are gone:
+    /// re-created on the backend the flow hash gives, with the short `tcp_unreplied` timeout
+    /// until the backend answers, so spoofed ACKs cannot fill the table.
+    MidFlow,
+    /// A UDP or SCTP packet.
+    Datagram,
+}
+
+/// What a packet with no live entry may do: open a flow, or pass (`None`). A SYN-ACK, a FIN
+/// or a RST never opens one: it belongs to a connection lb did not translate (the node's own,
+/// say) or to one that is over.
+#[inline(always)]
+pub fn opener(proto: u8, tcp_flags: u8) -> Option<Opener> {
+    if proto != IPPROTO_TCP {
+        return Some(Opener::Datagram);
+    }
+    if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        return None;
+    }
+    match (tcp_flags & TCP_SYN != 0, tcp_flags & TCP_ACK != 0) {
+        (true, false) => Some(Opener::Syn),
+        (false, true) => Some(Opener::MidFlow),
+        _ => None,
+    }
+}
+
+/// Whether `e` is past its expiry at `now`.
+#[inline(always)]
+pub fn expired(e: &Flow, now: u64) -> bool {
+    now > e.expires_ns
+}
+
+/// Whether a client's SYN on a live original-direction entry starts a new connection on that
+/// tuple: the previous one is closing (a FIN or RST was seen), so the SYN is a new connection
+/// reusing the port, selected afresh (the kernel does the same for a SYN in TIME_WAIT).
+#[inline(always)]
+pub fn reopens(e: &Flow, proto: u8, tcp_flags: u8) -> bool {
+    proto == IPPROTO_TCP
+        && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+        && (e.closing_orig | e.closing_reply) != 0
+}
+
+/// Folds one packet of `e`'s direction into the state `e` carries; returns whether anything
+/// changed (then `e` and its partner are written).
+#[inline(always)]
+pub fn observe(e: &mut Flow, proto: u8, tcp_flags: u8) -> bool {
+    let mut changed = false;
+    let reply = e.flags & FLOW_REPLY != 0;
+    if reply && e.replied == 0 {
+        e.replied = 1;
+        e.recreated = 0;
+        changed = true;
+    }
+    if proto == IPPROTO_TCP {
+        let rst = tcp_flags & TCP_RST != 0;
+        let fin = tcp_flags & TCP_FIN != 0;
+        if (rst || (fin && !reply)) && e.closing_orig == 0 {
+            e.closing_orig = 1;
+            changed = true;
+        }
+        if (rst || (fin && reply)) && e.closing_reply == 0 {
+            e.closing_reply = 1;
+            changed = true;
+        }
+    }
+    changed
+}
+
+/// Copies the state bytes of `from` into `to` (an entry and its partner agree on the flow).
+#[inline(always)]
+pub fn copy_state(to: &mut Flow, from: &Flow) {
+    to.replied = from.replied;
+    to.closing_orig = from.closing_orig;
+    to.closing_reply = from.closing_reply;
+    to.recreated = from.recreated;
+}
+
+/// The timeout that applies to a flow in `e`'s state: TCP closed both ways (or reset) →
+/// `tcp_closing`; answered → `tcp_established`; re-created and not answered yet →
+/// `tcp_unreplied`; a SYN not answered yet → `tcp_syn`; UDP and SCTP → `udp`. A half-closed
+/// connection (one FIN) keeps `tcp_established`: one side may still send for long.
+#[inline(always)]
+pub fn timeout_secs(e: &Flow, proto: u8, t: &Timeouts) -> u32 {
+    if proto != IPPROTO_TCP {
+        t.udp
+    } else if e.closing_orig != 0 && e.closing_reply != 0 {
+        t.tcp_closing
+    } else if e.replied != 0 {
+        t.tcp_established
+    } else if e.recreated != 0 {
+        t.tcp_unreplied
+    } else {
+        t.tcp_syn
+    }
+}
+
+/// The expiry to write for a packet at `now` on an entry in `e`'s state, if it must be
+/// written: always after a state change (a closing flow's expiry moves *down*), otherwise
+/// only when it would move up by more than [`REFRESH_NS`].
+#[inline(always)]
+pub fn next_expiry(e: &Flow, now: u64, timeout_secs: u32, changed: bool) -> Option<u64> {
+    let at = now + u64::from(timeout_secs) * NS_PER_SEC;
+    (changed || at > e.expires_ns + REFRESH_NS).then_some(at)
+}
+
+/// `key` with its addresses and ports swapped: the tuple of the other direction.
+#[inline(always)]
+pub fn reversed(key: &FlowKey) -> FlowKey {
+    FlowKey {
+        saddr: key.daddr,
+        daddr: key.saddr,
+        sport: key.dport,
+        dport: key.sport,
+        proto: key.proto,
+        _pad: [0; 3],
+    }
+}
+
+/// The tuple a packet of entry `e` leaves with.
+#[inline(always)]
+pub fn rewritten(e: &Flow, proto: u8) -> FlowKey {
+    FlowKey {
+        saddr: e.saddr,
+        daddr: e.daddr,
+        sport: e.sport,
+        dport: e.dport,
+        proto,
+        _pad: [0; 3],
+    }
+}
+
+/// The key of `e`'s partner (see the module doc).
+#[inline(always)]
+pub fn partner_key(e: &Flow, proto: u8) -> FlowKey {
+    reversed(&rewritten(e, proto))
+}
+
+/// Whether `p` (found under `e`'s partner key) is `e`'s partner, rather than an entry of
+/// another flow that reused the tuple: it rewrites to `e`'s key reversed.
+#[inline(always)]
+pub fn is_partner(p: &Flow, key: &FlowKey) -> bool {
+    let back = reversed(key);
+    p.saddr == back.saddr && p.daddr == back.daddr && p.sport == back.sport && p.dport == back.dport
+}
+
+/// The partner entry of `e` (keyed by `key`), rebuilt from `e` alone: the other hook, the
+/// other direction, the same pair, state, hash, counters and expiry.
+#[inline(always)]
+pub fn partner(key: &FlowKey, e: &Flow) -> (FlowKey, Flow) {
+    let back = reversed(key);
+    let p = Flow {
+        saddr: back.saddr,
+        daddr: back.daddr,
+        sport: back.sport,
+        dport: back.dport,
+        flags: e.flags ^ (FLOW_EGRESS | FLOW_REPLY),
+        ..*e
+    };
+    (partner_key(e, key.proto), p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FLOW_MASQ, IPPROTO_UDP};
+
+    const T: Timeouts = Timeouts::DEFAULT;
+
+    fn f(flags: u8) -> Flow {
+        Flow {
+            saddr: 1,
+            daddr: 2,
+            sport: 3,
+            dport: 4,
+            flags,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_syn_mid_flow_acks_and_datagrams_open_flows() {
+        let tcp = |fl| opener(IPPROTO_TCP, fl);
+        assert_eq!(tcp(TCP_SYN), Some(Opener::Syn));
+        assert_eq!(tcp(TCP_ACK), Some(Opener::MidFlow));
+        assert_eq!(tcp(TCP_ACK | 0x08), Some(Opener::MidFlow), "PSH|ACK data");
+        assert_eq!(tcp(TCP_SYN | TCP_ACK), None, "SYN-ACK");
+        assert_eq!(tcp(TCP_FIN | TCP_ACK), None, "FIN");
+        assert_eq!(tcp(TCP_RST), None, "RST");
+        assert_eq!(tcp(TCP_RST | TCP_ACK), None);
+        assert_eq!(tcp(TCP_SYN | TCP_FIN), None, "SYN-FIN is no opener");
+        assert_eq!(tcp(0), None, "a bare segment");
+        assert_eq!(opener(IPPROTO_UDP, 0), Some(Opener::Datagram));
+        assert_eq!(opener(132, 0xff), Some(Opener::Datagram));
+    }
+
+    #[test]
+    fn tcp_walks_syn_established_closing() {
+        let mut fwd = f(0);
+        let mut rep = f(FLOW_EGRESS | FLOW_REPLY);
+        assert_eq!(timeout_secs(&fwd, IPPROTO_TCP, &T), T.tcp_syn);
+        assert!(
+            !observe(&mut fwd, IPPROTO_TCP, TCP_SYN),
+            "a SYN changes nothing"
+        );
+        assert!(
+            observe(&mut rep, IPPROTO_TCP, TCP_SYN | TCP_ACK),
+            "answered"
+        );
+        copy_state(&mut fwd, &rep);
+        assert_eq!(timeout_secs(&fwd, IPPROTO_TCP, &T), T.tcp_established);
+        assert!(!observe(&mut fwd, IPPROTO_TCP, TCP_ACK));
+        assert!(
+            observe(&mut fwd, IPPROTO_TCP, TCP_FIN | TCP_ACK),
+            "client FIN"
+        );
+        copy_state(&mut rep, &fwd);
+        assert_eq!(
+            timeout_secs(&fwd, IPPROTO_TCP, &T),
+            T.tcp_established,
+            "half-closed keeps established"
+        );
+        assert!(
+            observe(&mut rep, IPPROTO_TCP, TCP_FIN | TCP_ACK),
+            "backend FIN"
+        );
+        assert_eq!(timeout_secs(&rep, IPPROTO_TCP, &T), T.tcp_closing);
+        assert!(
+            reopens(&fwd, IPPROTO_TCP, TCP_SYN),
+            "a SYN on a closing tuple"
+        );
+        assert!(!reopens(&fwd, IPPROTO_TCP, TCP_SYN | TCP_ACK));
+        assert!(!reopens(&f(0), IPPROTO_TCP, TCP_SYN), "SYN retransmit");
+    }
+
+    #[test]
+    fn rst_from_either_side_closes_both() {
+        for flags in [0, FLOW_EGRESS | FLOW_REPLY] {
+            let mut e = f(flags);
+            assert!(observe(&mut e, IPPROTO_TCP, TCP_RST));
+            assert_eq!((e.closing_orig, e.closing_reply), (1, 1));
+            assert_eq!(timeout_secs(&e, IPPROTO_TCP, &T), T.tcp_closing);
+            assert!(!observe(&mut e, IPPROTO_TCP, TCP_RST), "nothing new");
+        }
+    }
+
+    #[test]
+    fn recreated_flows_wait_briefly_for_the_backend() {
+        let mut e = f(FLOW_EGRESS | FLOW_REPLY);
+        e.recreated = 1;
+        assert_eq!(timeout_secs(&e, IPPROTO_TCP, &T), T.tcp_unreplied);
+        observe(&mut e, IPPROTO_TCP, TCP_ACK);
+        assert_eq!(e.recreated, 0);
+        assert_eq!(timeout_secs(&e, IPPROTO_TCP, &T), T.tcp_established);
+    }
+
+    #[test]
+    fn datagrams_have_one_timeout() {
+        let mut e = f(0);
+        assert_eq!(timeout_secs(&e, IPPROTO_UDP, &T), T.udp);
+        e.flags = FLOW_EGRESS | FLOW_REPLY;
+        assert!(observe(&mut e, IPPROTO_UDP, 0xff));
+        assert_eq!(e.closing_orig, 0, "no TCP flags outside TCP");
+        assert_eq!(timeout_secs(&e, IPPROTO_UDP, &T), T.udp);
+    }
+
+    #[test]
+    fn expiry_moves_once_a_second_or_on_change() {
+        let mut e = f(0);
+        e.expires_ns = 100 * NS_PER_SEC;
+        let now = 100 * NS_PER_SEC - 60 * NS_PER_SEC;
+        assert_eq!(next_expiry(&e, now, 60, false), None, "same second");
+        let later = now + 2 * NS_PER_SEC;
+        assert_eq!(
+            next_expiry(&e, later, 60, false),
+            Some(later + 60 * NS_PER_SEC)
+        );
+        assert_eq!(
+            next_expiry(&e, now, 10, true),
+            Some(now + 10 * NS_PER_SEC),
+            "shortened"
+        );
+        assert!(!expired(&e, 100 * NS_PER_SEC));
+        assert!(expired(&e, 100 * NS_PER_SEC + 1));
+    }
+
+    #[test]
+    fn partners_find_and_rebuild_each_other() {
+        let key = FlowKey {
+            saddr: 10,
+            daddr: 99,
+            sport: 1000,
+            dport: 80,
+            proto: IPPROTO_TCP,
+            _pad: [0; 3],
+        };
+        let fwd = Flow {
+            saddr: 10,
+            daddr: 20,
+            sport: 1000,
+            dport: 8080,
+            hash: 7,
+            expires_ns: 5,
+            replied: 1,
+            ..Default::default()
+        };
+        let (rk, rep) = partner(&key, &fwd);
+        assert_eq!(
+            (rk.saddr, rk.daddr, rk.sport, rk.dport),
+            (20, 10, 8080, 1000)
+        );
+        assert_eq!(rep.flags, FLOW_EGRESS | FLOW_REPLY);
+        assert_eq!(
+            (rep.saddr, rep.daddr, rep.sport, rep.dport),
+            (99, 10, 80, 1000)
+        );
+        assert_eq!((rep.hash, rep.expires_ns, rep.replied), (7, 5, 1));
+        assert!(is_partner(&rep, &key));
+        assert!(is_partner(&fwd, &rk));
+        let (back, again) = partner(&rk, &rep);
+        assert_eq!(back, key);
+        assert_eq!(again, fwd);
+        let masq = Flow {
+            flags: FLOW_EGRESS | FLOW_MASQ,
+            ..fwd
+        };
+        assert_eq!(partner(&key, &masq).1.flags, FLOW_MASQ | FLOW_REPLY);
+        let mut other = rep;
+        other.dport = 999;
+        assert!(
+            !is_partner(&other, &key),
+            "another flow's entry under the key"
+        );
+    }
+}

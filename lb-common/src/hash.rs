@@ -1,0 +1,214 @@
+//! The flow hash: which bucket (and so which backend) a flow gets, and where its masquerade
+//! port probe starts.
+//!
+//! A keyed hash of the client's 5-tuple instead of a random draw (moby's `numgen random`):
+//! equally uniform over the buckets, but a flow whose entries were evicted or flushed hashes to
+//! the same bucket again, so while its service's set is unchanged it is re-created on the same
+//! backend (Katran's answer to LRU pressure), and two CPUs racing to create one flow choose
+//! the same backend. The key is random per network so that clients cannot aim at a backend.
+//!
+//! The mixing is the kernel's `jhash_3words` (include/linux/jhash.h), as Katran and Cilium use
+//! for the same purpose: cheap in BPF (no loops) and well spread in every bit.
+use crate::FlowKey;
+
+const JHASH_INITVAL: u32 = 0xdead_beef;
+
+#[inline(always)]
+fn final_mix(mut a: u32, mut b: u32, mut c: u32) -> u32 {
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(14));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(11));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(25));
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(16));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(4));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(14));
+    c ^= b;
+    c.wrapping_sub(b.rotate_left(24))
+}
+
+/// The kernel's `jhash_3words(a, b, c, initval)`.
+#[inline(always)]
+pub fn jhash_3words(a: u32, b: u32, c: u32, initval: u32) -> u32 {
+    let init = initval.wrapping_add(JHASH_INITVAL).wrapping_add(3 << 2);
+    final_mix(
+        a.wrapping_add(init),
+        b.wrapping_add(init),
+        c.wrapping_add(init),
+    )
+}
+
+/// The flow hash of a client's tuple (as the client sent it, before any translation) under the
+/// network's key. The protocol goes into the initial value, so a TCP and a UDP flow with equal
+/// addresses and ports hash independently.
+#[inline(always)]
+pub fn flow_hash(key: &FlowKey, hash_key: u32) -> u32 {
+    let ports = (u32::from(key.sport) << 16) | u32::from(key.dport);
+    jhash_3words(key.saddr, key.daddr, ports, hash_key ^ u32::from(key.proto))
+}
+
+/// The flow's bucket in `0..BUCKETS`.
+#[inline(always)]
+pub fn bucket(hash: u32) -> u32 {
+    hash & 0xffff
+}
+
+/// How many masquerade ports a flow tries before its claim fails. Cilium's
+/// `SNAT_COLLISION_RETRIES` is 32 for the same search; with the range a few percent full, 16
+/// misses in a row happen once in ~10^20 flows, and a full range fails in bounded time.
+pub const PORT_PROBES: u32 = 16;
+
+/// How many other source ports a new flow tries when its reply tuple is taken (the same client
+/// address and port already reach the same backend port through another service, which
+/// takes a client reusing a port across two services at once): rare enough that a few tries
+/// suffice, and each try costs the verifier a copy of the claim.
+pub const CLASH_PROBES: u32 = 4;
+
+/// Source ports a flow may be given: `min..=max` minus the hole `hole_min..=hole_max` (empty
+/// when `hole_min > hole_max`), as [`crate::Config`] holds them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortRange {
+    pub min: u16,
+    pub max: u16,
+    pub hole_min: u16,
+    pub hole_max: u16,
+}
+
+impl PortRange {
+    /// How many ports of `min..=max` the hole takes out.
+    #[inline(always)]
+    fn hole(&self) -> u32 {
+        if self.hole_min > self.hole_max || self.hole_max < self.min || self.hole_min > self.max {
+            return 0;
+        }
+        let lo = if self.hole_min < self.min {
+            self.min
+        } else {
+            self.hole_min
+        };
+        let hi = if self.hole_max > self.max {
+            self.max
+        } else {
+            self.hole_max
+        };
+        u32::from(hi - lo) + 1
+    }
+
+    /// How many ports the range holds.
+    #[inline(always)]
+    pub fn size(&self) -> u32 {
+        if self.min > self.max {
+            return 0;
+        }
+        (u32::from(self.max - self.min) + 1).saturating_sub(self.hole())
+    }
+
+    /// The `attempt`-th port (0-based) a flow with hash `hash` tries: a start derived from the
+    /// hash's high half (the low half is the bucket), then consecutive ports, wrapping. The
+    /// same flow always probes the same ports in the same order, so a flow re-created after
+    /// losing its entries gets its old port back while that port is still free. `None` for
+    /// an empty range.
+    #[inline(always)]
+    pub fn probe(&self, hash: u32, attempt: u32) -> Option<u16> {
+        let size = self.size();
+        if size == 0 {
+            return None;
+        }
+        let start = ((hash >> 16) * size) >> 16;
+        let index = (start + attempt) % size;
+        let mut port = u32::from(self.min) + index;
+        let hole = self.hole();
+        if hole != 0 && port >= u32::from(self.hole_min.max(self.min)) {
+            port += hole;
+        }
+        Some(port as u16)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values of the kernel's `jhash_3words`, computed by include/linux/jhash.h compiled
+    /// with gcc.
+    #[test]
+    fn matches_the_kernels_jhash_3words() {
+        assert_eq!(jhash_3words(0, 0, 0, 0), 0x1b68_e557);
+        assert_eq!(jhash_3words(1, 2, 3, 0), 0xa461_58f5);
+        assert_eq!(
+            jhash_3words(0x0020_0a0a, 0x0a00_630a, 0x9c40_0050, 0x1234_5678 ^ 6),
+            0x7f23_7ae1
+        );
+    }
+
+    #[test]
+    fn buckets_of_sequential_client_ports_are_uniform() {
+        // 64k flows of one client to one VIP, as a load generator makes them: chi-square over
+        // 16 groups of buckets stays far below the p = 1e-6 bound (df 15: 48.3).
+        let mut groups = [0u32; 16];
+        let n = 65536u32;
+        for port in 0..n {
+            let key = FlowKey {
+                saddr: 0x0200_0a0a,
+                daddr: 0x0a00_630a,
+                sport: (port as u16).to_be(),
+                dport: 80u16.to_be(),
+                proto: 6,
+                _pad: [0; 3],
+            };
+            groups[(bucket(flow_hash(&key, 0x1234_5678)) >> 12) as usize] += 1;
+        }
+        let expect = f64::from(n) / 16.0;
+        let chi2: f64 = groups
+            .iter()
+            .map(|&g| (f64::from(g) - expect).powi(2) / expect)
+            .sum();
+        assert!(chi2 < 48.3, "chi2 {chi2}: {groups:?}");
+    }
+
+    #[test]
+    fn probes_stay_in_the_range_and_skip_the_hole() {
+        let r = PortRange {
+            min: 1024,
+            max: 65535,
+            hole_min: 32768,
+            hole_max: 60999,
+        };
+        assert_eq!(r.size(), 65535 - 1024 + 1 - (60999 - 32768 + 1));
+        let mut seen = [false; 65536];
+        for i in 0..r.size() {
+            let p = r.probe(0, i).unwrap();
+            assert!(
+                (1024..32768).contains(&p) || (61000..=65535).contains(&p),
+                "{p}"
+            );
+            assert!(!seen[p as usize], "port {p} probed twice");
+            seen[p as usize] = true;
+        }
+        assert_eq!(r.probe(0, r.size()), r.probe(0, 0), "probes wrap");
+        for h in [0, 1 << 16, u32::MAX, 0x8000_0000] {
+            let p = r.probe(h, 0).unwrap();
+            assert!((1024..32768).contains(&p) || (61000..=65535).contains(&p));
+        }
+        let empty_hole = PortRange {
+            min: 61000,
+            max: 61003,
+            hole_min: 1,
+            hole_max: 0,
+        };
+        assert_eq!(empty_hole.size(), 4);
+        assert_eq!(empty_hole.probe(0, 5), Some(61001));
+        let all_hole = PortRange {
+            min: 100,
+            max: 200,
+            hole_min: 50,
+            hole_max: 300,
+        };
+        assert_eq!(all_hole.size(), 0);
+        assert_eq!(all_hole.probe(7, 0), None);
+    }
+}

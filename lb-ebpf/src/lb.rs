@@ -1,0 +1,210 @@
+//! Service lookup and backend choice: which service a packet without a flow is for, whether it
+//! may open a flow, which backend the flow hash gives it, and the flow's two entries.
+use core::mem::size_of;
+
+use aya_ebpf::{
+    bindings::{BPF_F_CURRENT_NETNS, BPF_TCP_LISTEN, bpf_sock, bpf_sock_tuple},
+    helpers::{bpf_sk_lookup_tcp, bpf_sk_lookup_udp, bpf_sk_release},
+};
+use lb_common::{
+    BackendKey, Config, Flow, FlowKey, IPPROTO_TCP, IPPROTO_UDP, MASQ_PORT_MAX, MASQ_PORT_MIN,
+    PortKey, Reason, Service, VipKey, flow,
+    flow::{NS_PER_SEC, Opener},
+    hash::{self, CLASH_PROBES, PortRange},
+    slot_for_bucket,
+};
+
+use crate::{
+    conntrack,
+    maps::{BACKENDS, LOCAL_ADDRS, PORTS, VIPS},
+    parse::{Frame, Packet},
+    stats,
+};
+
+/// The service a flow's first packet is for: a VIP (any port), a published port on its
+/// `host_ip`, or a published port on any of the node's own addresses.
+#[inline(always)]
+pub fn service_for(key: &FlowKey) -> Option<Service> {
+    // SAFETY (all three): map values are plain data copied out at once.
+    if let Some(s) = unsafe { VIPS.get(&VipKey { addr: key.daddr }) } {
+        return Some(*s);
+    }
+    let mut port = PortKey {
+        addr: key.daddr,
+        port: key.dport,
+        proto: key.proto,
+        _pad: 0,
+    };
+    if let Some(s) = unsafe { PORTS.get(&port) } {
+        return Some(*s);
+    }
+    unsafe { LOCAL_ADDRS.get(&key.daddr) }?;
+    port.addr = 0;
+    unsafe { PORTS.get(&port) }.copied()
+}
+
+/// Whether `addr:port` is a published port of this network (on any address, or on `addr`):
+/// a masquerade port there would capture new connections to the service.
+#[inline(always)]
+pub fn is_published(addr: u32, port: u16, proto: u8) -> bool {
+    let mut k = PortKey {
+        addr,
+        port,
+        proto,
+        _pad: 0,
+    };
+    // SAFETY: presence checks only.
+    if unsafe { PORTS.get(&k) }.is_some() {
+        return true;
+    }
+    k.addr = 0;
+    unsafe { PORTS.get(&k) }.is_some()
+}
+
+/// Which sockets of the node a lookup is about.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Sockets {
+    /// A connection of the node's own: an established (or connecting) TCP socket, or a
+    /// connected UDP socket, with exactly this 4-tuple. Listening sockets and unconnected
+    /// UDP sockets (lb's own held ports among them) are not one.
+    Connected,
+    /// Any socket that would receive the packet, listeners and bound UDP sockets included.
+    Any,
+}
+
+/// Whether a socket of the node (in the network's namespace: the one the packet's device is
+/// in) would take a packet with tuple `key`, per `which`. SCTP has no lookup helper: never.
+#[inline(always)]
+pub fn node_socket(f: &impl Frame, key: &FlowKey, which: Sockets) -> bool {
+    // SAFETY: an all-zero tuple is a valid bpf_sock_tuple.
+    let mut tuple: bpf_sock_tuple = unsafe { core::mem::zeroed() };
+    tuple.__bindgen_anon_1.ipv4.saddr = key.saddr;
+    tuple.__bindgen_anon_1.ipv4.daddr = key.daddr;
+    tuple.__bindgen_anon_1.ipv4.sport = key.sport;
+    tuple.__bindgen_anon_1.ipv4.dport = key.dport;
+    let size = (size_of::<u32>() * 2 + size_of::<u16>() * 2) as u32;
+    let netns = BPF_F_CURRENT_NETNS as u64;
+    // SAFETY: ctx is the program's context and the tuple lives on the stack for the call; a
+    // returned socket is released on every path below.
+    let sk: *mut bpf_sock = unsafe {
+        match key.proto {
+            IPPROTO_TCP => bpf_sk_lookup_tcp(f.raw(), &mut tuple, size, netns, 0),
+            IPPROTO_UDP => bpf_sk_lookup_udp(f.raw(), &mut tuple, size, netns, 0),
+            _ => return false,
+        }
+    };
+    if sk.is_null() {
+        return false;
+    }
+    // SAFETY: a non-null socket from the lookup, readable until released.
+    let taken = match which {
+        Sockets::Any => true,
+        Sockets::Connected => unsafe {
+            if key.proto == IPPROTO_TCP {
+                (*sk).state != BPF_TCP_LISTEN
+            } else {
+                (*sk).dst_port != 0
+            }
+        },
+    };
+    // SAFETY: releases the reference the lookup took.
+    unsafe { bpf_sk_release(sk.cast()) };
+    taken
+}
+
+/// Ports a client's source port may be changed to when its reply tuple is taken: the
+/// kernel's NAT range (the address stays the client's, so the node's own ports do not
+/// matter).
+const CLASH_PORTS: PortRange = PortRange {
+    min: MASQ_PORT_MIN,
+    max: MASQ_PORT_MAX,
+    hole_min: 1,
+    hole_max: 0,
+};
+
+/// Opens a flow for `p`, which has no live entry (`reopen`: its tuple's previous connection
+/// is closing): finds its service, checks that the packet may open a flow and is not the
+/// node's own, picks the backend by the flow hash, claims a reply tuple no other flow holds
+/// and writes both entries. Returns the original-direction entry (F), or why the packet
+/// passes (or, when no reply tuple is free, is dropped: `Err(NatFailed)`).
+#[inline(always)]
+pub fn new_flow(
+    f: &impl Frame,
+    hook: u32,
+    p: &Packet,
+    cfg: &Config,
+    now: u64,
+    reopen: bool,
+) -> Result<Flow, Reason> {
+    let svc = service_for(&p.key).ok_or(Reason::NotService)?;
+    let opener = flow::opener(p.key.proto, p.tcp_flags).ok_or(Reason::NoFlowOpener)?;
+    if svc.count == 0 {
+        return Err(Reason::NoBackend);
+    }
+    // A SYN cannot belong to a connection of the node's; anything else to one of the node's
+    // addresses might: published ports lie where the node picks its own local ports.
+    if opener != Opener::Syn && node_socket(f, &p.key, Sockets::Connected) {
+        return Err(Reason::NodeSocket);
+    }
+    let hash = hash::flow_hash(&p.key, cfg.hash_key);
+    let slot = slot_for_bucket(hash::bucket(hash), svc.count).ok_or(Reason::NoBackend)?;
+    // SAFETY: plain data copied out.
+    let backend = *unsafe {
+        BACKENDS.get(&BackendKey {
+            set_id: svc.set_id,
+            slot,
+        })
+    }
+    .ok_or(Reason::NoBackend)?;
+    let dport = if backend.port != 0 {
+        backend.port
+    } else {
+        p.key.dport
+    };
+    let mut fwd = Flow {
+        saddr: p.key.saddr,
+        daddr: backend.addr,
+        sport: p.key.sport,
+        dport,
+        recreated: (opener == Opener::MidFlow) as u8,
+        hash,
+        counter: backend.counter,
+        service_counter: svc.counter,
+        ..Default::default()
+    };
+    fwd.expires_ns =
+        now + u64::from(flow::timeout_secs(&fwd, p.key.proto, &cfg.timeouts)) * NS_PER_SEC;
+    // The client's own port first (what the backend would see without lb); another only when
+    // a live flow of another service already has this backend:port and client:port.
+    let mut claimed = false;
+    for attempt in 0..=CLASH_PROBES {
+        if attempt > 0 {
+            fwd.sport = CLASH_PORTS
+                .probe(hash, attempt - 1)
+                .ok_or(Reason::NatFailed)?;
+        }
+        let (rk, rep) = flow::partner(&p.key, &fwd);
+        if conntrack::claim(&rk, &rep, &p.key, now) {
+            claimed = true;
+            break;
+        }
+    }
+    if !claimed {
+        return Err(Reason::NatFailed);
+    }
+    if fwd.sport != p.key.sport {
+        stats::reason(hook, Reason::PortClash);
+    }
+    if !conntrack::put(&p.key, &fwd) {
+        return Err(Reason::NatFailed);
+    }
+    stats::reason(
+        hook,
+        match (reopen, opener) {
+            (true, _) => Reason::FlowReopened,
+            (false, Opener::MidFlow) => Reason::FlowRecreated,
+            _ => Reason::FlowNew,
+        },
+    );
+    Ok(fwd)
+}

@@ -1,0 +1,217 @@
+//! Reading the flow table: what each entry is, what `lb conntrack` shows, and the collector
+//! that deletes expired entries.
+//!
+//! The programs already treat an expired entry as absent (`lb_common::flow`); the collector
+//! only gives the memory back and keeps the counts `lb status` and the metrics read, so the
+//! writer never walks the table for them. It runs on a thread of its own, with its own map
+//! handles opened from the pins, and touches nothing but `lb_flows` entries that are expired.
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, mpsc},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use aya::maps::{HashMap, Map, MapData};
+use lb_common::{
+    FLOW_MASQ, FLOW_REPLY, Flow, FlowKey,
+    flow::{NS_PER_SEC, expired},
+};
+
+use super::ip;
+use crate::model::Proto;
+
+/// Which of a flow's entries one is (see `lb_common::flow`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// client → service, ingress: the flow's own record in `lb conntrack`.
+    Forward,
+    /// backend → client, egress.
+    Reply,
+    /// client → backend rewritten to the masquerade source, egress.
+    MasqForward,
+    /// backend → masquerade address, ingress: the port claim.
+    MasqReply,
+}
+
+pub fn entry_kind(e: &Flow) -> Entry {
+    match (e.flags & FLOW_MASQ != 0, e.flags & FLOW_REPLY != 0) {
+        (false, false) => Entry::Forward,
+        (false, true) => Entry::Reply,
+        (true, false) => Entry::MasqForward,
+        (true, true) => Entry::MasqReply,
+    }
+}
+
+/// The backend an entry is about, whichever kind it is.
+pub fn backend_of(k: &FlowKey, e: &Flow) -> u32 {
+    match entry_kind(e) {
+        Entry::Forward => e.daddr,
+        Entry::Reply | Entry::MasqReply => k.saddr,
+        Entry::MasqForward => k.daddr,
+    }
+}
+
+/// A flow's state as `lb conntrack` and the metrics name it.
+pub fn state_name(k: &FlowKey, e: &Flow) -> &'static str {
+    if k.proto == lb_common::IPPROTO_TCP && e.closing_orig != 0 && e.closing_reply != 0 {
+        "closing"
+    } else if e.replied != 0 {
+        "established"
+    } else {
+        "opening"
+    }
+}
+
+/// The states [`state_name`] gives, in the order metrics list them.
+pub const STATES: [&str; 3] = ["opening", "established", "closing"];
+
+/// CLOCK_MONOTONIC, the clock `bpf_ktime_get_ns` reads.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec we pass and nothing else.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// `tcp`, `udp`, `sctp`, or the number of a protocol lb does not publish.
+pub fn proto_name(proto: u8) -> String {
+    Proto::from_number(proto).map_or_else(|| proto.to_string(), |p| p.to_string())
+}
+
+/// The live flows among `entries`, as `lb conntrack` lists them (one per flow: its forward
+/// entry), sorted by service and client.
+pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane::Flow> {
+    let mut flows: Vec<_> = entries
+        .iter()
+        .filter(|(_, e)| entry_kind(e) == Entry::Forward && !expired(e, now))
+        .map(|(k, e)| crate::dataplane::Flow {
+            proto: proto_name(k.proto),
+            client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
+            service: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
+            backend: format!("{}:{}", ip(e.daddr), u16::from_be(e.dport)),
+            state: state_name(k, e).to_owned(),
+            expires_secs: Some(e.expires_ns.saturating_sub(now).div_ceil(NS_PER_SEC)),
+        })
+        .collect();
+    flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    flows
+}
+
+/// What one pass of the collector found in a network's flow table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Entries in the map when the pass began (every kind, expired ones included).
+    pub entries: u64,
+    /// Live flows (forward entries) by state, in [`STATES`] order.
+    pub by_state: [u64; 3],
+    /// Expired entries the collector has deleted since the daemon started.
+    pub expired_total: u64,
+    /// How long the last pass took.
+    pub pass_ms: u64,
+}
+
+/// Deletes the expired entries of one flow map and counts what is left. The table is read
+/// first and deleted from after: deleting while iterating would restart the iteration (a
+/// deleted key has no next). An entry the programs refreshed or re-created between the read
+/// and its delete is re-read and kept; one re-created in the instant between that re-read and
+/// the delete is lost, and its flow is re-created by its next packet (`lb_common::flow`).
+pub fn collect(flows: &mut HashMap<MapData, FlowKey, Flow>, now: u64) -> FlowStats {
+    let entries: Vec<(FlowKey, Flow)> = flows.iter().filter_map(|e| e.ok()).collect();
+    let mut stats = FlowStats {
+        entries: entries.len() as u64,
+        ..Default::default()
+    };
+    for (k, e) in &entries {
+        if !expired(e, now) {
+            if entry_kind(e) == Entry::Forward {
+                let i = STATES.iter().position(|s| *s == state_name(k, e));
+                stats.by_state[i.unwrap_or(0)] += 1;
+            }
+            continue;
+        }
+        if flows.get(k, 0).is_ok_and(|again| expired(&again, now)) && flows.remove(k).is_ok() {
+            stats.expired_total += 1;
+        }
+    }
+    stats
+}
+
+/// The collector's latest findings per network (by pin directory name).
+pub type Shared = Arc<Mutex<BTreeMap<String, FlowStats>>>;
+
+/// A running collector: its findings, and a way to make it run now (after an apply, so that a
+/// new network is counted without waiting a whole interval).
+pub struct Collector {
+    pub stats: Shared,
+    kick: mpsc::Sender<()>,
+}
+
+impl Collector {
+    pub fn kick(&self) {
+        let _ = self.kick.send(());
+    }
+}
+
+/// Starts the collector: every `interval` (or when kicked), every network directory under
+/// `bpffs` with a flow map is collected. It finds networks by their pins, so it needs no word
+/// from the writer about networks coming and going; it stops with the process.
+pub fn spawn(bpffs: &Path, interval: Duration) -> Result<Collector> {
+    let stats: Shared = Arc::default();
+    let (dir, out) = (bpffs.to_path_buf(), stats.clone());
+    let (kick, kicks) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("lb-gc".into())
+        .spawn(move || {
+            loop {
+                run_once(&dir, &out);
+                match kicks.recv_timeout(interval) {
+                    Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                }
+                // Kicks that came meanwhile are served by this run.
+                while kicks.try_recv().is_ok() {}
+            }
+        })
+        .context("starting the flow collector")?;
+    Ok(Collector { stats, kick })
+}
+
+fn run_once(bpffs: &Path, out: &Shared) {
+    let Ok(dirs) = std::fs::read_dir(bpffs) else {
+        return;
+    };
+    let mut seen = Vec::new();
+    for d in dirs.flatten() {
+        let name = d.file_name().to_string_lossy().into_owned();
+        let pin: PathBuf = d.path().join("lb_flows");
+        if !pin.exists() {
+            continue;
+        }
+        let start = Instant::now();
+        let result = MapData::from_pin(&pin)
+            .map_err(anyhow::Error::from)
+            .and_then(|m| Ok(HashMap::<_, FlowKey, Flow>::try_from(Map::LruHashMap(m))?));
+        let mut map = match result {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: opening lb_flows");
+                continue;
+            }
+        };
+        let mut stats = collect(&mut map, monotonic_ns());
+        stats.pass_ms = start.elapsed().as_millis() as u64;
+        let mut all = out.lock().expect("collector stats lock");
+        let total = all.get(&name).map_or(0, |s| s.expired_total);
+        stats.expired_total += total;
+        all.insert(name.clone(), stats);
+        seen.push(name);
+    }
+    out.lock()
+        .expect("collector stats lock")
+        .retain(|n, _| seen.contains(n));
+}

@@ -1,0 +1,313 @@
+//! The eBPF dataplane: loads the embedded object once per network with every map pinned under
+//! `<bpffs>/<network>/`, attaches the programs, and writes composed state into the maps.
+//!
+//! Contracts that make it safe:
+//! - The maps are the record. A pinned map that already exists is adopted, not recreated, and
+//!   a sync reads what the maps hold and writes only the difference, so a restarted (or
+//!   re-run) controller picks up where the last one stopped without flushing a flow.
+//! - A pinned map is adopted only in the layout this binary's programs read: `lb_layout`
+//!   records each map's layout version (`lb_common::MAP_LAYOUTS`), and a map pinned in another
+//!   (or before versions were recorded) is replaced, with the programs that used it, logged
+//!   as the one time its contents (flows, for `lb_flows`) are lost.
+//! - A packet never sees a half-written backend set: a changed set is written under a fresh
+//!   set id, then the service entry is switched to it in one map update, and the old set's
+//!   slots are deleted one sync later, when no program run can still hold the old entry.
+//! - Flows of a backend that is gone from the network are flushed (UDP clients are not pinned
+//!   to a dead backend); a disabled backend is not gone, and its flows drain.
+//! - Expired flow entries are deleted by the collector ([`gc`]) off the hot path; the programs
+//!   already treat them as absent.
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+};
+use lb_common::{
+    Backend, BackendKey, Config, Counters, Flow, FlowKey, Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey,
+    REASONS, Reason, Service, VipKey,
+};
+
+mod attach;
+pub mod dataplane;
+pub mod gc;
+mod plan;
+mod sync;
+
+pub use attach::detach_all;
+pub use plan::{NodeAddrs, Plan, ServiceKey, be, ip, plan};
+pub use sync::SyncStats;
+
+/// Names of the programs in the object, as `bpftool prog show` lists them.
+pub const PROG_XDP: &str = "lb_xdp";
+pub const PROG_TC_INGRESS: &str = "lb_tc_ingress";
+pub const PROG_TC_EGRESS: &str = "lb_tc_egress";
+
+/// The programs in `lb_reasons` slot order, with the label metrics give them.
+pub const HOOKS: [&str; 3] = ["xdp", "tc_ingress", "tc_egress"];
+
+/// Where `lb load` and the daemon pin by default.
+pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lb";
+
+/// The eBPF object this binary was built with.
+pub fn object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"))
+}
+
+/// How TC programs are attached: TCX links (kernel ≥ 6.6, pinnable, survive the loader) or
+/// netlink clsact filters (older kernels; they stay until detached).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcMode {
+    Tcx,
+    Netlink,
+}
+
+impl TcMode {
+    pub fn detect() -> Self {
+        use aya::util::KernelVersion;
+        match KernelVersion::current() {
+            Ok(v) if v >= KernelVersion::new(6, 6, 0) => TcMode::Tcx,
+            _ => TcMode::Netlink,
+        }
+    }
+}
+
+/// One network's loaded object and its maps.
+pub struct EbpfNetwork {
+    ebpf: Ebpf,
+    dir: PathBuf,
+    vips: HashMap<MapData, VipKey, Service>,
+    ports: HashMap<MapData, PortKey, Service>,
+    backends: HashMap<MapData, BackendKey, Backend>,
+    flows: HashMap<MapData, FlowKey, Flow>,
+    local: HashMap<MapData, u32, u32>,
+    ifaces: HashMap<MapData, u32, Iface>,
+    config: Array<MapData, Config>,
+    counters: PerCpuArray<MapData, Counters>,
+    reasons: PerCpuArray<MapData, u64>,
+    /// Backend sets a service stopped pointing at in the last sync (set id, slot count):
+    /// deleted by the next one. After adoption, every set no service points at.
+    retired: Vec<(u32, u32)>,
+    /// Whether `retired` has been filled from the maps (once, at the first sync).
+    adopted: bool,
+}
+
+/// The pin directory of `network` under `bpffs`.
+pub fn pin_dir(bpffs: &Path, network: &str) -> PathBuf {
+    bpffs.join(network)
+}
+
+/// The layout versions recorded in `dir` (`None` when nothing is recorded).
+fn recorded_layouts(dir: &Path) -> Result<Option<Vec<u32>>> {
+    let path = dir.join(LAYOUT_MAP);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let map = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
+    let array: Array<MapData, u32> = Array::try_from(Map::Array(map))?;
+    let versions = (0..MAP_LAYOUTS.len() as u32)
+        .map(|i| array.get(&i, 0).unwrap_or(0))
+        .collect();
+    Ok(Some(versions))
+}
+
+/// Removes every pinned map of `dir` whose layout is not this binary's, and then the pinned
+/// links, whose programs read those maps. Returns what was replaced, for the log.
+fn retire_old_layouts(dir: &Path) -> Result<Vec<String>> {
+    let recorded = recorded_layouts(dir)?;
+    let mut replaced = Vec::new();
+    for (i, (name, version)) in MAP_LAYOUTS.iter().enumerate() {
+        let pin = dir.join(name);
+        if !pin.exists() {
+            continue;
+        }
+        // Maps pinned before versions were recorded are version 1.
+        let have = recorded.as_ref().map_or(1, |r| r[i]);
+        if have != *version {
+            std::fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
+            replaced.push(format!("{name} (layout {have}, now {version})"));
+        }
+    }
+    if !replaced.is_empty() {
+        attach::unpin_links(dir)?;
+    }
+    Ok(replaced)
+}
+
+impl EbpfNetwork {
+    /// Loads the object with every map pinned under `dir` (created if missing; it must be on a
+    /// bpffs). Maps already pinned there in this binary's layouts are adopted with their
+    /// contents; others are replaced (logged), with the programs attached by them.
+    pub fn open(dir: &Path) -> Result<Self> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating pin directory {}", dir.display()))?;
+        let replaced = retire_old_layouts(dir)?;
+        if !replaced.is_empty() {
+            tracing::warn!(
+                dir = %dir.display(),
+                maps = %replaced.join(", "),
+                "replacing pinned maps of an older layout, and the programs using them; the flows they held are lost once"
+            );
+        }
+        let mut loader = EbpfLoader::new();
+        let paths: Vec<(&str, PathBuf)> = (MAP_LAYOUTS.iter().map(|(m, _)| *m))
+            .chain([LAYOUT_MAP])
+            .map(|m| (m, dir.join(m)))
+            .collect();
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        let ebpf = loader.load(object()).with_context(|| {
+            format!(
+                "loading the eBPF object with maps pinned under {} (is it on a bpffs?)",
+                dir.display()
+            )
+        })?;
+        let mut net = Self::from_ebpf(ebpf, dir.to_path_buf())?;
+        net.record_layouts()?;
+        Ok(net)
+    }
+
+    /// Loads the object with private, unpinned maps (program-level tests, the kernel probe).
+    pub fn unpinned() -> Result<Self> {
+        let ebpf = Ebpf::load(object()).context("loading the eBPF object")?;
+        Self::from_ebpf(ebpf, PathBuf::new())
+    }
+
+    fn from_ebpf(mut ebpf: Ebpf, dir: PathBuf) -> Result<Self> {
+        fn take(ebpf: &mut Ebpf, name: &str) -> Result<Map> {
+            ebpf.take_map(name)
+                .with_context(|| format!("map {name} missing from the object"))
+        }
+        Ok(Self {
+            vips: HashMap::try_from(take(&mut ebpf, "lb_vips")?)?,
+            ports: HashMap::try_from(take(&mut ebpf, "lb_ports")?)?,
+            backends: HashMap::try_from(take(&mut ebpf, "lb_backends")?)?,
+            flows: HashMap::try_from(take(&mut ebpf, "lb_flows")?)?,
+            local: HashMap::try_from(take(&mut ebpf, "lb_local_addrs")?)?,
+            ifaces: HashMap::try_from(take(&mut ebpf, "lb_ifaces")?)?,
+            config: Array::try_from(take(&mut ebpf, "lb_config")?)?,
+            counters: PerCpuArray::try_from(take(&mut ebpf, "lb_counters")?)?,
+            reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
+            ebpf,
+            dir,
+            retired: Vec::new(),
+            adopted: false,
+        })
+    }
+
+    fn record_layouts(&mut self) -> Result<()> {
+        let map = self
+            .ebpf
+            .map_mut(LAYOUT_MAP)
+            .context("map lb_layout missing from the object")?;
+        let mut array: Array<&mut MapData, u32> = Array::try_from(map)?;
+        for (i, (_, version)) in MAP_LAYOUTS.iter().enumerate() {
+            array
+                .set(i as u32, version, 0)
+                .context("writing lb_layout")?;
+        }
+        Ok(())
+    }
+
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    /// Every flow entry (both directions and masquerade pairs), expired ones included.
+    pub fn flow_entries(&self) -> Vec<(FlowKey, Flow)> {
+        self.flows.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// The flow map, for tests that take entries away as LRU eviction would.
+    pub fn flows_mut(&mut self) -> &mut HashMap<MapData, FlowKey, Flow> {
+        &mut self.flows
+    }
+
+    /// The config the programs run with.
+    pub fn config(&self) -> Result<Config> {
+        self.config.get(&0, 0).context("reading lb_config")
+    }
+
+    /// Packets and bytes of a counter slot, summed over CPUs.
+    pub fn counter(&self, slot: u32) -> Result<Counters> {
+        let per_cpu = self.counters.get(&slot, 0).context("reading lb_counters")?;
+        Ok(per_cpu.iter().fold(Counters::default(), |acc, c| Counters {
+            packets: acc.packets + c.packets,
+            bytes: acc.bytes + c.bytes,
+        }))
+    }
+
+    /// Every program's outcome counts, summed over CPUs: `(hook, reason, count)`.
+    pub fn reasons(&self) -> Result<Vec<(&'static str, Reason, u64)>> {
+        let mut out = Vec::new();
+        for (h, hook) in HOOKS.iter().enumerate() {
+            for (reason, _) in Reason::ALL {
+                let slot = h as u32 * REASONS + reason as u32;
+                let per_cpu = self.reasons.get(&slot, 0).context("reading lb_reasons")?;
+                out.push((*hook, reason, per_cpu.iter().sum()));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The system's bpffs mount point, which systemd mounts at boot on most distributions.
+const SYSTEM_BPFFS: &str = "/sys/fs/bpf";
+
+/// Makes sure pins under `dir` land on a bpffs: if `dir` lies under /sys/fs/bpf and nothing
+/// is mounted there yet, mounts it (as systemd would at boot); any other directory must
+/// already be on one.
+pub fn ensure_bpffs(dir: &Path) -> Result<()> {
+    if check_bpffs(dir).is_ok() {
+        return Ok(());
+    }
+    let system = Path::new(SYSTEM_BPFFS);
+    if dir.starts_with(system) && system.is_dir() {
+        // SAFETY: constant C strings; no data argument.
+        let rc = unsafe {
+            libc::mount(
+                c"bpf".as_ptr(),
+                c"/sys/fs/bpf".as_ptr(),
+                c"bpf".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            bail!(
+                "mounting a bpffs on {SYSTEM_BPFFS}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        tracing::info!("mounted a bpffs on {SYSTEM_BPFFS}");
+    }
+    check_bpffs(dir)
+}
+
+/// Fails with a clear message unless `dir` (or its nearest existing parent) is on a bpffs.
+pub fn check_bpffs(dir: &Path) -> Result<()> {
+    const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+    let mut probe = dir;
+    while !probe.exists() {
+        probe = probe.parent().context("no existing parent directory")?;
+    }
+    let c = std::ffi::CString::new(probe.as_os_str().as_encoded_bytes())?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid C string and st a valid out pointer.
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        bail!(
+            "statfs {}: {}",
+            probe.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    if st.f_type as i64 != BPF_FS_MAGIC {
+        bail!(
+            "{} is not on a bpffs (mount one: mount -t bpf bpf {})",
+            probe.display(),
+            probe.display()
+        );
+    }
+    Ok(())
+}
