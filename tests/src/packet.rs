@@ -55,14 +55,11 @@ pub struct Ipv4Packet {
     pub id: u16,
     /// TCP flags (SYN by default).
     pub tcp_flags: u8,
-    /// Stores this L4 checksum instead of the computed one (e.g. `Some(0)`: UDP without one).
+    /// Stores this L4 checksum instead of the computed one (e.g. `Some(0)`: UDP without one,
+    /// or SCTP with its CRC32c left to the device).
     pub l4_csum: Option<u16>,
     pub payload: Vec<u8>,
 }
-
-/// SCTP's CRC32c is not computed by the builder: the programs must carry it untouched (it
-/// covers neither addresses nor a pseudo-header), which a fixed marker shows best.
-pub const SCTP_CRC_MARKER: [u8; 4] = [0xde, 0xad, 0xbe, 0xef];
 
 impl Ipv4Packet {
     pub fn tcp(saddr: Ipv4Addr, sport: u16, daddr: Ipv4Addr, dport: u16) -> Self {
@@ -160,7 +157,7 @@ impl Ipv4Packet {
                 h.extend(self.sport.to_be_bytes());
                 h.extend(self.dport.to_be_bytes());
                 h.extend(0x0102_0304u32.to_be_bytes()); // verification tag
-                h.extend(SCTP_CRC_MARKER);
+                h.extend([0; 4]); // CRC32c, below
                 h.extend(&self.payload);
                 h
             }
@@ -183,6 +180,14 @@ impl Ipv4Packet {
         if let Some(at) = l4_csum_offset(self.proto) {
             let c = self.l4_csum.unwrap_or_else(|| l4_checksum(&frame[14..]));
             frame[l4_off + at..l4_off + at + 2].copy_from_slice(&c.to_be_bytes());
+        }
+        if self.proto == 132 {
+            // `l4_csum: Some(0)` leaves the field 0, as a sender with CRC offload does.
+            let crc = match self.l4_csum {
+                Some(c) => u32::from(c).to_le_bytes(),
+                None => crate::crc32c::sctp_checksum(&frame[l4_off..]),
+            };
+            frame[l4_off + 8..l4_off + 12].copy_from_slice(&crc);
         }
         frame
     }
@@ -296,8 +301,8 @@ pub fn pseudo_seed(ip: &[u8]) -> u16 {
 }
 
 /// Checks every checksum of an IPv4 frame from scratch: the IP header's, TCP/UDP's over the
-/// pseudo-header (a UDP 0 means "none" and passes), ICMP's over the whole message and, in an
-/// ICMP error, the quoted IP header's.
+/// pseudo-header (a UDP 0 means "none" and passes), SCTP's CRC32c (0, left to the device,
+/// passes), ICMP's over the whole message and, in an ICMP error, the quoted IP header's.
 pub fn verify(frame: &[u8]) -> Result<(), String> {
     let ip = ip_of(frame);
     let ihl = usize::from(ip[0] & 0x0f) * 4;
@@ -323,6 +328,13 @@ pub fn verify(frame: &[u8]) -> Result<(), String> {
             let want = l4_checksum(ip);
             if stored != want {
                 return Err(format!("L4 checksum {stored:#06x}, should be {want:#06x}"));
+            }
+        }
+        132 => {
+            let stored = [seg[8], seg[9], seg[10], seg[11]];
+            let want = crate::crc32c::sctp_checksum(seg);
+            if stored != [0; 4] && stored != want {
+                return Err(format!("SCTP CRC32c {stored:02x?}, should be {want:02x?}"));
             }
         }
         1 => {

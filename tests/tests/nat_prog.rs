@@ -8,11 +8,14 @@
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use aya::programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp};
-use lb_common::{FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, FlowKey, MASQ_PORT_MAX, MASQ_PORT_MIN};
+use lb_common::{
+    FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, FlowKey, MASQ_PORT_MAX, MASQ_PORT_MIN, Reason,
+    Timeouts,
+};
 use lb_tests::{
     packet::{
-        Ipv4Packet, SCTP_CRC_MARKER, arp_request, icmp_error, ip_of, ipv6_tcp_syn, pseudo_seed,
-        verify,
+        Ipv4Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, arp_request, icmp_error, ip_of,
+        ipv6_tcp_syn, pseudo_seed, verify,
     },
     require_root,
 };
@@ -20,6 +23,7 @@ use lb_user::{
     compose::compose,
     dataplane::ebpf::{
         self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be,
+        gc::monotonic_ns,
     },
     model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
 };
@@ -47,6 +51,8 @@ const WEB: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 20, 0, 12),
 ];
 const DB: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 30);
+/// A port `db` publishes on 127.0.0.1 (see `the_nodes_own_connections_are_never_translated`).
+const LOOPBACK_PORT: u16 = 47080;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Prog {
@@ -102,6 +108,7 @@ fn network(masquerade: Masquerade) -> Network {
                     port(Proto::Tcp, 8080, 80, None),
                     port(Proto::Udp, 5353, 53, None),
                     port(Proto::Sctp, 9000, 9000, None),
+                    port(Proto::Sctp, 9100, 9200, None),
                 ],
             ),
             empty,
@@ -109,7 +116,13 @@ fn network(masquerade: Masquerade) -> Network {
                 "db",
                 DB_VIP,
                 &[DB],
-                vec![port(Proto::Tcp, 7070, 5432, Some(HOST_IP))],
+                vec![
+                    port(Proto::Tcp, 7070, 5432, Some(HOST_IP)),
+                    // Published on loopback, where the test process itself can hold sockets
+                    // (the socket lookup runs in the test's own namespace).
+                    port(Proto::Tcp, LOOPBACK_PORT, 5432, Some(Ipv4Addr::LOCALHOST)),
+                    port(Proto::Udp, LOOPBACK_PORT, 5432, Some(Ipv4Addr::LOCALHOST)),
+                ],
             ),
         ],
     }
@@ -391,18 +404,43 @@ fn udp_to_vip_is_dnated() {
     );
 }
 
+/// SCTP to a VIP keeps its ports, so its CRC32c (which covers neither addresses nor a
+/// pseudo-header) is carried untouched; to a published port with another target, the CRC32c
+/// is fixed for the new ports (checked by the test's own table-driven CRC32c), and the reply's
+/// restores them with a valid CRC again. A CRC left to the device (0) stays 0.
 #[test]
-fn sctp_to_vip_is_dnated_and_its_crc_left_alone() {
+fn sctp_keeps_a_valid_crc32c_through_every_rewrite() {
     let Some(mut f) = fixture() else { return };
     for (prog, sport) in [(Prog::TcIngress, 40004), (Prog::Xdp, 40005)] {
         let p = Ipv4Packet::sctp(CLIENT, sport, VIP, 9000);
         let backend = expect_dnat(&mut f, prog, &p, &WEB, 9000);
         let (_, out) = f.run(prog, &p.build());
-        assert_eq!(&out[14 + 20 + 8..14 + 20 + 12], SCTP_CRC_MARKER, "{prog:?}");
         assert_eq!(
-            dst(&out).0,
-            backend,
-            "{prog:?}: the tracked flow keeps its backend"
+            out[14 + 20 + 8..14 + 20 + 12],
+            p.build()[14 + 20 + 8..14 + 20 + 12],
+            "{prog:?}: same ports, same CRC"
+        );
+        assert_eq!(dst(&out).0, backend, "{prog:?}: the flow keeps its backend");
+
+        let p = Ipv4Packet::sctp(CLIENT, sport, NODE, 9100);
+        let backend = expect_dnat(&mut f, prog, &p, &WEB, 9200);
+        let reply = with_dst_packet(&p, backend, 9200).reply();
+        let (_, back) = f.run(Prog::TcEgress, &reply.build());
+        verify(&back).unwrap_or_else(|e| panic!("{prog:?} reply: {e}"));
+        assert_eq!(
+            back,
+            with_src(&reply, NODE, 9100),
+            "{prog:?}: reply restored"
+        );
+
+        let mut offloaded = Ipv4Packet::sctp(CLIENT, sport + 100, NODE, 9100);
+        offloaded.l4_csum = Some(0);
+        let (_, out) = f.run(prog, &offloaded.build());
+        assert_eq!(dst(&out).1, 9200, "{prog:?}: rewritten");
+        assert_eq!(
+            out[14 + 20 + 8..14 + 20 + 12],
+            [0; 4],
+            "{prog:?}: 0 stays 0"
         );
     }
 }
@@ -882,4 +920,403 @@ fn egress_leaves_untracked_packets_alone() {
     // A backend answering a client that never came through lb (no entry): untouched.
     let p = Ipv4Packet::tcp(WEB[1], 443, CLIENT, 40210).build();
     expect_untouched(&mut f, Prog::TcEgress, &p);
+}
+
+fn tcp(sport: u16, daddr: Ipv4Addr, dport: u16, flags: u8) -> Ipv4Packet {
+    Ipv4Packet {
+        tcp_flags: flags,
+        ..Ipv4Packet::tcp(CLIENT, sport, daddr, dport)
+    }
+}
+
+/// `count` of `reason` on program `hook` (as `lb_datapath_packets_total` names them).
+fn reason_count(f: &Fixture, hook: &str, reason: Reason) -> u64 {
+    f.dp.reasons()
+        .unwrap()
+        .into_iter()
+        .find(|(h, r, _)| *h == hook && *r == reason)
+        .map_or(0, |(_, _, n)| n)
+}
+
+/// Seconds from now until `e` expires (CLOCK_MONOTONIC, the programs' clock).
+fn secs_left(e: &Flow) -> i64 {
+    (e.expires_ns as i64 - monotonic_ns() as i64) / 1_000_000_000
+}
+
+/// A packet that is for a service but can only belong to a connection lb does not know (the
+/// node's own, or one that is over) never opens a flow: SYN-ACK, FIN, RST.
+#[test]
+fn syn_ack_fin_and_rst_without_a_flow_pass_and_open_nothing() {
+    let Some(mut f) = fixture() else { return };
+    for (prog, hook) in [(Prog::TcIngress, "tc_ingress"), (Prog::Xdp, "xdp")] {
+        for (i, flags) in [
+            TCP_SYN | TCP_ACK,
+            TCP_FIN | TCP_ACK,
+            TCP_RST,
+            TCP_RST | TCP_ACK,
+            TCP_SYN | TCP_FIN,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let before = reason_count(&f, hook, Reason::NoFlowOpener);
+            expect_untouched(
+                &mut f,
+                prog,
+                &tcp(40300 + i as u16, VIP, 443, flags).build(),
+            );
+            assert_eq!(
+                reason_count(&f, hook, Reason::NoFlowOpener),
+                before + 1,
+                "{prog:?} flags {flags:#04x}: counted as no flow opener"
+            );
+        }
+    }
+    assert!(f.dp.flow_entries().is_empty(), "nothing tracked");
+}
+
+/// A mid-connection ACK whose entries are gone (evicted, flushed) re-creates the flow on the
+/// backend the flow hash gives — the one its SYN got — marked re-created with the short
+/// `tcp_unreplied` timeout until the backend answers, which makes it established.
+#[test]
+fn a_mid_flow_ack_without_entries_is_recreated_on_the_same_backend() {
+    let Some(mut f) = fixture() else { return };
+    for (prog, sport) in [(Prog::TcIngress, 40320), (Prog::Xdp, 40321)] {
+        let syn = tcp(sport, VIP, 443, TCP_SYN);
+        let first = expect_dnat(&mut f, prog, &syn, &WEB, 443);
+        for (k, _) in f.dp.flow_entries() {
+            f.dp.flows_mut().remove(&k).unwrap();
+        }
+        let ack = tcp(sport, VIP, 443, TCP_ACK | TCP_PSH);
+        assert_eq!(
+            expect_dnat(&mut f, prog, &ack, &WEB, 443),
+            first,
+            "{prog:?}: the hash gives the same backend"
+        );
+        let fwd = f.flow(&key(&ack)).expect("re-created forward entry");
+        assert_eq!(fwd.recreated, 1, "{prog:?}");
+        let t = Timeouts::DEFAULT;
+        assert!(
+            (0..=i64::from(t.tcp_unreplied)).contains(&secs_left(&fwd)),
+            "{prog:?}: the short timeout until the backend answers: {fwd:?}"
+        );
+        let hook = if prog == Prog::Xdp {
+            "xdp"
+        } else {
+            "tc_ingress"
+        };
+        assert!(
+            reason_count(&f, hook, Reason::FlowRecreated) >= 1,
+            "{prog:?}"
+        );
+        let reply = Ipv4Packet {
+            tcp_flags: TCP_ACK,
+            ..with_dst_packet(&ack, first, 443).reply()
+        };
+        let (_, out) = f.run(Prog::TcEgress, &reply.build());
+        assert_eq!(
+            src(&out),
+            (VIP, 443),
+            "{prog:?}: the reply is reverse-NATed"
+        );
+        let fwd = f.flow(&key(&ack)).unwrap();
+        assert_eq!((fwd.replied, fwd.recreated), (1, 0), "{prog:?}: answered");
+        assert!(
+            secs_left(&fwd) > i64::from(t.tcp_syn),
+            "{prog:?}: established timeout now: {fwd:?}"
+        );
+        for (k, _) in f.dp.flow_entries() {
+            f.dp.flows_mut().remove(&k).unwrap();
+        }
+    }
+}
+
+/// Each TCP state transition, on both entries of the flow: a SYN opens it (`tcp_syn`), the
+/// backend's answer establishes it, a FIN from each side closes it (`tcp_closing` once both
+/// have), and a new SYN on the closed tuple is a new connection, selected afresh.
+#[test]
+fn tcp_states_follow_the_connection_and_a_syn_reopens_a_closed_tuple() {
+    let Some(mut f) = fixture() else { return };
+    let t = Timeouts::DEFAULT;
+    let syn = tcp(40330, VIP, 443, TCP_SYN);
+    let backend = expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+    let to_client = |flags| Ipv4Packet {
+        tcp_flags: flags,
+        ..with_dst_packet(&syn, backend, 443).reply()
+    };
+    let rkey = key(&to_client(TCP_ACK));
+    let both = |f: &Fixture| (f.flow(&key(&syn)).unwrap(), f.flow(&rkey).unwrap());
+    let (fwd, rep) = both(&f);
+    assert_eq!((fwd.replied, rep.replied), (0, 0));
+    assert!(
+        (1..=i64::from(t.tcp_syn)).contains(&secs_left(&fwd)),
+        "opening: {fwd:?}"
+    );
+
+    f.run(Prog::TcEgress, &to_client(TCP_SYN | TCP_ACK).build());
+    let (fwd, rep) = both(&f);
+    assert_eq!(
+        (fwd.replied, rep.replied),
+        (1, 1),
+        "SYN-ACK establishes both"
+    );
+    assert!(
+        secs_left(&fwd) > i64::from(t.tcp_syn),
+        "established: {fwd:?}"
+    );
+    assert_eq!(fwd.expires_ns, rep.expires_ns, "one expiry for the flow");
+
+    expect_dnat(
+        &mut f,
+        Prog::TcIngress,
+        &tcp(40330, VIP, 443, TCP_FIN | TCP_ACK),
+        &WEB,
+        443,
+    );
+    let (fwd, rep) = both(&f);
+    assert_eq!(
+        (fwd.closing_orig, rep.closing_orig),
+        (1, 1),
+        "client FIN on both"
+    );
+    assert_eq!(fwd.closing_reply, 0);
+    assert!(
+        secs_left(&fwd) > i64::from(t.tcp_closing),
+        "half-closed keeps the established timeout: {fwd:?}"
+    );
+
+    f.run(Prog::TcEgress, &to_client(TCP_FIN | TCP_ACK).build());
+    let (fwd, rep) = both(&f);
+    assert_eq!(
+        (fwd.closing_reply, rep.closing_reply),
+        (1, 1),
+        "backend FIN on both"
+    );
+    assert!(
+        (0..=i64::from(t.tcp_closing)).contains(&secs_left(&fwd)),
+        "closed both ways: {fwd:?}"
+    );
+
+    let before = reason_count(&f, "tc_ingress", Reason::FlowReopened);
+    expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+    assert_eq!(
+        reason_count(&f, "tc_ingress", Reason::FlowReopened),
+        before + 1
+    );
+    let fwd = f.flow(&key(&syn)).unwrap();
+    assert_eq!(
+        (fwd.replied, fwd.closing_orig, fwd.closing_reply),
+        (0, 0, 0),
+        "a fresh connection: {fwd:?}"
+    );
+}
+
+/// A RST from either side ends the flow for both directions.
+#[test]
+fn a_rst_from_either_side_closes_the_flow() {
+    let Some(mut f) = fixture() else { return };
+    let t = Timeouts::DEFAULT;
+    for (sport, from_backend) in [(40340, false), (40341, true)] {
+        let syn = tcp(sport, VIP, 443, TCP_SYN);
+        let backend = expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+        if from_backend {
+            let rst = Ipv4Packet {
+                tcp_flags: TCP_RST | TCP_ACK,
+                ..with_dst_packet(&syn, backend, 443).reply()
+            };
+            f.run(Prog::TcEgress, &rst.build());
+        } else {
+            expect_dnat(
+                &mut f,
+                Prog::TcIngress,
+                &tcp(sport, VIP, 443, TCP_RST),
+                &WEB,
+                443,
+            );
+        }
+        let fwd = f.flow(&key(&syn)).unwrap();
+        assert_eq!((fwd.closing_orig, fwd.closing_reply), (1, 1), "{fwd:?}");
+        assert!((0..=i64::from(t.tcp_closing)).contains(&secs_left(&fwd)));
+    }
+}
+
+/// An entry past its expiry counts as absent to the programs themselves (no collector needed):
+/// a forward entry is created afresh, and a reply whose entry expired passes untouched.
+#[test]
+fn an_expired_entry_is_treated_as_absent() {
+    let Some(mut f) = fixture() else { return };
+    let syn = tcp(40350, VIP, 443, TCP_SYN);
+    let backend = expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+    let reply = Ipv4Packet {
+        tcp_flags: TCP_ACK,
+        ..with_dst_packet(&syn, backend, 443).reply()
+    };
+    let expire = |f: &mut Fixture, k: FlowKey| {
+        let mut e = f.flow(&k).unwrap();
+        e.expires_ns = 1;
+        f.dp.flows_mut().insert(k, e, 0).unwrap();
+    };
+    expire(&mut f, key(&reply));
+    expect_untouched(&mut f, Prog::TcEgress, &reply.build());
+    assert!(reason_count(&f, "tc_egress", Reason::EntryExpired) >= 1);
+
+    expire(&mut f, key(&syn));
+    let before = reason_count(&f, "tc_ingress", Reason::FlowNew);
+    expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+    assert_eq!(
+        reason_count(&f, "tc_ingress", Reason::FlowNew),
+        before + 1,
+        "a new flow, not the expired one"
+    );
+    let fwd = f.flow(&key(&syn)).unwrap();
+    assert!(secs_left(&fwd) > 0, "live again: {fwd:?}");
+}
+
+/// A packet of a connection the node itself holds — here the test process's own sockets on
+/// loopback, where `db` publishes LOOPBACK_PORT — is never translated, even though its
+/// destination is a published port: published ports lie where nodes pick local ports. A
+/// listening or unconnected socket on the port does not count (lb will hold published ports
+/// that way).
+#[test]
+fn the_nodes_own_connections_are_never_translated() {
+    use std::net::{TcpListener, TcpStream, UdpSocket};
+    let Some(mut f) = fixture() else { return };
+    let lo = Ipv4Addr::LOCALHOST;
+    let listener = TcpListener::bind((lo, 0)).unwrap();
+    let peer = listener.local_addr().unwrap().port();
+    let socket = socket2_bound_tcp(lo, LOOPBACK_PORT);
+    let _conn = socket.connect((lo, peer)).and(Ok(())).unwrap();
+    let (_accepted, _) = listener.accept().unwrap();
+    let mut from_peer = Ipv4Packet::tcp(lo, peer, lo, LOOPBACK_PORT);
+    from_peer.tcp_flags = TCP_ACK | TCP_PSH;
+    for prog in [Prog::TcIngress, Prog::Xdp] {
+        expect_untouched(&mut f, prog, &from_peer.build());
+    }
+    assert!(reason_count(&f, "tc_ingress", Reason::NodeSocket) >= 1);
+
+    let udp = UdpSocket::bind((lo, LOOPBACK_PORT)).unwrap();
+    let mut to_held = Ipv4Packet::udp(lo, 40360, lo, LOOPBACK_PORT);
+    expect_dnat(&mut f, Prog::TcIngress, &to_held, &[DB], 5432);
+    udp.connect((lo, 40361)).unwrap();
+    to_held.sport = 40361;
+    expect_untouched(&mut f, Prog::TcIngress, &to_held.build());
+    assert!(f.flow(&key(&from_peer)).is_none() && f.flow(&key(&to_held)).is_none());
+}
+
+/// A TCP socket bound to `addr:port` (reusing it), not yet connected.
+fn socket2_bound_tcp(addr: Ipv4Addr, port: u16) -> BoundTcp {
+    use std::os::fd::FromRawFd as _;
+    // SAFETY: plain socket calls on an fd this function owns until it is wrapped.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let one: libc::c_int = 1;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as u32,
+        );
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(addr.octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        let rc = libc::bind(
+            fd,
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as u32,
+        );
+        assert_eq!(
+            rc,
+            0,
+            "bind {addr}:{port}: {}",
+            std::io::Error::last_os_error()
+        );
+        BoundTcp(std::fs::File::from_raw_fd(fd))
+    }
+}
+
+struct BoundTcp(std::fs::File);
+
+impl BoundTcp {
+    fn connect(&self, to: (Ipv4Addr, u16)) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd as _;
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as u16,
+            sin_port: to.1.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes(to.0.octets()),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: connect on the fd self owns, with a valid sockaddr_in.
+        let rc = unsafe {
+            libc::connect(
+                self.0.as_raw_fd(),
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+}
+
+/// Two services that meet on one backend port (a VIP and a published port targeting the same
+/// port) with the same client port: the second flow's reply tuple is taken, so its client
+/// port is changed (as the kernel's NAT does), and each reply reaches the service its client
+/// spoke to.
+#[test]
+fn two_flows_never_share_a_reply_tuple() {
+    let Some(mut f) = fixture() else { return };
+    f.net.services[0].backends.truncate(1);
+    f.sync();
+    let to_vip = tcp(40370, VIP, 80, TCP_SYN);
+    expect_dnat(&mut f, Prog::TcIngress, &to_vip, &WEB[..1], 80);
+    let to_port = tcp(40370, NODE, 8080, TCP_SYN);
+    let (_, out) = f.run(Prog::TcIngress, &to_port.build());
+    verify(&out).unwrap();
+    let (moved_to, moved_port) = src(&out);
+    assert_eq!(moved_to, CLIENT);
+    assert_ne!(
+        moved_port, 40370,
+        "the clashing flow gets another source port"
+    );
+    assert_eq!(dst(&out), (WEB[0], 80));
+    assert_eq!(reason_count(&f, "tc_ingress", Reason::PortClash), 1);
+    for (sport, service) in [(40370, (VIP, 80)), (moved_port, (NODE, 8080))] {
+        let reply = Ipv4Packet::tcp(WEB[0], 80, CLIENT, sport);
+        let (_, back) = f.run(Prog::TcEgress, &reply.build());
+        verify(&back).unwrap();
+        assert_eq!(src(&back), service, "reply to client port {sport}");
+        assert_eq!(
+            dst(&back),
+            (CLIENT, 40370),
+            "the client's own port is restored"
+        );
+    }
+}
+
+/// A masqueraded flow is counted once per packet (by its load-balancing pair), though each of
+/// its packets passes two of its entries.
+#[test]
+fn a_masqueraded_packet_is_counted_once() {
+    if !require_root("a_masqueraded_packet_is_counted_once") {
+        return;
+    }
+    let mut f = Fixture::new(Masquerade::Always);
+    let syn = tcp(40380, VIP, 443, TCP_SYN);
+    let backend = expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+    f.run_ctx(Prog::TcEgress, &with_dst(&syn, backend, 443), Some(7));
+    let fwd = f.flow(&key(&syn)).unwrap();
+    assert_eq!(f.dp.counter(fwd.counter).unwrap().packets, 1);
+    assert_eq!(f.dp.counter(fwd.service_counter).unwrap().packets, 1);
 }
