@@ -518,8 +518,15 @@ fn run(cli: Cli) -> Result<()> {
                     } else {
                         format!("NOT APPLIED: {}", s(&n["error"]))
                     };
+                    let by_state = (n["flows_by_state"].as_object())
+                        .map(|m| {
+                            let parts: Vec<String> =
+                                m.iter().map(|(k, v)| format!("{v} {k}")).collect();
+                            format!(" ({})", parts.join(", "))
+                        })
+                        .unwrap_or_default();
                     println!(
-                        "network {}: {state}; {} services, {} backends, {} flows; attach {} on {}",
+                        "network {}: {state}; {} services, {} backends, {} flows{by_state}; attach {} on {}",
                         s(&n["name"]),
                         n["services"],
                         n["backends"],

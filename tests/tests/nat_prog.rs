@@ -1179,13 +1179,13 @@ fn an_expired_entry_is_treated_as_absent() {
 /// that way).
 #[test]
 fn the_nodes_own_connections_are_never_translated() {
-    use std::net::{TcpListener, TcpStream, UdpSocket};
+    use std::net::{TcpListener, UdpSocket};
     let Some(mut f) = fixture() else { return };
     let lo = Ipv4Addr::LOCALHOST;
     let listener = TcpListener::bind((lo, 0)).unwrap();
     let peer = listener.local_addr().unwrap().port();
     let socket = socket2_bound_tcp(lo, LOOPBACK_PORT);
-    let _conn = socket.connect((lo, peer)).and(Ok(())).unwrap();
+    socket.connect((lo, peer)).unwrap();
     let (_accepted, _) = listener.accept().unwrap();
     let mut from_peer = Ipv4Packet::tcp(lo, peer, lo, LOOPBACK_PORT);
     from_peer.tcp_flags = TCP_ACK | TCP_PSH;
