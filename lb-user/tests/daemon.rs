@@ -718,6 +718,75 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
             "conntrack of an unknown network",
             vec!["conntrack", "nosuch"],
         ),
+        (
+            "dsr on the eBPF dataplane (not yet available)",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                "lo",
+                "--netns",
+                &ns,
+                "--mode",
+                "dsr",
+            ],
+        ),
+        (
+            "timeout without seconds",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                &if1,
+                "--netns",
+                &ns,
+                "--timeout",
+                "tcp_syn",
+            ],
+        ),
+        (
+            "unknown timeout",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                &if1,
+                "--netns",
+                &ns,
+                "--timeout",
+                "tcp_fin=3",
+            ],
+        ),
+        (
+            "timeout of 0",
+            vec![
+                "network",
+                "add",
+                "n2",
+                "--interface",
+                &if1,
+                "--netns",
+                &ns,
+                "--timeout",
+                "udp=0",
+            ],
+        ),
+        (
+            "a backend that is a VIP of the network",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s3",
+                "--vip",
+                "10.99.0.40",
+                "--backend",
+                "10.99.0.10",
+            ],
+        ),
     ];
     let mut refused = 0;
     for (what, args) in &cli {
@@ -730,6 +799,12 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
         );
         assert!(!msg.is_empty(), "{what}: no reason");
         println!("{what}: {}", msg.lines().next().unwrap());
+        if what.starts_with("dsr") {
+            assert!(
+                msg.contains("mode dsr is not available on the eBPF dataplane"),
+                "{what}: says why: {msg}"
+            );
+        }
         refused += 1;
     }
     let vip_body =

@@ -1320,3 +1320,35 @@ fn a_masqueraded_packet_is_counted_once() {
     assert_eq!(f.dp.counter(fwd.counter).unwrap().packets, 1);
     assert_eq!(f.dp.counter(fwd.service_counter).unwrap().packets, 1);
 }
+
+/// A service switched to a new backend set keeps its old set's slots for one more sync: a
+/// program run that read the service entry just before the switch still finds the slot it
+/// was about to read. The next sync deletes them.
+#[test]
+fn an_old_backend_set_is_deleted_one_sync_after_the_switch() {
+    let Some(mut f) = fixture() else { return };
+    let live = |f: &Fixture| -> BTreeSet<u32> {
+        let current = f.dp.current_services().unwrap();
+        // An empty set has no slots to find.
+        (current.values())
+            .filter(|(s, _)| s.count > 0)
+            .map(|(s, _)| s.set_id)
+            .collect()
+    };
+    let before = f.dp.backend_set_ids().unwrap();
+    assert_eq!(before, live(&f), "only live sets at first");
+    f.net.services[0].backends[0].disabled = true;
+    f.sync();
+    let after_switch = f.dp.backend_set_ids().unwrap();
+    let retired: Vec<u32> = after_switch.difference(&live(&f)).copied().collect();
+    assert!(
+        !retired.is_empty(),
+        "the sets web switched away from are still there: {after_switch:?}"
+    );
+    f.sync();
+    assert_eq!(
+        f.dp.backend_set_ids().unwrap(),
+        live(&f),
+        "deleted by the next sync"
+    );
+}

@@ -247,6 +247,13 @@ impl EbpfNetwork {
         Ok(slot)
     }
 
+    /// The ids of every backend set in `lb_backends`, live or retired.
+    pub fn backend_set_ids(&self) -> Result<BTreeSet<u32>> {
+        (self.backends.keys())
+            .map(|k| Ok(k.context("reading lb_backends")?.set_id))
+            .collect()
+    }
+
     /// Every service entry with its backend set, in slot order.
     pub fn current_services(&self) -> Result<BTreeMap<ServiceKey, (Service, Vec<Backend>)>> {
         let mut out = BTreeMap::new();
