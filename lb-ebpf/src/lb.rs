@@ -181,7 +181,8 @@ pub fn new_flow(
         if attempt > 0 {
             fwd.sport = CLASH_PORTS
                 .probe(hash, attempt - 1)
-                .ok_or(Reason::NatFailed)?;
+                .ok_or(Reason::NatFailed)?
+                .to_be();
         }
         let (rk, rep) = flow::partner(&p.key, &fwd);
         if conntrack::claim(&rk, &rep, &p.key, now) {

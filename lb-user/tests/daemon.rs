@@ -992,11 +992,34 @@ fn metrics(dp: &str) {
     for needle in [
         "lb_bytes_total{network=\"met\"",
         "lb_conntrack_entries{network=\"met\"} ",
+        "lb_flows{network=\"met\",state=\"established\"} ",
         "lb_reconcile_duration_seconds_count ",
         "# TYPE lb_reconcile_duration_seconds histogram",
         "# TYPE lb_apply_errors_total counter",
     ] {
         assert!(text.contains(needle), "{needle} missing:\n{text}");
+    }
+    if dp == "ebpf" {
+        for needle in [
+            "lb_flow_table_entries{network=\"met\"} ",
+            "lb_flow_expiries_total{network=\"met\"} ",
+            "lb_flow_evictions_total{network=\"met\"} 0\n",
+            "lb_masquerade_failures_total{network=\"met\"} 0\n",
+            "lb_datapath_packets_total{network=\"met\",hook=\"tc_ingress\",reason=\"flow_new\"} 10\n",
+        ] {
+            assert!(text.contains(needle), "{needle} missing:\n{text}");
+        }
+        let translated: u64 = (text.lines())
+            .filter(|l| {
+                l.starts_with("lb_datapath_packets_total{network=\"met\"")
+                    && l.contains("reason=\"translated\"")
+            })
+            .map(|l| l.rsplit_once(' ').unwrap().1.parse::<u64>().unwrap())
+            .sum();
+        assert!(
+            translated >= counted,
+            "every counted packet was translated: {translated}"
+        );
     }
     let refused = LbDaemon::start(lb(), bpffs.path(), &["--metrics", "0.0.0.0:9"]);
     let err = format!(

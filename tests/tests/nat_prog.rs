@@ -1290,6 +1290,10 @@ fn two_flows_never_share_a_reply_tuple() {
         moved_port, 40370,
         "the clashing flow gets another source port"
     );
+    assert!(
+        (MASQ_PORT_MIN..=MASQ_PORT_MAX).contains(&moved_port),
+        "from the NAT range: {moved_port}"
+    );
     assert_eq!(dst(&out), (WEB[0], 80));
     assert_eq!(reason_count(&f, "tc_ingress", Reason::PortClash), 1);
     for (sport, service) in [(40370, (VIP, 80)), (moved_port, (NODE, 8080))] {
