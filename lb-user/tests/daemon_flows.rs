@@ -351,3 +351,41 @@ fn a_rolling_update_under_load_fails_nothing_and_serves_like_the_kernel() {
         nft.requests
     );
 }
+
+/// `attach xdp` where it does not pay: `lb status` says which interfaces have no native XDP
+/// (a bridge: TC serves it alone) and that on a veth XDP costs more than it saves; traffic is
+/// served either way.
+#[test]
+fn lb_status_says_where_attach_xdp_does_not_pay() {
+    if !require_root("lb_status_says_where_attach_xdp_does_not_pay") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs);
+    let mut add = network_add(&topo, "x");
+    add.extend(["--attach", "xdp"].map(String::from));
+    d.ok(&add);
+    d.ok(&service_set(
+        "x",
+        "api",
+        "1",
+        VIP,
+        &format!("tcp/{PORT}"),
+        &topo.backend_ips,
+    ));
+    let said = d.ok(&["status"]);
+    println!("{said}");
+    assert!(
+        said.contains("attach xdp: lbbr0 has no native XDP; TC ingress serves it alone"),
+        "{said}"
+    );
+    assert!(
+        said.contains("attach xdp on veth lbc0: on a veth XDP costs more than it saves"),
+        "{said}"
+    );
+    lb_tests::traffic::tcp_request(&topo.client, VIP, PORT, TIMEOUT).expect("served");
+    lb_tests::traffic::tcp_request(&topo.backends[0], VIP, PORT, TIMEOUT)
+        .expect("served from the bridge side too");
+}
