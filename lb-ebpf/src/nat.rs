@@ -28,7 +28,8 @@ pub enum Verdict {
     Pass(Reason),
     /// Rewritten by a flow entry.
     Translated,
-    /// A flow that cannot be given a unique tuple (the kernel's NAT drops these too).
+    /// A flow that cannot be given a unique tuple (the kernel's NAT drops these too), or a
+    /// packet whose rewrite failed halfway (which must not leave half-translated).
     Drop(Reason),
 }
 

@@ -230,10 +230,11 @@ impl Dataplane for EbpfDataplane {
     }
 
     /// What `attach xdp` does not deliver on this node: interfaces without native XDP (TC
-    /// serves them alone), and veths, where XDP costs more than it saves (the program makes the
-    /// veth run its peer's packets through NAPI and an xdp_buff: 20-25% of packets per second
-    /// measured here before the program does anything, while TC alone sees the same skb for
-    /// free).
+    /// serves them alone), and veths, where XDP costs more than it saves: the kernel turns
+    /// TSO/GSO off on the peer of a veth with any XDP program (frags-aware or not:
+    /// `veth_fix_features`), and makes the veth run its peer's packets through NAPI and an
+    /// xdp_buff (20-25% of packets per second measured here before the program does anything),
+    /// while TC alone sees the same skb for free.
     fn warnings(&mut self, network: &Network) -> Result<Vec<String>> {
         if network.attach != Attach::Xdp {
             return Ok(Vec::new());
@@ -261,7 +262,7 @@ impl Dataplane for EbpfDataplane {
         }
         if !veths.is_empty() {
             out.push(format!(
-                "attach xdp on veth {}: on a veth XDP costs more than it saves (the veth switches to NAPI and xdp_buff for every packet, 20-25% of packets/s here before lb does anything); attach tc is faster on veth, XDP pays off on physical NICs with native driver support",
+                "attach xdp on veth {}: on a veth XDP costs more than it saves (the kernel turns TSO/GSO off on the veth's peer for any XDP program, and the veth switches to NAPI and xdp_buff for every packet: 20-25% of packets/s here before lb does anything); attach tc is faster on veth, XDP pays off on physical NICs with native driver support",
                 veths.join(", ")
             ));
         }
