@@ -8,7 +8,7 @@
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -324,6 +324,37 @@ impl TcpSession {
         })
     }
 
+    /// Connects from `ns` to `addr:port` from the chosen local port `local_port` (on any
+    /// address), as a node process that binds before it connects does: the source port is
+    /// the test's choice, not the kernel's ephemeral pick. Connect, every send and every read
+    /// time out after `timeout`.
+    pub fn connect_from(
+        ns: &Netns,
+        local_port: u16,
+        addr: Ipv4Addr,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<TcpSession> {
+        let peer = SocketAddrV4::new(addr, port);
+        let stream = ns
+            .run(|| bound_connect(local_port, peer, timeout))?
+            .map_err(|e| {
+                exchange_error(
+                    e,
+                    &format!("tcp connect from {} port {local_port} to", ns.name()),
+                    peer,
+                    timeout,
+                )
+            })?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        Ok(TcpSession {
+            lines: BufReader::new(stream),
+            peer,
+            timeout,
+        })
+    }
+
     /// Sends one request line and returns the answer line, without its newline.
     pub fn ask(&mut self) -> Result<String> {
         let (peer, timeout) = (self.peer, self.timeout);
@@ -343,6 +374,73 @@ impl TcpSession {
     /// The client's own address of this connection.
     pub fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.lines.get_ref().local_addr()?)
+    }
+}
+
+/// `sockaddr_in` of `addr`, for the calls std does not wrap.
+fn sockaddr_in(addr: SocketAddrV4) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(*addr.ip()).to_be(),
+        },
+        sin_zero: [0; 8],
+    }
+}
+
+/// A TCP socket bound to `0.0.0.0:local_port`, then connected to `peer` (std connects only
+/// from an ephemeral port). The connect gives up after `timeout`: Linux bounds a blocking
+/// connect by the socket's send timeout.
+fn bound_connect(local_port: u16, peer: SocketAddrV4, timeout: Duration) -> io::Result<TcpStream> {
+    let check = |rc: libc::c_int| {
+        if rc < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(rc)
+        }
+    };
+    // SAFETY: socket(2) with constant arguments.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a fresh socket no one else owns; the OwnedFd closes it on every path.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let send_timeout = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros().into(),
+    };
+    let (local, peer) = (
+        sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, local_port)),
+        sockaddr_in(peer),
+    );
+    let addr_len = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: each call gets our socket and a pointer to a live value of the size it is told.
+    let connected = unsafe {
+        check(libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            (&raw const send_timeout).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        ))?;
+        check(libc::bind(
+            sock.as_raw_fd(),
+            (&raw const local).cast(),
+            addr_len,
+        ))?;
+        check(libc::connect(
+            sock.as_raw_fd(),
+            (&raw const peer).cast(),
+            addr_len,
+        ))
+    };
+    match connected {
+        // A connect cut short by the send timeout reports EINPROGRESS.
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {
+            Err(io::ErrorKind::TimedOut.into())
+        }
+        Err(e) => Err(e),
+        Ok(_) => Ok(TcpStream::from(sock)),
     }
 }
 
