@@ -107,19 +107,17 @@ impl PortRange {
         (u32::from(self.max - self.min) + 1).saturating_sub(self.hole())
     }
 
-    /// The `attempt`-th port (0-based) a flow with hash `hash` tries: a start derived from the
-    /// hash's high half (the low half is the bucket), then consecutive ports, wrapping. The
-    /// same flow always probes the same ports in the same order, so a flow re-created after
-    /// losing its entries gets its old port back while that port is still free. `None` for
-    /// an empty range.
+    /// The `index`-th port of the range counted from a start derived from `hash`'s high half
+    /// (the low half is a flow's bucket), wrapping; `None` for an empty range. The same hash
+    /// and index always give the same port.
     #[inline(always)]
-    pub fn probe(&self, hash: u32, attempt: u32) -> Option<u16> {
+    pub fn probe(&self, hash: u32, index: u32) -> Option<u16> {
         let size = self.size();
         if size == 0 {
             return None;
         }
         let start = ((hash >> 16) * size) >> 16;
-        let index = (start + attempt) % size;
+        let index = (start + index) % size;
         let mut port = u32::from(self.min) + index;
         let hole = self.hole();
         if hole != 0 && port >= u32::from(self.hole_min.max(self.min)) {
@@ -127,6 +125,27 @@ impl PortRange {
         }
         Some(port as u16)
     }
+}
+
+/// Where the masquerade port search starts for the flow whose packet leaves as `key` (client →
+/// backend, after DNAT): a hash and an index for [`PortRange::probe`], whose `attempt`-th port
+/// is `probe(hash, index + attempt)`. A client's source ports map one-to-one onto the range,
+/// offset by a keyed hash of the client, the backend and its port — as the kernel's NAT keeps a
+/// client's own port where it can: one client's flows to a backend port never compete for a
+/// masquerade port (its ephemeral range is smaller than the masquerade range), and a flow gets
+/// the same port each time it is (re-)created while that port is free, so the backend sees the
+/// same 4-tuple, and a client port reused for a new connection lands on the backend's
+/// TIME_WAIT of its own previous connection, which accepts it. Two clients meet at random, and
+/// the later one probes on.
+#[inline(always)]
+pub fn masq_start(key: &FlowKey, hash_key: u32) -> (u32, u32) {
+    let base = jhash_3words(
+        key.saddr,
+        key.daddr,
+        u32::from(key.dport),
+        hash_key ^ u32::from(key.proto),
+    );
+    (base, u32::from(u16::from_be(key.sport)))
 }
 
 #[cfg(test)]
@@ -168,6 +187,46 @@ mod tests {
             .map(|&g| (f64::from(g) - expect).powi(2) / expect)
             .sum();
         assert!(chi2 < 48.3, "chi2 {chi2}: {groups:?}");
+    }
+
+    #[test]
+    fn one_clients_ports_get_distinct_masquerade_ports() {
+        let range = PortRange {
+            min: 1024,
+            max: 65535,
+            hole_min: 32768,
+            hole_max: 60999,
+        };
+        let mut seen = [false; 65536];
+        let mut key = FlowKey {
+            saddr: 0x0200_0a0a,
+            daddr: 0x0a00_140a,
+            sport: 0,
+            dport: 80u16.to_be(),
+            proto: 6,
+            _pad: [0; 3],
+        };
+        // The kernel's whole default ephemeral range of one client.
+        let port = |key: &FlowKey, attempt| {
+            let (base, index) = masq_start(key, 7);
+            range.probe(base, index + attempt).unwrap()
+        };
+        for p in 32768..=60999u16 {
+            key.sport = p.to_be();
+            let m = port(&key, 0);
+            assert!(
+                !seen[usize::from(m)],
+                "client port {p} shares masquerade port {m}"
+            );
+            seen[usize::from(m)] = true;
+            assert_eq!(port(&key, 0), m, "the same every time");
+            assert_ne!(port(&key, 1), m, "the next attempt moves on");
+        }
+        key.saddr = 0x0300_0a0a;
+        key.sport = 40000u16.to_be();
+        let other = port(&key, 0);
+        key.saddr = 0x0200_0a0a;
+        assert_ne!(other, port(&key, 0), "another client, another offset");
     }
 
     #[test]

@@ -219,8 +219,8 @@ map_layout! {
         /// the backend answers (it gets the short `tcp_unreplied` timeout meanwhile).
         pub recreated: u8,
         pub _pad: [u8; 3],
-        /// The flow hash of the client's original tuple: its bucket (low 16 bits) and the
-        /// start of its masquerade port probe.
+        /// The flow hash of the client's original tuple (its low 16 bits are the flow's
+        /// bucket), for whoever reads the table.
         pub hash: u32,
         /// Counter slots the flow's packets are accounted to: its backend's and its service's.
         pub counter: u32,

@@ -24,9 +24,9 @@ use aya_ebpf::{
 use nat::Verdict;
 use stats::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_XDP};
 
-/// Ingress fast path (`attach xdp`), frags-aware so that a veth keeps GSO for its peer: DNAT
-/// of what it can prove it rewrites right, before an skb exists. The TC ingress program is
-/// attached beside it for the rest.
+/// Ingress fast path (`attach xdp`): DNAT of what it can prove it rewrites right, before an
+/// skb exists. Frags-aware, so a multi-buffer frame (a GRO'd or jumbo one) reaches it instead
+/// of being dropped. The TC ingress program is attached beside it for the rest.
 #[xdp(frags)]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let ctx = parse::Xdp(ctx);

@@ -5,15 +5,15 @@
 //!
 //! The claim is the C entry (`backend:q → node:m`, see `lb_common::flow`): inserted only where
 //! no live flow holds it, so two flows never share a masquerade tuple. The port is derived from
-//! the flow hash, so a flow re-created after losing its entries gets its old port back while
-//! it is free and the backend keeps seeing the same 4-tuple; the search skips published ports
-//! (a claim there would capture new connections to the service) and ports any socket of the
-//! node holds towards the backend. The range ([`lb_common::Config`]) leaves out the node's
+//! the client's own port (`lb_common::hash::masq_start`), so a flow re-created after losing its
+//! entries gets its old port back while it is free and the backend keeps seeing the same
+//! 4-tuple; the search skips published ports (a claim there would capture new connections to
+//! the service) and ports any socket of the node holds towards the backend. The range ([`lb_common::Config`]) leaves out the node's
 //! ephemeral range, where its own connections pick ports after lb has claimed them.
 use lb_common::{
     Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, FlowKey, MASQ_AUTO, MASQ_NEVER, Reason,
     flow::{self, reversed},
-    hash::{PORT_PROBES, PortRange},
+    hash::{self, PORT_PROBES, PortRange},
 };
 
 use crate::{
@@ -78,8 +78,9 @@ pub fn masquerade(
         flags: FLOW_MASQ | FLOW_REPLY,
         ..rep
     };
+    let (base, index) = hash::masq_start(&p.key, cfg.hash_key);
     for attempt in 0..PORT_PROBES {
-        let Some(port) = range.probe(rep.hash, attempt) else {
+        let Some(port) = range.probe(base, index + attempt) else {
             break;
         };
         let port = port.to_be();
