@@ -286,6 +286,11 @@ pub fn packet(f: &impl Frame) -> Result<Parsed, Reason> {
             if !matches!(inner_ip.proto, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
                 return Err(Reason::NotIpv4);
             }
+            // The quoted header and ports lie inside the datagram, not in bytes trailing it
+            // (which the ICMP checksum does not cover).
+            if l4_len < ICMP_HDR + inner_ihl + 4 {
+                return Err(Reason::Malformed);
+            }
             let inner_l4_off = inner_l3_off + inner_ihl;
             let ports: [u16; 2] = read(f, inner_l4_off).ok_or(Reason::Malformed)?;
             let inner = FlowKey {

@@ -19,6 +19,8 @@ pub fn require_root(test: &str) -> bool {
 }
 
 pub mod crc32c;
+pub mod fixture;
+pub mod fuzz;
 pub mod netns;
 pub mod packet;
 pub mod tools;

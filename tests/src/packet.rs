@@ -249,9 +249,22 @@ pub fn icmp_error(
 ) -> Vec<u8> {
     let ihl = usize::from(quoted[0] & 0x0f) * 4;
     let quote = &quoted[..(ihl + 8).min(quoted.len())];
+    icmp_message(saddr, daddr, icmp_type, code, rest, quote)
+}
+
+/// An ICMP message (`icmp_type`/`code`, the 4 bytes after the checksum in `rest`) from `saddr`
+/// to `daddr` whose body is `body` as it is: an error's quote of any length, an echo's data.
+pub fn icmp_message(
+    saddr: Ipv4Addr,
+    daddr: Ipv4Addr,
+    icmp_type: u8,
+    code: u8,
+    rest: u32,
+    body: &[u8],
+) -> Vec<u8> {
     let mut icmp = vec![icmp_type, code, 0, 0];
     icmp.extend(rest.to_be_bytes());
-    icmp.extend(quote);
+    icmp.extend(body);
     let c = checksum(&icmp);
     icmp[2..4].copy_from_slice(&c.to_be_bytes());
     let mut frame = eth_header([0x02, 0, 0, 0, 0, 0x02], [0x02, 0, 0, 0, 0, 0x01], ETH_P_IP);

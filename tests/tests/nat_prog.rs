@@ -1,18 +1,22 @@
 //! The NAT programs under BPF_PROG_TEST_RUN: one packet in, the verdict, the bytes out and the
-//! map entries it left, against maps filled by the same `sync` that `lb load` uses. Every
-//! rewritten packet's checksums are recomputed from scratch by `lb_tests::packet::verify` (an
-//! implementation independent of the programs' incremental updates). Root only.
+//! map entries it left, against maps filled by the same `sync` that `lb load` uses (the
+//! fixture is `lb_tests::fixture`). Every rewritten packet's checksums are recomputed from
+//! scratch by `lb_tests::packet::verify` (an implementation independent of the programs'
+//! incremental updates). Root only.
 //!
 //! A TC run's skb is on loopback (ifindex 1) unless the case sets `ingress_ifindex`: a hairpin
 //! is "leaves by the interface it came in on", i.e. ifindex == ingress_ifindex == 1.
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
-use aya::programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp};
 use lb_common::{
     FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, FlowKey, MASQ_PORT_MAX, MASQ_PORT_MIN, Reason,
     Timeouts,
 };
 use lb_tests::{
+    fixture::{
+        CLIENT, CLIENT2, DB, EMPTY_VIP, Fixture, HOST_IP, LOOPBACK_PORT, NODE, NOT_LOCAL, Prog,
+        TC_ACT_OK, VIP, WEB,
+    },
     packet::{
         Ipv4Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, arp_request, icmp_error, ip_of,
         ipv6_tcp_syn, pseudo_seed, verify,
@@ -20,243 +24,9 @@ use lb_tests::{
     require_root,
 };
 use lb_user::{
-    compose::compose,
-    dataplane::ebpf::{
-        self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be,
-        gc::monotonic_ns,
-    },
-    model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
+    dataplane::ebpf::{be, gc::monotonic_ns},
+    model::Masquerade,
 };
-
-const XDP_PASS: u32 = 2;
-const TC_ACT_OK: u32 = 0;
-/// `TC_ACT_UNSPEC` (-1): not translated, on to the next program.
-const TC_ACT_UNSPEC: u32 = u32::MAX;
-/// What XDP leaves in a translated packet's metadata for TC (lb-ebpf `nat::HANDOFF`).
-const XDP_HANDOFF: u32 = 0x6c62_7864;
-
-const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 2);
-const CLIENT2: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 3);
-/// The node's address (ifindex 1's, for masquerade), and a second local address that only
-/// the `db` service publishes on.
-const NODE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
-const HOST_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 1);
-const NOT_LOCAL: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 77);
-const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
-const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 20);
-const DB_VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 30);
-const WEB: [Ipv4Addr; 3] = [
-    Ipv4Addr::new(10, 20, 0, 10),
-    Ipv4Addr::new(10, 20, 0, 11),
-    Ipv4Addr::new(10, 20, 0, 12),
-];
-const DB: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 30);
-/// A port `db` publishes on 127.0.0.1 (see `the_nodes_own_connections_are_never_translated`).
-const LOOPBACK_PORT: u16 = 47080;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Prog {
-    Xdp,
-    TcIngress,
-    TcEgress,
-}
-
-fn port(proto: Proto, published: u16, target: u16, host_ip: Option<Ipv4Addr>) -> PortConfig {
-    PortConfig {
-        proto,
-        published,
-        target: Some(target),
-        host_ip,
-    }
-}
-
-fn service(id: &str, vip: Ipv4Addr, backends: &[Ipv4Addr], ports: Vec<PortConfig>) -> Service {
-    Service {
-        id: id.into(),
-        generation: "1".into(),
-        vip,
-        backends: backends
-            .iter()
-            .map(|ip| Backend {
-                ip: *ip,
-                disabled: false,
-            })
-            .collect(),
-        ports,
-    }
-}
-
-/// `web` (3 backends; tcp 8080→80, udp 5353→53, sctp 9000→9000 on every node address),
-/// `empty` (its one backend disabled) and `db` (tcp 7070→5432 on HOST_IP only).
-fn network(masquerade: Masquerade) -> Network {
-    let mut empty = service("empty", EMPTY_VIP, &[Ipv4Addr::new(10, 20, 0, 20)], vec![]);
-    empty.backends[0].disabled = true;
-    Network {
-        name: "prog".into(),
-        interfaces: vec!["lo".into()],
-        netns: None,
-        mode: Mode::Nat,
-        attach: Attach::Tc,
-        masquerade,
-        timeouts: Default::default(),
-        services: vec![
-            service(
-                "web",
-                VIP,
-                &WEB,
-                vec![
-                    port(Proto::Tcp, 8080, 80, None),
-                    port(Proto::Udp, 5353, 53, None),
-                    port(Proto::Sctp, 9000, 9000, None),
-                    port(Proto::Sctp, 9100, 9200, None),
-                ],
-            ),
-            empty,
-            service(
-                "db",
-                DB_VIP,
-                &[DB],
-                vec![
-                    port(Proto::Tcp, 7070, 5432, Some(HOST_IP)),
-                    // Published on loopback, where the test process itself can hold sockets
-                    // (the socket lookup runs in the test's own namespace).
-                    port(Proto::Tcp, LOOPBACK_PORT, 5432, Some(Ipv4Addr::LOCALHOST)),
-                    port(Proto::Udp, LOOPBACK_PORT, 5432, Some(Ipv4Addr::LOCALHOST)),
-                ],
-            ),
-        ],
-    }
-}
-
-/// One private instance of the object (unpinned maps) with its three programs loaded.
-struct Fixture {
-    dp: EbpfNetwork,
-    net: Network,
-}
-
-impl Fixture {
-    fn new(masquerade: Masquerade) -> Self {
-        let mut dp = EbpfNetwork::unpinned().expect("load the object");
-        let ebpf = dp.ebpf_mut();
-        let xdp: &mut Xdp = ebpf.program_mut(PROG_XDP).unwrap().try_into().unwrap();
-        xdp.load().expect("verifier accepts lb_xdp");
-        for name in [PROG_TC_INGRESS, PROG_TC_EGRESS] {
-            let tc: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
-            tc.load()
-                .unwrap_or_else(|e| panic!("verifier accepts {name}: {e}"));
-        }
-        let mut f = Fixture {
-            dp,
-            net: network(masquerade),
-        };
-        f.sync();
-        f
-    }
-
-    /// Writes the fixture's network into the maps, as `lb load` does.
-    fn sync(&mut self) {
-        let composed = compose(&self.net);
-        let plan = ebpf::plan(&self.net, &composed);
-        let node = NodeAddrs {
-            local: vec![NODE, HOST_IP],
-            ifaces: vec![(1, NODE)],
-            ephemeral: None,
-        };
-        let keep: BTreeSet<Ipv4Addr> = self
-            .net
-            .services
-            .iter()
-            .flat_map(|s| s.backends.iter().map(|b| b.ip))
-            .collect();
-        self.dp.sync(&plan, &node, &keep).expect("sync");
-    }
-
-    fn run(&mut self, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {
-        self.run_ctx(prog, input, None)
-    }
-
-    /// Runs `input` once through `prog`; `ingress_ifindex` (TC only) sets the interface the
-    /// skb "came in on". Returns the verdict and the bytes the program left.
-    fn run_ctx(
-        &mut self,
-        prog: Prog,
-        input: &[u8],
-        ingress_ifindex: Option<u32>,
-    ) -> (u32, Vec<u8>) {
-        let (verdict, out) = self
-            .try_run(prog, input, ingress_ifindex)
-            .unwrap_or_else(|e| {
-                panic!(
-                    "BPF_PROG_TEST_RUN of {prog:?} on {} bytes: {e:?}",
-                    input.len()
-                )
-            });
-        let passed = if prog == Prog::Xdp {
-            verdict == XDP_PASS
-        } else {
-            verdict == TC_ACT_OK || verdict == TC_ACT_UNSPEC
-        };
-        assert!(passed, "{prog:?} must not drop this (verdict {verdict})");
-        (verdict, out)
-    }
-
-    fn try_run(
-        &mut self,
-        prog: Prog,
-        input: &[u8],
-        ingress_ifindex: Option<u32>,
-    ) -> Result<(u32, Vec<u8>), ProgramError> {
-        let mut out = vec![0u8; input.len() + 256];
-        // struct __sk_buff up to tc_index: ingress_ifindex at 36, ifindex at 40.
-        let mut skb = [0u8; 48];
-        if let Some(i) = ingress_ifindex {
-            skb[36..40].copy_from_slice(&i.to_ne_bytes());
-            skb[40..44].copy_from_slice(&1u32.to_ne_bytes());
-        }
-        let ctx = ingress_ifindex.map(|_| &skb[..]);
-        let opts = TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            ctx_in: ctx,
-            repeat: 1,
-            ..Default::default()
-        };
-        let ebpf = self.dp.ebpf_mut();
-        let res = match prog {
-            Prog::Xdp => {
-                let p: &mut Xdp = ebpf.program_mut(PROG_XDP).unwrap().try_into().unwrap();
-                p.test_run(opts)
-            }
-            Prog::TcIngress | Prog::TcEgress => {
-                let name = if prog == Prog::TcIngress {
-                    PROG_TC_INGRESS
-                } else {
-                    PROG_TC_EGRESS
-                };
-                let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
-                p.test_run(opts)
-            }
-        }?;
-        out.truncate(res.data_size_out as usize);
-        if prog == Prog::Xdp && out.len() == input.len() + 4 {
-            // A packet XDP translated carries the handoff to TC ingress in its metadata,
-            // which a test run returns in front of the frame.
-            let hash_key = self.dp.config().unwrap().hash_key;
-            let meta = u32::from_ne_bytes(out[..4].try_into().unwrap());
-            assert_eq!(meta, XDP_HANDOFF ^ hash_key, "XDP's handoff to TC");
-            out.drain(..4);
-        }
-        Ok((res.return_value, out))
-    }
-
-    fn flow(&self, key: &FlowKey) -> Option<Flow> {
-        self.dp
-            .flow_entries()
-            .into_iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, t)| t)
-    }
-}
 
 /// A flow key as the programs build it from `p` (addresses and ports in network order).
 fn key(p: &Ipv4Packet) -> FlowKey {

@@ -1,0 +1,415 @@
+//! The program-level test fixture: one private instance of the dataplane object (unpinned maps)
+//! with its three programs loaded, maps filled by the same `ebpf::plan` + `sync` that `lb load`
+//! uses, and packets run through BPF_PROG_TEST_RUN. Shared by `nat_prog.rs` (one behaviour per
+//! case) and `fuzz.rs` (generated packets against the same state).
+//!
+//! A TC run's skb is on loopback (ifindex 1) unless the run passes a context: a hairpin is
+//! "leaves by the interface it came in on", i.e. ifindex == ingress_ifindex == 1.
+use std::{collections::BTreeSet, net::Ipv4Addr};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+};
+use lb_common::{Config, Flow, FlowKey, FragKey, FragPorts};
+use lb_user::{
+    compose::compose,
+    dataplane::ebpf::{self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP},
+    model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
+};
+
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const TC_ACT_OK: u32 = 0;
+pub const TC_ACT_SHOT: u32 = 2;
+/// `TC_ACT_UNSPEC` (-1): not translated, on to the next program.
+pub const TC_ACT_UNSPEC: u32 = u32::MAX;
+/// What XDP leaves in a translated packet's metadata for TC (lb-ebpf `nat::HANDOFF`), before
+/// it is mixed with the network's hash key.
+pub const XDP_HANDOFF: u32 = 0x6c62_7864;
+
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 2);
+pub const CLIENT2: Ipv4Addr = Ipv4Addr::new(10, 10, 0, 3);
+/// The node's address (ifindex 1's, for masquerade), and a second local address that only
+/// the `db` service publishes on.
+pub const NODE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+pub const HOST_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 1);
+pub const NOT_LOCAL: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 77);
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+pub const EMPTY_VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 20);
+/// The disabled (only) backend of `empty`.
+pub const EMPTY_BACKEND: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 20);
+pub const DB_VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 30);
+pub const WEB: [Ipv4Addr; 3] = [
+    Ipv4Addr::new(10, 20, 0, 10),
+    Ipv4Addr::new(10, 20, 0, 11),
+    Ipv4Addr::new(10, 20, 0, 12),
+];
+pub const DB: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 30);
+/// A port `db` publishes (tcp and udp) on 127.0.0.1, where the test process itself can hold
+/// sockets: the programs' socket lookup runs in the test's own namespace.
+pub const LOOPBACK_PORT: u16 = 47080;
+
+/// The three programs, in `lb_reasons` hook order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Prog {
+    Xdp,
+    TcIngress,
+    TcEgress,
+}
+
+impl Prog {
+    pub const ALL: [Prog; 3] = [Prog::Xdp, Prog::TcIngress, Prog::TcEgress];
+
+    /// The label `EbpfNetwork::reasons` gives this program's counters.
+    pub fn hook(self) -> &'static str {
+        ebpf::HOOKS[self as usize]
+    }
+}
+
+pub fn port(proto: Proto, published: u16, target: u16, host_ip: Option<Ipv4Addr>) -> PortConfig {
+    PortConfig {
+        proto,
+        published,
+        target: Some(target),
+        host_ip,
+    }
+}
+
+pub fn service(id: &str, vip: Ipv4Addr, backends: &[Ipv4Addr], ports: Vec<PortConfig>) -> Service {
+    Service {
+        id: id.into(),
+        generation: "1".into(),
+        vip,
+        backends: backends
+            .iter()
+            .map(|ip| Backend {
+                ip: *ip,
+                disabled: false,
+            })
+            .collect(),
+        ports,
+    }
+}
+
+/// `web` (3 backends; tcp 8080→80, udp 5353→53, sctp 9000→9000 and 9100→9200 on every node
+/// address), `empty` (its one backend disabled) and `db` (tcp 7070→5432 on HOST_IP only, tcp
+/// and udp LOOPBACK_PORT→5432 on 127.0.0.1).
+pub fn network(masquerade: Masquerade) -> Network {
+    let mut empty = service("empty", EMPTY_VIP, &[EMPTY_BACKEND], vec![]);
+    empty.backends[0].disabled = true;
+    Network {
+        name: "prog".into(),
+        interfaces: vec!["lo".into()],
+        netns: None,
+        mode: Mode::Nat,
+        attach: Attach::Tc,
+        masquerade,
+        timeouts: Default::default(),
+        services: vec![
+            service(
+                "web",
+                VIP,
+                &WEB,
+                vec![
+                    port(Proto::Tcp, 8080, 80, None),
+                    port(Proto::Udp, 5353, 53, None),
+                    port(Proto::Sctp, 9000, 9000, None),
+                    port(Proto::Sctp, 9100, 9200, None),
+                ],
+            ),
+            empty,
+            service(
+                "db",
+                DB_VIP,
+                &[DB],
+                vec![
+                    port(Proto::Tcp, 7070, 5432, Some(HOST_IP)),
+                    port(Proto::Tcp, LOOPBACK_PORT, 5432, Some(Ipv4Addr::LOCALHOST)),
+                    port(Proto::Udp, LOOPBACK_PORT, 5432, Some(Ipv4Addr::LOCALHOST)),
+                ],
+            ),
+        ],
+    }
+}
+
+/// One run's result as the kernel returned it.
+#[derive(Clone, Debug)]
+pub struct Run {
+    pub verdict: u32,
+    /// The bytes the program left, without XDP metadata.
+    pub out: Vec<u8>,
+    /// The 4 bytes of XDP metadata in front of the frame, when the program wrote them (XDP
+    /// writes them only for a packet it translated, as its handoff to TC).
+    pub meta: Option<u32>,
+}
+
+/// One private instance of the object (unpinned maps) with its three programs loaded.
+pub struct Fixture {
+    pub dp: EbpfNetwork,
+    pub net: Network,
+}
+
+impl Fixture {
+    pub fn new(masquerade: Masquerade) -> Self {
+        Self::with_network(network(masquerade), None)
+    }
+
+    /// A fixture for `net`. `hash_key` fixes the flow hash key (otherwise random, as `sync`
+    /// gives a new network), so that a seeded run picks the same backends and ports each time.
+    pub fn with_network(net: Network, hash_key: Option<u32>) -> Self {
+        let mut dp = EbpfNetwork::unpinned().expect("load the object");
+        let ebpf = dp.ebpf_mut();
+        let xdp: &mut Xdp = ebpf.program_mut(PROG_XDP).unwrap().try_into().unwrap();
+        xdp.load().expect("verifier accepts lb_xdp");
+        for name in [PROG_TC_INGRESS, PROG_TC_EGRESS] {
+            let tc: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
+            tc.load()
+                .unwrap_or_else(|e| panic!("verifier accepts {name}: {e}"));
+        }
+        if let Some(key) = hash_key {
+            // `sync` keeps a nonzero key it finds, as it does across restarts.
+            assert_ne!(key, 0, "0 means no key yet");
+            let mut config: Array<MapData, Config> =
+                Array::try_from(Map::Array(program_map(ebpf, "lb_config"))).unwrap();
+            let cfg = Config {
+                hash_key: key,
+                ..Default::default()
+            };
+            config.set(0, cfg, 0).expect("writing lb_config");
+        }
+        let mut f = Fixture { dp, net };
+        f.sync();
+        if let Some(key) = hash_key {
+            assert_eq!(f.dp.config().unwrap().hash_key, key, "sync kept the key");
+        }
+        f
+    }
+
+    /// Writes the fixture's network into the maps, as `lb load` does.
+    pub fn sync(&mut self) {
+        let composed = compose(&self.net);
+        let plan = ebpf::plan(&self.net, &composed);
+        let node = NodeAddrs {
+            local: vec![NODE, HOST_IP],
+            ifaces: vec![(1, NODE)],
+            ephemeral: None,
+        };
+        let keep: BTreeSet<Ipv4Addr> = self
+            .net
+            .services
+            .iter()
+            .flat_map(|s| s.backends.iter().map(|b| b.ip))
+            .collect();
+        self.dp.sync(&plan, &node, &keep).expect("sync");
+    }
+
+    pub fn run(&mut self, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {
+        self.run_ctx(prog, input, None)
+    }
+
+    /// Runs `input` once through `prog`, which must pass it; `ingress_ifindex` (TC only) sets
+    /// the interface the skb "came in on". Returns the verdict and the bytes the program left.
+    pub fn run_ctx(
+        &mut self,
+        prog: Prog,
+        input: &[u8],
+        ingress_ifindex: Option<u32>,
+    ) -> (u32, Vec<u8>) {
+        let (verdict, out) = self
+            .try_run(prog, input, ingress_ifindex)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "BPF_PROG_TEST_RUN of {prog:?} on {} bytes: {e:?}",
+                    input.len()
+                )
+            });
+        let passed = if prog == Prog::Xdp {
+            verdict == XDP_PASS
+        } else {
+            verdict == TC_ACT_OK || verdict == TC_ACT_UNSPEC
+        };
+        assert!(passed, "{prog:?} must not drop this (verdict {verdict})");
+        (verdict, out)
+    }
+
+    /// [`Fixture::test_run`], checking XDP's handoff when it is there.
+    pub fn try_run(
+        &mut self,
+        prog: Prog,
+        input: &[u8],
+        ingress_ifindex: Option<u32>,
+    ) -> Result<(u32, Vec<u8>), ProgramError> {
+        let run = self.test_run(prog, input, ingress_ifindex)?;
+        if let Some(meta) = run.meta {
+            assert_eq!(meta, self.handoff(), "XDP's handoff to TC");
+        }
+        Ok((run.verdict, run.out))
+    }
+
+    /// The metadata XDP leaves in a packet it translated: [`XDP_HANDOFF`] under this network's
+    /// hash key.
+    pub fn handoff(&self) -> u32 {
+        XDP_HANDOFF ^ self.dp.config().unwrap().hash_key
+    }
+
+    /// Runs `input` once (repeat 1: a repeated run would see its own rewritten output) through
+    /// `prog`; `ingress_ifindex` (TC only) sets the interface the skb "came in on".
+    pub fn test_run(
+        &mut self,
+        prog: Prog,
+        input: &[u8],
+        ingress_ifindex: Option<u32>,
+    ) -> Result<Run, ProgramError> {
+        let mut out = vec![0u8; input.len() + 256];
+        // struct __sk_buff up to tc_index: ingress_ifindex at 36, ifindex at 40.
+        let mut skb = [0u8; 48];
+        if let Some(i) = ingress_ifindex {
+            skb[36..40].copy_from_slice(&i.to_ne_bytes());
+            skb[40..44].copy_from_slice(&1u32.to_ne_bytes());
+        }
+        let ctx = ingress_ifindex.map(|_| &skb[..]);
+        let opts = TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ctx_in: ctx,
+            repeat: 1,
+            ..Default::default()
+        };
+        let ebpf = self.dp.ebpf_mut();
+        let res = match prog {
+            Prog::Xdp => {
+                let p: &mut Xdp = ebpf.program_mut(PROG_XDP).unwrap().try_into().unwrap();
+                p.test_run(opts)
+            }
+            Prog::TcIngress | Prog::TcEgress => {
+                let name = if prog == Prog::TcIngress {
+                    PROG_TC_INGRESS
+                } else {
+                    PROG_TC_EGRESS
+                };
+                let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
+                p.test_run(opts)
+            }
+        }?;
+        out.truncate(res.data_size_out as usize);
+        let mut meta = None;
+        if prog == Prog::Xdp && out.len() == input.len() + 4 {
+            // A test run returns XDP metadata in front of the frame.
+            meta = Some(u32::from_ne_bytes(out[..4].try_into().unwrap()));
+            out.drain(..4);
+        }
+        Ok(Run {
+            verdict: res.return_value,
+            out,
+            meta,
+        })
+    }
+
+    pub fn flow(&self, key: &FlowKey) -> Option<Flow> {
+        self.dp
+            .flow_entries()
+            .into_iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, t)| t)
+    }
+
+    /// Every entry the programs wrote to `lb_flows` and `lb_frags`.
+    pub fn tables(&mut self) -> Tables {
+        let mut flows = self.dp.flow_entries();
+        flows.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.sport, k.dport, k.proto));
+        let map = self.dp.ebpf_mut().map("lb_frags").expect("lb_frags");
+        let frags: HashMap<&MapData, FragKey, FragPorts> = HashMap::try_from(map).unwrap();
+        let mut frags: Vec<_> = frags.iter().filter_map(|e| e.ok()).collect();
+        frags.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.id, k.proto));
+        Tables { flows, frags }
+    }
+
+    /// Puts `lb_flows` and `lb_frags` back to `t` (`Tables::default()`: as if every flow had
+    /// expired and been collected).
+    pub fn restore(&mut self, t: &Tables) {
+        let now = self.tables();
+        let flows = self.dp.flows_mut();
+        for (k, _) in now
+            .flows
+            .iter()
+            .filter(|(k, _)| !t.flows.iter().any(|e| e.0 == *k))
+        {
+            // An LRU map may drop an entry on its own: absence is what is wanted.
+            let _ = flows.remove(k);
+        }
+        for (k, v) in &t.flows {
+            flows.insert(k, v, 0).expect("restoring a flow entry");
+        }
+        let map = self.dp.ebpf_mut().map_mut("lb_frags").expect("lb_frags");
+        let mut frags: HashMap<&mut MapData, FragKey, FragPorts> = HashMap::try_from(map).unwrap();
+        for (k, _) in now
+            .frags
+            .iter()
+            .filter(|(k, _)| !t.frags.iter().any(|e| e.0 == *k))
+        {
+            let _ = frags.remove(k);
+        }
+        for (k, v) in &t.frags {
+            frags.insert(k, v, 0).expect("restoring a fragment record");
+        }
+    }
+
+    /// `lb_reasons`, opened a second time (the `EbpfNetwork` keeps its handle to itself) to
+    /// read single slots: slot `hook * REASONS + reason` (lb-ebpf `maps::REASON_COUNTS`).
+    pub fn reason_slots(&mut self) -> PerCpuArray<MapData, u64> {
+        PerCpuArray::try_from(Map::PerCpuArray(program_map(
+            self.dp.ebpf_mut(),
+            "lb_reasons",
+        )))
+        .unwrap()
+    }
+}
+
+/// The largest frame an skb test run is sure to take: a 4 KiB page less the skb's headroom
+/// (`NET_SKB_PAD`) and, generously, its `skb_shared_info`.
+pub const SKB_RUN_MAX: usize = 4096 - 64 - 448;
+
+/// What the programs write besides counters: every flow entry and fragment record, in a
+/// stable order so that two reads compare equal when nothing changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tables {
+    pub flows: Vec<(FlowKey, Flow)>,
+    pub frags: Vec<(FragKey, FragPorts)>,
+}
+
+/// Whether BPF_PROG_TEST_RUN may refuse to run `prog` on `frame` at all (an error rather than
+/// a verdict): an XDP run needs an Ethernet header; an skb run needs one too, for an IPv4 or
+/// IPv6 ethertype also that protocol's fixed header (20 or 40 bytes, which the kernel reads to
+/// set up the run's socket), and all of it in one page with the skb's headroom and shared info
+/// (3,712 bytes on this x86-64 kernel; [`SKB_RUN_MAX`] leaves room for other configurations).
+/// XDP (frags-aware) takes frames of any IPv4 size.
+pub fn refused_by_test_run(prog: Prog, frame: &[u8]) -> bool {
+    const ETH_HLEN: usize = 14;
+    if frame.len() < ETH_HLEN || (prog != Prog::Xdp && frame.len() > SKB_RUN_MAX) {
+        return true;
+    }
+    let l3 = match (prog, [frame[12], frame[13]]) {
+        (Prog::Xdp, _) => 0,
+        (_, [0x08, 0x00]) => 20,
+        (_, [0x86, 0xdd]) => 40,
+        _ => 0,
+    };
+    frame.len() < ETH_HLEN + l3
+}
+
+/// A map the loaded XDP program uses, by name, for one the `EbpfNetwork` keeps to itself.
+fn program_map(ebpf: &Ebpf, name: &str) -> MapData {
+    let xdp: &Xdp = ebpf.program(PROG_XDP).unwrap().try_into().unwrap();
+    let ids = xdp
+        .info()
+        .expect("lb_xdp's info")
+        .map_ids()
+        .expect("lb_xdp's map ids")
+        .expect("the kernel lists a program's maps");
+    ids.into_iter()
+        .map(|id| MapData::from_id(id).expect("open a map of lb_xdp by id"))
+        .find(|m| m.info().is_ok_and(|i| i.name_as_str() == Some(name)))
+        .unwrap_or_else(|| panic!("lb_xdp uses no map {name}"))
+}
