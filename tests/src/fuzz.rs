@@ -8,6 +8,8 @@
 //! never indexes past the frame: a mutated frame may claim anything.
 use std::{fmt, net::Ipv4Addr, ops::Range};
 
+use lb_common::{IPPROTO_ICMP, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+
 use crate::{
     crc32c::sctp_checksum,
     packet::{checksum, l4_checksum, pseudo_seed},
@@ -115,10 +117,6 @@ pub fn mentions(frame: &[u8], addrs: &[Ipv4Addr]) -> bool {
 
 pub const ETH_HLEN: usize = 14;
 const ETH_P_IP: [u8; 2] = [0x08, 0x00];
-const IPPROTO_ICMP: u8 = 1;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
-const IPPROTO_SCTP: u8 = 132;
 /// Offsets in the IPv4 header.
 const IP_TOTAL: usize = 2;
 const IP_FRAG: usize = 6;

@@ -23,6 +23,7 @@ pub mod fixture;
 pub mod fuzz;
 pub mod netns;
 pub mod packet;
+pub mod plane;
 pub mod tools;
 pub mod traffic;
 

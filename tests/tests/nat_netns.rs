@@ -6,46 +6,14 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 use lb_tests::{
     bpffs::Bpffs,
     netns::{NODE_BRIDGE, Topology},
+    plane::{Plane, apply},
     require_root,
     traffic::{Reply, TIMEOUT, TcpSession, spawn_backends, tcp_request, udp_request},
 };
 use lb_user::{
-    dataplane::{Dataplane as _, NftDataplane, ebpf::TcMode},
+    dataplane::{Dataplane as _, NftDataplane},
     model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
-    oneshot,
 };
-
-/// The dataplanes every case runs on: the programs at either hook, and the nftables fallback
-/// (same network value; its `attach` is ignored there).
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Plane {
-    Tc,
-    Xdp,
-    Nft,
-}
-
-impl Plane {
-    fn attach(self) -> Attach {
-        if self == Plane::Xdp {
-            Attach::Xdp
-        } else {
-            Attach::Tc
-        }
-    }
-}
-
-/// Applies `net` (over `previous`, as the daemon would) on `plane`.
-fn apply(plane: Plane, net: &Network, bpffs: &Bpffs, previous: Option<&Network>) {
-    match plane {
-        Plane::Nft => NftDataplane
-            .apply(net, previous)
-            .map(drop)
-            .expect("nftables apply"),
-        Plane::Tc | Plane::Xdp => oneshot::apply_network(net, bpffs.path(), TcMode::detect())
-            .map(drop)
-            .expect("eBPF apply"),
-    }
-}
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const TCP_PORT: u16 = 8080;

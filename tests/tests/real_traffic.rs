@@ -24,6 +24,7 @@ use lb_common::flow::{NS_PER_SEC, expired};
 use lb_common::{Flow, FlowKey, Reason};
 use lb_tests::bpffs::Bpffs;
 use lb_tests::netns::{ENDPOINT_IF, NODE_CLIENT_IF, Netns, Topology};
+use lb_tests::plane::{Plane, apply};
 use lb_tests::require_root;
 use lb_tests::tools::{
     IperfServer, Nginx, Received, SrcPorts, UdpSink, UdpSpec, WrkOptions, WrkResult, iperf_client,
@@ -31,12 +32,10 @@ use lb_tests::tools::{
 };
 use lb_tests::traffic::{Reply, TIMEOUT, TcpSession, http_get, spawn_backends, udp_request};
 use lb_user::dataplane::ebpf::gc::monotonic_ns;
-use lb_user::dataplane::ebpf::{EbpfNetwork, TcMode, be, pin_dir};
-use lb_user::dataplane::{Dataplane as _, NftDataplane};
+use lb_user::dataplane::ebpf::{EbpfNetwork, be, pin_dir};
 use lb_user::model::{
-    Attach, Backend, FlowTimeouts, Masquerade, Mode, Network, PortConfig, Proto, Service,
+    Backend, FlowTimeouts, Masquerade, Mode, Network, PortConfig, Proto, Service,
 };
-use lb_user::oneshot;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 /// nginx's port in the backends (storms).
@@ -73,25 +72,6 @@ fn exclusive() -> MutexGuard<'static, ()> {
     static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
     // A failed test poisons the lock; the next one still runs alone.
     ONE_AT_A_TIME.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// The dataplanes: the programs with ingress at TC or at XDP (TC beside it), and the
-/// nftables ruleset (the same network value; its `attach` is ignored there).
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Plane {
-    Tc,
-    Xdp,
-    Nft,
-}
-
-impl Plane {
-    fn attach(self) -> Attach {
-        if self == Plane::Xdp {
-            Attach::Xdp
-        } else {
-            Attach::Tc
-        }
-    }
 }
 
 /// One network on the topology's node: a VIP service over every backend of `topo`, with
@@ -134,19 +114,6 @@ fn published(proto: Proto, published: u16, target: u16) -> PortConfig {
         published,
         target: Some(target),
         host_ip: None,
-    }
-}
-
-/// Applies `net` on `plane` as `lb load` (eBPF) or the daemon's fallback (nftables) would.
-fn apply(plane: Plane, net: &Network, bpffs: &Bpffs) {
-    match plane {
-        Plane::Nft => NftDataplane
-            .apply(net, None)
-            .map(drop)
-            .expect("nftables apply"),
-        Plane::Tc | Plane::Xdp => oneshot::apply_network(net, bpffs.path(), TcMode::detect())
-            .map(drop)
-            .expect("eBPF apply"),
     }
 }
 
@@ -251,7 +218,7 @@ fn trafgen_all_forwarded(plane: Plane, name: &str) {
         .collect();
     let ports = vec![published(Proto::Udp, PUBLISHED_UDP, UDP_PORT)];
     let net = network(&topo, name, plane, Masquerade::Never, ports);
-    apply(plane, &net, &bpffs);
+    apply(plane, &net, &bpffs, None);
     // The node resolves every backend's MAC before the bursts (one datagram of its own to
     // each sink), so that no burst packet waits in, or overflows, a neighbour queue.
     for ((sink, &addr), i) in sinks.iter().zip(&topo.backend_ips).zip(0..) {
@@ -541,7 +508,7 @@ fn storm_then_masqueraded(plane: Plane, name: &str) {
         .collect();
     xdp_translates_client_packets(plane, &topo);
     let net = network(&topo, name, plane, Masquerade::Always, Vec::new());
-    apply(plane, &net, &bpffs);
+    apply(plane, &net, &bpffs, None);
     let url = format!("http://{VIP}:{HTTP_PORT}/");
 
     let s = storm(&topo.client, &url);
@@ -596,7 +563,7 @@ fn sandbox_storm(plane: Plane, name: &str) -> Storm {
         .map(|(i, ns)| Nginx::start(ns, &format!("b{i}"), HTTP_PORT).unwrap())
         .collect();
     let net = network(&topo, name, plane, Masquerade::Always, Vec::new());
-    apply(plane, &net, &bpffs);
+    apply(plane, &net, &bpffs, None);
     let s = storm(&topo.client, &format!("http://{VIP}:{HTTP_PORT}/"));
     println!("{name} ({plane:?}): storm: {}", s.summary());
     storm_size_note(name, &s);
@@ -661,7 +628,7 @@ fn flushed_sessions(plane: Plane, masquerade: Masquerade, name: &str) {
     let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
     xdp_translates_client_packets(plane, &topo);
     let net = network(&topo, name, plane, masquerade, Vec::new());
-    apply(plane, &net, &bpffs);
+    apply(plane, &net, &bpffs, None);
 
     let mut sessions: Vec<TcpSession> = (0..SESSIONS)
         .map(|i| {
@@ -792,7 +759,7 @@ fn node_connection_from_published_port(plane: Plane, name: &str) {
     let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
     let ports = vec![published(Proto::Tcp, PUBLISHED_TCP, TCP_PORT)];
     let net = network(&topo, name, plane, Masquerade::Never, ports);
-    apply(plane, &net, &bpffs);
+    apply(plane, &net, &bpffs, None);
 
     let backend = topo.backend_ips[1];
     let mut session =
@@ -863,7 +830,7 @@ fn iperf_through_vip(plane: Plane, offload: bool, name: &str, secs: u32) -> f64 
     let bpffs = Bpffs::new().unwrap();
     let _server = IperfServer::start(&topo.backends[0], IPERF_PORT).unwrap();
     let net = network(&topo, name, plane, Masquerade::Never, Vec::new());
-    apply(plane, &net, &bpffs);
+    apply(plane, &net, &bpffs, None);
     let bps = iperf_client(&topo.client, VIP, IPERF_PORT, secs, None)
         .unwrap_or_else(|e| panic!("{name}: iperf through {VIP}: {e:#}"));
     println!(
@@ -945,7 +912,7 @@ fn idle_and_closed_flows_expire(plane: Plane, name: &str) {
         tcp_closing: Some(TIMEOUT_SECS),
         ..FlowTimeouts::default()
     };
-    apply(plane, &net, &bpffs);
+    apply(plane, &net, &bpffs, None);
 
     let mut session = TcpSession::connect(&topo.client, VIP, TCP_PORT, TIMEOUT).unwrap();
     session.ask().expect("the open session answers");
