@@ -23,10 +23,11 @@
 //! Each entry carries the whole flow's state (replied, FIN/RST seen per side, re-created)
 //! rather than pointing at one record, so that a packet costs one lookup. Both entries of a pair
 //! see every packet of the flow (F and S the client's, R and C the backend's), and a state
-//! change is written to the entry and its partner at once. The fields are single bytes, set
-//! and never cleared within one flow, so two CPUs updating one entry can only add to each
-//! other's changes, never undo them; the expiry they write may then briefly reflect the state
-//! one of them saw, which the next packet or the partner's write corrects.
+//! change is written to the entry and its partner at once. The fields are single bytes, each
+//! written only when it changes and only ever set within one flow (but `recreated`, which the
+//! backend's answer clears together with setting `replied`), so two CPUs updating one entry can
+//! only add to each other's changes, never undo them; the expiry they write may then briefly
+//! reflect the state one of them saw, which the next packet or the partner's write corrects.
 //!
 //! # Expiry
 //! An entry past its expiry counts as absent everywhere (the programs never act on it, so even
