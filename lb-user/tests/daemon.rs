@@ -439,6 +439,12 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
         s.networks[0].services[1].vip = VIP;
         file("conflict.json", &serde_json::to_string(&s).unwrap())
     };
+    // `network add n2` on the second interface, with `extra` flags.
+    let add_n2 = |extra: &[&'static str]| -> Vec<&str> {
+        let mut v = vec!["network", "add", "n2", "--interface", &if1, "--netns", &ns];
+        v.extend_from_slice(extra);
+        v
+    };
     let cli: Vec<(&str, Vec<&str>)> = vec![
         (
             "empty network name",
@@ -732,48 +738,9 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
                 "dsr",
             ],
         ),
-        (
-            "timeout without seconds",
-            vec![
-                "network",
-                "add",
-                "n2",
-                "--interface",
-                &if1,
-                "--netns",
-                &ns,
-                "--timeout",
-                "tcp_syn",
-            ],
-        ),
-        (
-            "unknown timeout",
-            vec![
-                "network",
-                "add",
-                "n2",
-                "--interface",
-                &if1,
-                "--netns",
-                &ns,
-                "--timeout",
-                "tcp_fin=3",
-            ],
-        ),
-        (
-            "timeout of 0",
-            vec![
-                "network",
-                "add",
-                "n2",
-                "--interface",
-                &if1,
-                "--netns",
-                &ns,
-                "--timeout",
-                "udp=0",
-            ],
-        ),
+        ("timeout without seconds", add_n2(&["--timeout", "tcp_syn"])),
+        ("unknown timeout", add_n2(&["--timeout", "tcp_fin=3"])),
+        ("timeout of 0", add_n2(&["--timeout", "udp=0"])),
         (
             "a backend that is a VIP of the network",
             vec![
