@@ -301,3 +301,36 @@ fn a_passing_probe_selects_ebpf_and_says_what_it_checked() {
     assert!(reason.contains("pass the verifier"), "{reason}");
     println!("status reason: {reason}");
 }
+
+/// Flow timeouts set on a network are the eBPF dataplane's; on nftables the kernel's conntrack
+/// keeps its own, and `lb status` says so rather than let them look applied. `lb conntrack`
+/// shows the kernel's state and seconds left.
+#[test]
+fn nftables_says_the_networks_timeouts_are_the_kernels() {
+    if !require_root("nftables_says_the_networks_timeouts_are_the_kernels") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    let mut add = network_add(&topo, "nt");
+    add.extend(["--timeout", "udp=5"].map(String::from));
+    d.ok(&add);
+    set_service(&d, "nt", "1", &topo.backend_ips);
+    let said = d.ok(&["status"]);
+    assert!(
+        said.contains("flow timeouts are not applied on the nftables dataplane"),
+        "{said}"
+    );
+    let mut s = lb_tests::traffic::TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    s.ask().unwrap();
+    let flows: Value = serde_json::from_str(&d.ok(&["conntrack", "nt", "--json"])).unwrap();
+    let flows = flows.as_array().unwrap();
+    assert_eq!(flows.len(), 1, "{flows:?}");
+    assert_eq!(flows[0]["state"], "established", "{flows:?}");
+    assert!(
+        flows[0]["expires_secs"].as_u64().unwrap() > 3600,
+        "{flows:?}"
+    );
+}

@@ -492,10 +492,17 @@ impl Dataplane for NftDataplane {
 
     fn warnings(&mut self, network: &Network) -> Result<Vec<String>> {
         let net = network.clone();
-        in_netns(network.netns.as_deref(), move || {
+        let mut warnings = in_netns(network.netns.as_deref(), move || {
             hairpin_warnings_here(&net)
         })
-        .with_context(|| format!("network {}", network.name))
+        .with_context(|| format!("network {}", network.name))?;
+        if !network.timeouts.is_default() {
+            warnings.push(
+                "the network's flow timeouts are not applied on the nftables dataplane: the kernel's conntrack keeps its own (net.netfilter.nf_conntrack_*timeout* in the network's namespace)"
+                    .to_owned(),
+            );
+        }
+        Ok(warnings)
     }
 
     /// The kernel's conntrack entries translated to one of this network's services.
