@@ -380,7 +380,14 @@ pub enum Reason {
     SctpFragment,
 }
 
-/// How many [`Reason`]s there are (the size of `lb_reasons`).
+/// The programs, in `lb_reasons` slot order (slot `hook * REASONS + reason`), with the label
+/// metrics give them.
+pub const HOOKS: [&str; 3] = ["xdp", "tc_ingress", "tc_egress"];
+pub const HOOK_XDP: u32 = 0;
+pub const HOOK_TC_INGRESS: u32 = 1;
+pub const HOOK_TC_EGRESS: u32 = 2;
+
+/// How many [`Reason`]s there are (the size of `lb_reasons` per hook).
 pub const REASONS: u32 = Reason::SctpFragment as u32 + 1;
 
 impl Reason {

@@ -21,8 +21,8 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
+use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_XDP};
 use nat::Verdict;
-use stats::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_XDP};
 
 /// Ingress fast path (`attach xdp`): DNAT of what it can prove it rewrites right, before an
 /// skb exists. Frags-aware, so a multi-buffer frame (a GRO'd or jumbo one) reaches it instead

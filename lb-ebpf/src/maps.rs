@@ -12,12 +12,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, Flow, FlowKey, FragKey, FragPorts, Iface,
+    Backend, BackendKey, Config, Counters, Flow, FlowKey, FragKey, FragPorts, HOOKS, Iface,
     LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES,
     MAX_LOCAL_ADDRS, MAX_SERVICES, PortKey, REASONS, Service, VipKey,
 };
-
-use crate::stats::HOOKS;
 
 /// VIP → its backend set. Every port of a VIP is balanced.
 #[map(name = "lb_vips")]
@@ -62,7 +60,8 @@ pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_C
 
 /// Packets per program and outcome: slot `hook * REASONS + reason` (see `stats`).
 #[map(name = "lb_reasons")]
-pub static REASON_COUNTS: PerCpuArray<u64> = PerCpuArray::with_max_entries(HOOKS * REASONS, 0);
+pub static REASON_COUNTS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(HOOKS.len() as u32 * REASONS, 0);
 
 /// The layout version of every map pinned beside it (`lb_common::MAP_LAYOUTS`): written by the
 /// controller when it pins, read by the next controller before it adopts the pins. The

@@ -5,12 +5,6 @@ use lb_common::{Counters, Flow, REASONS, Reason};
 
 use crate::maps::{COUNTERS, REASON_COUNTS};
 
-/// The programs, in `lb_reasons` slot order (`lb_common::HOOK_NAMES`).
-pub const HOOKS: u32 = 3;
-pub const HOOK_XDP: u32 = 0;
-pub const HOOK_TC_INGRESS: u32 = 1;
-pub const HOOK_TC_EGRESS: u32 = 2;
-
 #[inline(always)]
 fn add(slot: u32, bytes: u16) {
     if let Some(c) = COUNTERS.get_ptr_mut(slot) {

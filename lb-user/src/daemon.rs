@@ -29,9 +29,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use crate::{
     api::{self, MAX_REQUEST, Request, Response},
     dataplane::{
-        Dataplane, EbpfDataplane, NftDataplane, SyncStats,
-        ebpf::{TcMode, gc::STATES},
-        nft, probe,
+        Dataplane, EbpfDataplane, NftDataplane, STATES, SyncStats, ebpf::TcMode, nft, probe,
     },
     elements::network_elements,
     model::{DesiredState, Network},
@@ -387,7 +385,7 @@ impl Daemon {
     fn status(&mut self) -> Result<Value> {
         let mut networks = Vec::new();
         for n in self.desired.networks.clone() {
-            let counted = self.flow_counts(&n);
+            let counted = self.dp.flow_stats(&n);
             let warnings = self
                 .dp
                 .warnings(&n)
@@ -414,33 +412,6 @@ impl Daemon {
             "reason": self.dataplane_reason,
             "networks": networks,
         }))
-    }
-
-    /// The network's flows by state: the collector's last count on the eBPF dataplane (the
-    /// writer never walks the table for this), the kernel's conntrack on nftables.
-    fn flow_counts(&mut self, n: &Network) -> Option<FlowCounts> {
-        if let Some(c) = self.dp.flow_stats(n) {
-            return Some(FlowCounts {
-                by_state: c.by_state,
-                entries: Some(c.entries),
-                expired_total: Some(c.expired_total),
-            });
-        }
-        if self.dp.name() != "nftables" {
-            return None;
-        }
-        let flows = self.dp.flows(n).ok()?;
-        let mut by_state = [0; 3];
-        for f in &flows {
-            if let Some(i) = STATES.iter().position(|s| *s == f.state) {
-                by_state[i] += 1;
-            }
-        }
-        Some(FlowCounts {
-            by_state,
-            entries: None,
-            expired_total: None,
-        })
     }
 
     /// Prometheus text exposition of every network's counters and the daemon's own.
@@ -493,7 +464,7 @@ impl Daemon {
                 }
             }
             let net = format!("network=\"{}\"", esc(&n.name));
-            if let Some(c) = self.flow_counts(&n) {
+            if let Some(c) = self.dp.flow_stats(&n) {
                 flows.add(&net, c.by_state.iter().sum());
                 for (state, count) in STATES.iter().zip(c.by_state) {
                     states.add(&format!("{net},state=\"{state}\""), count);
@@ -551,13 +522,6 @@ impl Daemon {
         );
         out
     }
-}
-
-/// Flow counts as status and metrics show them; `None` where the dataplane does not know.
-struct FlowCounts {
-    by_state: [u64; 3],
-    entries: Option<u64>,
-    expired_total: Option<u64>,
 }
 
 /// One metric family of the exposition: its HELP and TYPE lines, then its samples.

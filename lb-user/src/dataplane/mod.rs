@@ -16,7 +16,6 @@ pub mod probe;
 
 pub use ebpf::SyncStats;
 pub use ebpf::dataplane::EbpfDataplane;
-pub use ebpf::gc::FlowStats;
 pub use nft::NftDataplane;
 
 use crate::model::Network;
@@ -45,6 +44,36 @@ pub struct Count {
     pub bytes: u64,
 }
 
+/// The states a flow is listed in (`Flow::state`), in the order metrics list them.
+pub const STATES: [&str; 3] = ["opening", "established", "closing"];
+
+/// What status and metrics say of a network's flows; `None` where the dataplane cannot tell.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FlowStats {
+    /// Live flows by state, in [`STATES`] order.
+    pub by_state: [u64; 3],
+    /// Entries in the flow table (eBPF: every kind, expired ones not yet collected).
+    pub entries: Option<u64>,
+    /// Expired entries deleted since the daemon started.
+    pub expired_total: Option<u64>,
+}
+
+impl FlowStats {
+    /// Counts `flows` by state.
+    pub fn of(flows: &[Flow]) -> FlowStats {
+        let mut by_state = [0; 3];
+        for f in flows {
+            if let Some(i) = STATES.iter().position(|s| *s == f.state) {
+                by_state[i] += 1;
+            }
+        }
+        FlowStats {
+            by_state,
+            ..Default::default()
+        }
+    }
+}
+
 pub trait Dataplane: Send {
     /// `ebpf` or `nftables`.
     fn name(&self) -> &'static str;
@@ -58,11 +87,9 @@ pub trait Dataplane: Send {
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>>;
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>>;
-    /// The flow table's shape as last counted off the hot path (`None`: not counted yet, or
-    /// the dataplane does not count).
-    fn flow_stats(&self, _network: &Network) -> Option<FlowStats> {
-        None
-    }
+    /// The network's flows by state, as last counted off the writer's path (`None`: not
+    /// counted yet).
+    fn flow_stats(&mut self, network: &Network) -> Option<FlowStats>;
     /// Per program and outcome, how many packets the datapath saw (`(hook, reason, count)`).
     fn reasons(&mut self, _network: &Network) -> Result<Vec<(&'static str, &'static str, u64)>> {
         Ok(Vec::new())

@@ -29,7 +29,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
-use super::{Count, Dataplane, Flow, SyncStats};
+use super::{Count, Dataplane, Flow, FlowStats, SyncStats};
 use crate::{
     compose::compose,
     elements::{
@@ -503,6 +503,11 @@ impl Dataplane for NftDataplane {
             );
         }
         Ok(warnings)
+    }
+
+    /// From the kernel's conntrack, which keeps no table of lb's to count.
+    fn flow_stats(&mut self, network: &Network) -> Option<FlowStats> {
+        self.flows(network).ok().map(|f| FlowStats::of(&f))
     }
 
     /// The kernel's conntrack entries translated to one of this network's services.

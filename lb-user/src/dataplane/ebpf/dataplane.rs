@@ -213,7 +213,8 @@ impl Dataplane for EbpfDataplane {
         Ok(gc::live_flows(&dp.flow_entries(), gc::monotonic_ns()))
     }
 
-    fn flow_stats(&self, network: &Network) -> Option<FlowStats> {
+    /// The collector's last pass (the writer never walks the table for this).
+    fn flow_stats(&mut self, network: &Network) -> Option<FlowStats> {
         let all = (self.collector.as_ref()?.stats)
             .lock()
             .expect("collector stats lock");

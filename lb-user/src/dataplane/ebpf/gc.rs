@@ -9,7 +9,7 @@ use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{Context as _, Result};
@@ -20,6 +20,7 @@ use lb_common::{
 };
 
 use super::ip;
+use crate::dataplane::{FlowStats, STATES};
 use crate::model::Proto;
 
 /// Which of a flow's entries one is (see `lb_common::flow`).
@@ -64,9 +65,6 @@ pub fn state_name(k: &FlowKey, e: &Flow) -> &'static str {
     }
 }
 
-/// The states [`state_name`] gives, in the order metrics list them.
-pub const STATES: [&str; 3] = ["opening", "established", "closing"];
-
 /// CLOCK_MONOTONIC, the clock `bpf_ktime_get_ns` reads.
 pub fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -102,20 +100,8 @@ pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane
     flows
 }
 
-/// What one pass of the collector found in a network's flow table.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct FlowStats {
-    /// Entries in the map when the pass began (every kind, expired ones included).
-    pub entries: u64,
-    /// Live flows (forward entries) by state, in [`STATES`] order.
-    pub by_state: [u64; 3],
-    /// Expired entries the collector has deleted since the daemon started.
-    pub expired_total: u64,
-    /// How long the last pass took.
-    pub pass_ms: u64,
-}
-
-/// Deletes the expired entries of one flow map and counts what is left. The table is read
+/// Deletes the expired entries of one flow map and counts what is left (`expired_total`: what
+/// this pass deleted). The table is read
 /// first and deleted from after: deleting while iterating would restart the iteration (a
 /// deleted key has no next). An entry the programs refreshed or re-created between the read
 /// and its delete is re-read and kept; one re-created in the instant between that re-read and
@@ -123,9 +109,10 @@ pub struct FlowStats {
 pub fn collect(flows: &mut HashMap<MapData, FlowKey, Flow>, now: u64) -> FlowStats {
     let entries: Vec<(FlowKey, Flow)> = flows.iter().filter_map(|e| e.ok()).collect();
     let mut stats = FlowStats {
-        entries: entries.len() as u64,
+        entries: Some(entries.len() as u64),
         ..Default::default()
     };
+    let mut deleted = 0;
     for (k, e) in &entries {
         if !expired(e, now) {
             if entry_kind(e) == Entry::Forward {
@@ -135,9 +122,10 @@ pub fn collect(flows: &mut HashMap<MapData, FlowKey, Flow>, now: u64) -> FlowSta
             continue;
         }
         if flows.get(k, 0).is_ok_and(|again| expired(&again, now)) && flows.remove(k).is_ok() {
-            stats.expired_total += 1;
+            deleted += 1;
         }
     }
+    stats.expired_total = Some(deleted);
     stats
 }
 
@@ -192,7 +180,6 @@ fn run_once(bpffs: &Path, out: &Shared) {
         if !pin.exists() {
             continue;
         }
-        let start = Instant::now();
         let result = MapData::from_pin(&pin)
             .map_err(anyhow::Error::from)
             .and_then(|m| Ok(HashMap::<_, FlowKey, Flow>::try_from(Map::LruHashMap(m))?));
@@ -204,10 +191,9 @@ fn run_once(bpffs: &Path, out: &Shared) {
             }
         };
         let mut stats = collect(&mut map, monotonic_ns());
-        stats.pass_ms = start.elapsed().as_millis() as u64;
         let mut all = out.lock().expect("collector stats lock");
-        let total = all.get(&name).map_or(0, |s| s.expired_total);
-        stats.expired_total += total;
+        let before = all.get(&name).and_then(|s| s.expired_total).unwrap_or(0);
+        stats.expired_total = stats.expired_total.map(|n| n + before);
         all.insert(name.clone(), stats);
         seen.push(name);
     }

@@ -43,8 +43,7 @@ pub const PROG_XDP: &str = "lb_xdp";
 pub const PROG_TC_INGRESS: &str = "lb_tc_ingress";
 pub const PROG_TC_EGRESS: &str = "lb_tc_egress";
 
-/// The programs in `lb_reasons` slot order, with the label metrics give them.
-pub const HOOKS: [&str; 3] = ["xdp", "tc_ingress", "tc_egress"];
+pub use lb_common::HOOKS;
 
 /// Where `lb load` and the daemon pin by default.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lb";
