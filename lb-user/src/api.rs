@@ -9,7 +9,7 @@ use std::{io::Read as _, io::Write as _, os::unix::net::UnixStream, path::Path};
 use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::model::{DesiredState, Network, Service};
+use crate::core::model::{DesiredState, Network, Service};
 
 /// The default socket, as DESIGN.md's CLI gives it (`LB_SOCKET` overrides).
 pub const DEFAULT_SOCKET: &str = "/run/lb/lb.sock";

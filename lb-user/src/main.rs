@@ -6,10 +6,10 @@ use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_user::{
     api::{self, DEFAULT_SOCKET, Request},
+    core::elements,
+    core::model::{self, Backend, DEFAULT_GENERATION, FlowTimeouts, Network, PortConfig, Service},
     daemon::{self, DataplaneChoice},
     dataplane::ebpf::{DEFAULT_BPFFS, TcMode},
-    elements,
-    model::{self, Backend, DEFAULT_GENERATION, FlowTimeouts, Network, PortConfig, Service},
     oneshot,
 };
 use serde_json::Value;

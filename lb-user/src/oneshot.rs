@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 
 use crate::{
+    core::model::{DesiredState, Network},
     dataplane::{Dataplane as _, EbpfDataplane, SyncStats, ebpf::TcMode},
-    model::{DesiredState, Network},
 };
 
 /// Where `lb load` records what it applied, so `lb unload` knows which interfaces and

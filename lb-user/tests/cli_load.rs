@@ -8,7 +8,7 @@ use lb_tests::{
     require_root,
     traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
 };
-use lb_user::model::{
+use lb_user::core::model::{
     Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
 };
 

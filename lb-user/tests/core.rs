@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use lb_common::{BUCKETS, MAX_BACKENDS_PER_SET, slot_for_bucket};
-use lb_user::compose::{Composed, PortKey, compose};
-use lb_user::elements::{
+use lb_user::core::compose::{Composed, PortKey, compose};
+use lb_user::core::elements::{
     Element, Interval, equal_weight_intervals, nat_elements, network_elements, render,
 };
-use lb_user::model::{
+use lb_user::core::model::{
     Attach, Backend, DesiredState, Invalid, Masquerade, Mode, Network, PortConfig, Proto, Service,
     StateError,
 };

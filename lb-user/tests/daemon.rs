@@ -19,8 +19,10 @@ use lb_tests::{
 };
 use lb_user::{
     api,
-    elements::network_elements,
-    model::{Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service},
+    core::elements::network_elements,
+    core::model::{
+        Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
+    },
 };
 use serde_json::Value;
 

@@ -14,9 +14,9 @@ use aya::{
 };
 use lb_common::{Config, Flow, FlowKey, FragKey, FragPorts};
 use lb_user::{
-    compose::compose,
+    core::compose::compose,
+    core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
     dataplane::ebpf::{self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP},
-    model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
 };
 
 pub const XDP_DROP: u32 = 1;

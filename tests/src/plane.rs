@@ -1,8 +1,8 @@
 //! The dataplanes a netns case runs on, and applying a network to one as `lb load` (eBPF) or
 //! the daemon's fallback (nftables) would.
 use lb_user::{
+    core::model::{Attach, Network},
     dataplane::{Dataplane as _, NftDataplane, ebpf::TcMode},
-    model::{Attach, Network},
     oneshot,
 };
 

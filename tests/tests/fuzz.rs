@@ -48,8 +48,8 @@ use lb_tests::{
     require_root,
 };
 use lb_user::{
+    core::model::{Masquerade, Network, Proto},
     dataplane::ebpf::ip,
-    model::{Masquerade, Network, Proto},
 };
 
 /// Packets the fuzz tests generate together unless `LB_FUZZ_PACKETS` says otherwise.

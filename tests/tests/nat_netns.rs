@@ -11,8 +11,8 @@ use lb_tests::{
     traffic::{Reply, TIMEOUT, TcpSession, spawn_backends, tcp_request, udp_request},
 };
 use lb_user::{
+    core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
     dataplane::{Dataplane as _, NftDataplane},
-    model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);

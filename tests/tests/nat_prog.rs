@@ -24,8 +24,8 @@ use lb_tests::{
     require_root,
 };
 use lb_user::{
+    core::model::Masquerade,
     dataplane::ebpf::{be, gc::monotonic_ns},
-    model::Masquerade,
 };
 
 /// A flow key as the programs build it from `p` (addresses and ports in network order).

@@ -31,11 +31,11 @@ use lb_tests::tools::{
     link_mac, link_stats, netstat, snmp, trafgen_udp, wrk,
 };
 use lb_tests::traffic::{Reply, TIMEOUT, TcpSession, http_get, spawn_backends, udp_request};
-use lb_user::dataplane::ebpf::gc::monotonic_ns;
-use lb_user::dataplane::ebpf::{EbpfNetwork, be, pin_dir};
-use lb_user::model::{
+use lb_user::core::model::{
     Backend, FlowTimeouts, Masquerade, Mode, Network, PortConfig, Proto, Service,
 };
+use lb_user::dataplane::ebpf::gc::monotonic_ns;
+use lb_user::dataplane::ebpf::{EbpfNetwork, be, pin_dir};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 /// nginx's port in the backends (storms).

@@ -18,7 +18,7 @@ pub use ebpf::SyncStats;
 pub use ebpf::dataplane::EbpfDataplane;
 pub use nft::NftDataplane;
 
-use crate::model::Network;
+use crate::core::model::Network;
 
 /// One tracked flow, as `lb conntrack` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -31,11 +31,11 @@ use serde_json::Value;
 
 use super::{Count, Dataplane, Flow, FlowStats, SyncStats};
 use crate::{
-    compose::compose,
-    elements::{
+    core::compose::compose,
+    core::elements::{
         Element, NAT_PUBLISH_PORT, NAT_SERVICE_VIP, SetKey, network_elements, placed_elements,
     },
-    model::{Masquerade, Mode, Network},
+    core::model::{Masquerade, Mode, Network},
     netlink::{Netlink, in_netns},
 };
 

@@ -17,9 +17,9 @@ use anyhow::{Context as _, Result, bail, ensure};
 use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp};
 use lb_tests::packet::Ipv4Packet;
 use lb_user::{
-    compose::compose,
+    core::compose::compose,
+    core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
     dataplane::ebpf::{self, EbpfNetwork, NodeAddrs, PROG_TC_INGRESS, PROG_XDP},
-    model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
 };
 
 const SERVICES: u32 = 1000;

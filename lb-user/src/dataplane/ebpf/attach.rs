@@ -14,7 +14,7 @@ use aya::programs::{
 };
 
 use super::{EbpfNetwork, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, TcMode};
-use crate::model::Attach;
+use crate::core::model::Attach;
 
 /// Prefix of link pin names.
 const LINK_PREFIX: &str = "link_";

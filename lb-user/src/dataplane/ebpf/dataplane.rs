@@ -17,10 +17,10 @@ use anyhow::{Context as _, Result, bail};
 
 use super::{self as ebpf, EbpfNetwork, NodeAddrs, ServiceKey, SyncStats, TcMode, gc, ip};
 use crate::{
-    compose::{PortKey, compose},
+    core::compose::{PortKey, compose},
+    core::elements::SetKey,
+    core::model::{Attach, Mode, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats},
-    elements::SetKey,
-    model::{Attach, Mode, Network, Proto},
     netlink::{Netlink, in_netns},
 };
 

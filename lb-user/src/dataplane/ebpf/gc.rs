@@ -20,8 +20,8 @@ use lb_common::{
 };
 
 use super::ip;
+use crate::core::model::Proto;
 use crate::dataplane::{FlowStats, STATES};
-use crate::model::Proto;
 
 /// Which of a flow's entries one is (see `lb_common::flow`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,8 +4,8 @@ use std::{collections::BTreeMap, net::Ipv4Addr};
 use lb_common::{MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, Timeouts};
 
 use crate::{
-    compose::Composed,
-    model::{Masquerade, Network},
+    core::compose::Composed,
+    core::model::{Masquerade, Network},
 };
 
 /// A service map key: the VIP map's or the published-port map's.

@@ -4,13 +4,13 @@
 //! A network's maps have one writer, and each VIP's and each published port's bucket space
 //! must be partitioned by whoever owns it: two generations of a service partitioning a shared
 //! port independently would claim overlapping buckets. So the sets are composed here, from
-//! every contribution at once, and partitioned once downstream ([`crate::elements`] and the
+//! every contribution at once, and partitioned once downstream ([`crate::core::elements`] and the
 //! dataplanes).
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use crate::model::Network;
-pub use crate::model::PortKey;
+use crate::core::model::Network;
+pub use crate::core::model::PortKey;
 
 /// The composed backend sets of one network. Every set is sorted and free of duplicates: its
 /// order is the slot order the buckets are partitioned in, so both dataplanes and

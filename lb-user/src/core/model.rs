@@ -5,7 +5,7 @@
 //! are read, errors carrying the JSON path) because a typo that parsed would silently program
 //! the wrong thing. [`DesiredState::validate`] then checks what one field alone cannot: names
 //! that become kernel object names, uniqueness, and ownership of VIPs, published ports and
-//! interfaces. Whatever passes is something [`crate::compose`] and the dataplanes can take as
+//! interfaces. Whatever passes is something [`crate::core::compose`] and the dataplanes can take as
 //! is: they never re-check.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -14,7 +14,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::compose::compose;
+use crate::core::compose::compose;
 
 /// The generation a service gets when none is given (CLI and JSON alike).
 pub const DEFAULT_GENERATION: &str = "1";

@@ -17,8 +17,8 @@ use std::str::FromStr;
 
 use lb_common::{BUCKETS, bucket_interval};
 
-use crate::compose::{Composed, PortKey, compose};
-use crate::model::{Mode, Network};
+use crate::core::compose::{Composed, PortKey, compose};
+use crate::core::model::{Mode, Network};
 
 /// NAT map of VIP → backend (any port).
 pub const NAT_SERVICE_VIP: &str = "nat-service-vip";

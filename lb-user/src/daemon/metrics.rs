@@ -1,0 +1,134 @@
+//! The Prometheus text exposition of every network's counters and the daemon's own.
+use super::{BUCKETS, Daemon};
+use crate::dataplane::STATES;
+
+impl Daemon {
+    /// Prometheus text exposition of every network's counters and the daemon's own.
+    pub fn metrics(&mut self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+        out.push_str("# HELP lb_packets_total Packets translated, per service (backend=\"\") and backend.\n# TYPE lb_packets_total counter\n");
+        let mut bytes = String::from(
+            "# HELP lb_bytes_total Bytes (IP length) translated, per service and backend.\n# TYPE lb_bytes_total counter\n",
+        );
+        let mut flows = Metric::new("lb_conntrack_entries", "gauge", "Live tracked flows.");
+        let mut states = Metric::new("lb_flows", "gauge", "Live tracked flows by state.");
+        let mut entries = Metric::new(
+            "lb_flow_table_entries",
+            "gauge",
+            "Entries in the flow table (eBPF: both directions and masquerade pairs, expired ones not yet collected).",
+        );
+        let mut expiries = Metric::new(
+            "lb_flow_expiries_total",
+            "counter",
+            "Flow entries the collector deleted after they expired.",
+        );
+        let mut evictions = Metric::new(
+            "lb_flow_evictions_total",
+            "counter",
+            "Flows found to have lost entries before they expired (LRU eviction), re-created or restored by the datapath.",
+        );
+        let mut masq_failures = Metric::new(
+            "lb_masquerade_failures_total",
+            "counter",
+            "New flows dropped because no masquerade port was free.",
+        );
+        let mut datapath = Metric::new(
+            "lb_datapath_packets_total",
+            "counter",
+            "Program runs per hook and outcome or event reason.",
+        );
+        for n in self.desired.networks.clone() {
+            if let Ok(counts) = self.dp.counts(&n) {
+                for c in counts {
+                    let labels = format!(
+                        "network=\"{}\",service=\"{}\",backend=\"{}\"",
+                        esc(&n.name),
+                        esc(&c.service),
+                        c.backend.map(|b| b.to_string()).unwrap_or_default()
+                    );
+                    let _ = writeln!(out, "lb_packets_total{{{labels}}} {}", c.packets);
+                    let _ = writeln!(bytes, "lb_bytes_total{{{labels}}} {}", c.bytes);
+                }
+            }
+            let net = format!("network=\"{}\"", esc(&n.name));
+            if let Some(c) = self.dp.flow_stats(&n) {
+                flows.add(&net, c.by_state.iter().sum());
+                for (state, count) in STATES.iter().zip(c.by_state) {
+                    states.add(&format!("{net},state=\"{state}\""), count);
+                }
+                if let Some(e) = c.entries {
+                    entries.add(&net, e);
+                }
+                if let Some(e) = c.expired_total {
+                    expiries.add(&net, e);
+                }
+            }
+            if let Ok(reasons) = self.dp.reasons(&n)
+                && !reasons.is_empty()
+            {
+                let sum = |names: &[&str]| -> u64 {
+                    (reasons.iter())
+                        .filter(|(_, r, _)| names.contains(r))
+                        .map(|(_, _, c)| c)
+                        .sum()
+                };
+                evictions.add(&net, sum(&["flow_recreated", "entry_restored"]));
+                masq_failures.add(&net, sum(&["masq_failed"]));
+                for (hook, reason, count) in reasons {
+                    datapath.add(&format!("{net},hook=\"{hook}\",reason=\"{reason}\""), count);
+                }
+            }
+        }
+        out.push_str(&bytes);
+        for m in [
+            flows,
+            states,
+            entries,
+            expiries,
+            evictions,
+            masq_failures,
+            datapath,
+        ] {
+            out.push_str(&m.text);
+        }
+        out.push_str("# HELP lb_apply_errors_total Failed applies, per network.\n# TYPE lb_apply_errors_total counter\n");
+        for (n, c) in &self.stats.apply_errors {
+            let _ = writeln!(out, "lb_apply_errors_total{{network=\"{}\"}} {c}", esc(n));
+        }
+        out.push_str("# HELP lb_reconcile_duration_seconds Time to bring every network to its desired state.\n# TYPE lb_reconcile_duration_seconds histogram\n");
+        for (le, c) in BUCKETS.iter().zip(self.stats.reconcile_buckets) {
+            let _ = writeln!(
+                out,
+                "lb_reconcile_duration_seconds_bucket{{le=\"{le}\"}} {c}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "lb_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {}\nlb_reconcile_duration_seconds_sum {}\nlb_reconcile_duration_seconds_count {}",
+            self.stats.reconcile_count, self.stats.reconcile_sum, self.stats.reconcile_count
+        );
+        out
+    }
+}
+
+/// One metric family of the exposition: its HELP and TYPE lines, then its samples.
+struct Metric {
+    name: &'static str,
+    text: String,
+}
+
+impl Metric {
+    fn new(name: &'static str, kind: &str, help: &str) -> Self {
+        Self {
+            name,
+            text: format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"),
+        }
+    }
+
+    fn add(&mut self, labels: &str, value: u64) {
+        use std::fmt::Write as _;
+        let _ = writeln!(self.text, "{}{{{labels}}} {value}", self.name);
+    }
+}
