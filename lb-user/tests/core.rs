@@ -860,6 +860,27 @@ fn validation_rules() {
             r#"interface "veth-lb" in netns "ns1" is already used by network "web""#,
         ),
         (
+            "one port published by two networks in one netns",
+            |s| {
+                s.networks[1].mode = Mode::Nat;
+                s.networks[1].services[0].ports = ports("tcp/8080:53");
+            },
+            r#"network "edge" service "dns" generation "1": tcp/8080 overlaps tcp/8080 published by network "web" in the daemon's netns"#,
+        ),
+        (
+            "a port on every address overlaps one on an address, across networks",
+            |s| {
+                s.networks[1].mode = Mode::Nat;
+                s.networks[1].services[0].ports = ports("tcp/8080@192.168.1.10");
+            },
+            "tcp/8080 published by network \"web\"",
+        ),
+        (
+            "one VIP in two networks of one netns",
+            |s| s.networks[1].services[0].vip = ip("10.99.0.10"),
+            r#"network "edge" service "dns" generation "1": VIP 10.99.0.10 in the daemon's netns is already a VIP of network "web""#,
+        ),
+        (
             "empty netns",
             |s| web(s).netns = Some("".into()),
             r#"invalid netns "": it is empty"#,

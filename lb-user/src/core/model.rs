@@ -375,6 +375,19 @@ pub enum Invalid {
         netns: String,
         other: String,
     },
+    #[error("VIP {vip} in {netns} is already a VIP of network {other:?}")]
+    VipInOtherNetwork {
+        vip: Ipv4Addr,
+        netns: String,
+        other: String,
+    },
+    #[error("{key} overlaps {other_key} published by network {other:?} in {netns}")]
+    PortInOtherNetwork {
+        key: PortKey,
+        other_key: PortKey,
+        netns: String,
+        other: String,
+    },
     #[error("service is defined twice (same id and generation)")]
     ServiceTwice,
     #[error("{role} {ip} is {class}; it must be a unicast address")]
@@ -479,11 +492,20 @@ impl DesiredState {
     }
 
     /// Checks every rule of [`Network::validate`] for each network, and what networks must not
-    /// share: their name, and an interface in one namespace (two writers of one attachment
-    /// would undo each other).
+    /// share: their name; in one namespace, an interface (two writers of one attachment would
+    /// undo each other), a VIP (one alias, two owners) and overlapping published ports (the
+    /// node has one port space per namespace: the same packet would match both networks).
     pub fn validate(&self) -> Result<(), ValidationError> {
         let mut names = BTreeSet::new();
         let mut interfaces: BTreeMap<(Option<&str>, &str), &str> = BTreeMap::new();
+        let mut vips: BTreeMap<(Option<&str>, Ipv4Addr), &str> = BTreeMap::new();
+        let mut ports: BTreeMap<(Option<&str>, Proto, u16), Vec<(PortKey, &str)>> = BTreeMap::new();
+        let in_ns = |netns: Option<&str>| {
+            netns.map_or_else(
+                || "the daemon's netns".to_owned(),
+                |ns| format!("netns {ns:?}"),
+            )
+        };
         for network in &self.networks {
             network.validate()?;
             let at = at_path(network.path());
@@ -491,14 +513,39 @@ impl DesiredState {
                 return Err(at(Invalid::NetworkTwice));
             }
             let netns = network.netns_key();
+            for service in &network.services {
+                let at = at_path(network.service_path(service));
+                match vips.insert((netns, service.vip), &network.name) {
+                    Some(other) if other != network.name => {
+                        return Err(at(Invalid::VipInOtherNetwork {
+                            vip: service.vip,
+                            netns: in_ns(netns),
+                            other: other.to_owned(),
+                        }));
+                    }
+                    _ => {}
+                }
+                for port in &service.ports {
+                    let key = port.key();
+                    let owners = ports.entry((netns, key.proto, key.port)).or_default();
+                    if let Some((other_key, other)) =
+                        (owners.iter()).find(|(k, n)| *n != network.name && k.overlaps(&key))
+                    {
+                        return Err(at(Invalid::PortInOtherNetwork {
+                            key,
+                            other_key: *other_key,
+                            netns: in_ns(netns),
+                            other: (*other).to_owned(),
+                        }));
+                    }
+                    owners.push((key, &network.name));
+                }
+            }
             for name in &network.interfaces {
                 if let Some(other) = interfaces.insert((netns, name), &network.name) {
                     return Err(at(Invalid::InterfaceTaken {
                         name: name.clone(),
-                        netns: netns.map_or_else(
-                            || "the daemon's netns".to_owned(),
-                            |ns| format!("netns {ns:?}"),
-                        ),
+                        netns: in_ns(netns),
                         other: other.to_owned(),
                     }));
                 }
@@ -565,14 +612,8 @@ impl Network {
             for port in &service.ports {
                 let key = port.key();
                 let owners = port_owners.entry((key.proto, key.port)).or_default();
-                // A port on every address overlaps the same port on any one address: the
-                // same packet would match both, so only one service may have them.
-                let clash = owners.iter().find(|(k, id)| {
-                    *id != service.id
-                        && (k.host_ip == key.host_ip
-                            || k.host_ip.is_none()
-                            || key.host_ip.is_none())
-                });
+                // Only one service may have ports that overlap: the same packet would match both.
+                let clash = (owners.iter()).find(|(k, id)| *id != service.id && k.overlaps(&key));
                 if let Some((other_key, other)) = clash {
                     let other = (*other).to_owned();
                     return Err(at(if *other_key == key {
@@ -807,6 +848,16 @@ impl fmt::Display for PortConfig {
             write!(f, "@{host_ip}")?;
         }
         Ok(())
+    }
+}
+
+impl PortKey {
+    /// Whether one packet could match both keys: the same protocol and port, and the same
+    /// address or either on every address.
+    pub fn overlaps(&self, other: &PortKey) -> bool {
+        self.proto == other.proto
+            && self.port == other.port
+            && (self.host_ip == other.host_ip || self.host_ip.is_none() || other.host_ip.is_none())
     }
 }
 
