@@ -14,7 +14,7 @@
 //! - Restart: nothing is flushed. Maps and links are pinned; the new daemon adopts them and
 //!   re-applies every network, which writes only what differs (nothing, after a plain restart).
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
@@ -247,9 +247,16 @@ impl Daemon {
         }
         crate::write_atomically(&self.state_dir.join(STATE), new.to_json().as_bytes())
             .context("saving the desired state (nothing was changed)")?;
+        // A network that was failing before this change and is not part of it keeps its own
+        // error (in `lb status`, and retried); it does not make this change's answer an error.
+        let touched: BTreeSet<String> = (new.networks.iter())
+            .filter(|n| self.desired.network(&n.name) != Some(*n))
+            .chain((self.desired.networks.iter()).filter(|n| new.network(&n.name).is_none()))
+            .map(|n| n.name.clone())
+            .collect();
         self.desired = new;
         let failed = self.reconcile();
-        if let Some((network, error)) = failed.into_iter().next() {
+        if let Some((network, error)) = (failed.into_iter()).find(|(n, _)| touched.contains(n)) {
             bail!(
                 "{what}: saved, but network {network} is not applied yet (its last good dataplane stays; retrying every few seconds): {error}"
             );
