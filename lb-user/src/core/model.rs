@@ -499,7 +499,9 @@ impl DesiredState {
         let mut names = BTreeSet::new();
         let mut interfaces: BTreeMap<(Option<&str>, &str), &str> = BTreeMap::new();
         let mut vips: BTreeMap<(Option<&str>, Ipv4Addr), &str> = BTreeMap::new();
-        let mut ports: BTreeMap<(Option<&str>, Proto, u16), Vec<(PortKey, &str)>> = BTreeMap::new();
+        // (netns, protocol, port) → every key on it and the network publishing it.
+        type PortOwners<'a> = BTreeMap<(Option<&'a str>, Proto, u16), Vec<(PortKey, &'a str)>>;
+        let mut ports: PortOwners = BTreeMap::new();
         let in_ns = |netns: Option<&str>| {
             netns.map_or_else(
                 || "the daemon's netns".to_owned(),
