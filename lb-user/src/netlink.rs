@@ -16,7 +16,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use futures_util::TryStreamExt as _;
 use netlink_packet_route::{
-    address::{AddressAttribute, AddressMessage},
+    address::{AddressAttribute, AddressMessage, AddressProtocol},
     link::{InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkInfo, LinkMessage},
 };
 
@@ -56,6 +56,43 @@ fn netns_path(netns: &str) -> PathBuf {
         PathBuf::from(netns)
     } else {
         PathBuf::from("/run/netns").join(netns)
+    }
+}
+
+/// The IFA_PROTO every VIP alias of lb carries ('l'): how an alias lb added is told from an
+/// address of the node, also after a restart, without trusting a record on disk. `ip addr`
+/// shows it as `proto 0x6c`. Kernels before 5.18 ignore it; there the applied VIPs are the
+/// record (see [`NodeAddr::is_lb_alias`]).
+pub const ALIAS_PROTO: u8 = 0x6c;
+
+/// One IPv4 address of the namespace, as a dump gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeAddr {
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+    pub index: u32,
+    /// The address's IFA_PROTO, when it has one.
+    pub proto: Option<u8>,
+}
+
+impl NodeAddr {
+    /// Whether lb added this address as a VIP alias: it carries [`ALIAS_PROTO`], or it is a
+    /// /32 without any protocol that is one of `vips` (an alias of a kernel or an lb without
+    /// IFA_PROTO). Everything else is the node's own, which lb never removes or claims.
+    pub fn is_lb_alias(&self, vips: &BTreeSet<Ipv4Addr>) -> bool {
+        self.proto == Some(ALIAS_PROTO)
+            || (self.proto.is_none() && self.prefix == 32 && vips.contains(&self.addr))
+    }
+
+    /// The subnet's network and broadcast addresses (none for /31 and /32, which have
+    /// neither).
+    pub fn network_and_broadcast(&self) -> Option<(Ipv4Addr, Ipv4Addr)> {
+        if self.prefix >= 31 {
+            return None;
+        }
+        let mask = u32::MAX << (32 - self.prefix);
+        let net = u32::from(self.addr) & mask;
+        Some((Ipv4Addr::from(net), Ipv4Addr::from(net | !mask)))
     }
 }
 
@@ -100,6 +137,20 @@ impl Netlink {
         Ok(index)
     }
 
+    /// The name of interface `index`, or `if<index>` when it has none any more (for messages).
+    pub fn ifname(&self, index: u32) -> String {
+        let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];
+        // SAFETY: `buf` has the IF_NAMESIZE bytes if_indextoname writes at most.
+        let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr()) };
+        if p.is_null() {
+            return format!("if{index}");
+        }
+        // SAFETY: on success `buf` holds a NUL-terminated name.
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    }
+
     fn addr_messages(&self, index: Option<u32>) -> Result<Vec<AddressMessage>> {
         self.rt.block_on(async {
             let mut req = self.handle.address().get();
@@ -129,6 +180,14 @@ impl Netlink {
         found
     }
 
+    /// The address's IFA_PROTO, if it has one.
+    fn proto(msg: &AddressMessage) -> Option<u8> {
+        msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Protocol(p) => Some(u8::from(*p)),
+            _ => None,
+        })
+    }
+
     /// IPv4 addresses of `ifname` in the kernel's order (the primary one first).
     pub fn ipv4_addrs(&self, ifname: &str) -> Result<Vec<(Ipv4Addr, u8)>> {
         let index = self.ifindex(ifname)?;
@@ -139,13 +198,28 @@ impl Netlink {
             .collect())
     }
 
-    /// Every IPv4 address of every interface: the addresses published ports answer on.
-    pub fn all_local_ipv4(&self) -> Result<Vec<Ipv4Addr>> {
-        let mut all: Vec<Ipv4Addr> = self
-            .addr_messages(None)?
-            .iter()
-            .filter_map(Self::v4)
-            .map(|(a, _)| a)
+    /// Every IPv4 address of every interface of the namespace, lb's aliases included.
+    pub fn addresses(&self) -> Result<Vec<NodeAddr>> {
+        Ok((self.addr_messages(None)?.iter())
+            .filter_map(|m| {
+                let (addr, prefix) = Self::v4(m)?;
+                Some(NodeAddr {
+                    addr,
+                    prefix,
+                    index: m.header.index,
+                    proto: Self::proto(m),
+                })
+            })
+            .collect())
+    }
+
+    /// The node's own IPv4 addresses, sorted, without lb's aliases (see
+    /// [`NodeAddr::is_lb_alias`]; `vips` are the VIPs lb has or had here): the addresses
+    /// published ports answer on.
+    pub fn node_ipv4(&self, vips: &BTreeSet<Ipv4Addr>) -> Result<Vec<Ipv4Addr>> {
+        let mut all: Vec<Ipv4Addr> = (self.addresses()?.into_iter())
+            .filter(|a| !a.is_lb_alias(vips))
+            .map(|a| a.addr)
             .collect();
         all.sort();
         all.dedup();
@@ -169,12 +243,11 @@ impl Netlink {
         let have: BTreeSet<Ipv4Addr> = self.aliases(ifname)?.into_iter().collect();
         let index = self.ifindex(ifname)?;
         for vip in want.difference(&have) {
-            let r = self.rt.block_on(
-                self.handle
-                    .address()
-                    .add(index, IpAddr::V4(*vip), 32)
-                    .execute(),
-            );
+            let mut req = self.handle.address().add(index, IpAddr::V4(*vip), 32);
+            (req.message_mut().attributes).push(AddressAttribute::Protocol(AddressProtocol::from(
+                ALIAS_PROTO,
+            )));
+            let r = self.rt.block_on(req.execute());
             match r {
                 // Already present (a concurrent writer, a race with the dump) is success.
                 Ok(()) => {}
@@ -188,8 +261,9 @@ impl Netlink {
         Ok(())
     }
 
-    /// Removes `vip/32` from `ifname` for every VIP of `vips`, with one dump. Idempotent: an
-    /// alias already gone, or the interface itself, is success.
+    /// Removes `vip/32` from `ifname` for every VIP of `vips` that is lb's alias (never an
+    /// address of the node that happens to be equal), with one dump. Idempotent: an alias
+    /// already gone, or the interface itself, is success.
     pub fn remove_aliases(&self, ifname: &str, vips: &BTreeSet<Ipv4Addr>) -> Result<()> {
         if vips.is_empty() {
             return Ok(());
@@ -203,7 +277,7 @@ impl Netlink {
             let Some((vip, 32)) = Self::v4(&msg) else {
                 continue;
             };
-            if !vips.contains(&vip) {
+            if !vips.contains(&vip) || Self::proto(&msg).is_some_and(|p| p != ALIAS_PROTO) {
                 continue;
             }
             match self.rt.block_on(self.handle.address().del(msg).execute()) {

@@ -113,3 +113,109 @@ fn a_failing_network_does_not_fail_a_change_to_another() {
         b["error"]
     );
 }
+
+#[test]
+fn a_vip_or_host_ip_that_contradicts_the_node_is_refused_and_nothing_is_saved() {
+    if !require_root("a_vip_or_host_ip_that_contradicts_the_node_is_refused_and_nothing_is_saved") {
+        return;
+    }
+    let topo = Topology::new(1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    d.ok(&network_add(&topo, "web"));
+    let port = format!("tcp/{PUBLISHED}:{PORT}");
+    d.ok(&service_set(
+        "web",
+        "api",
+        "1",
+        VIP,
+        &port,
+        &topo.backend_ips,
+    ));
+    let state = || d.ok(&["state"]);
+    let before = state();
+    let node_if = &topo.node_ifaces[0];
+    // The client-facing subnet is 10.10.0.0/24, with the node at .1. The VIP cases publish a
+    // port of their own, so that only the VIP is wrong.
+    let other = format!("tcp/{}:{PORT}", PUBLISHED + 2);
+    let cases = [
+        (
+            topo.node_ip.to_string(),
+            other.clone(),
+            format!(
+                "VIP {} is an address of the node ({}/24 on {node_if} in netns {})",
+                topo.node_ip,
+                topo.node_ip,
+                topo.node.name()
+            ),
+        ),
+        (
+            "10.10.0.0".into(),
+            other.clone(),
+            "VIP 10.10.0.0 is the network address of the node's subnet 10.10.0.1/24".into(),
+        ),
+        (
+            "10.10.0.255".into(),
+            other.clone(),
+            "VIP 10.10.0.255 is the broadcast address of the node's subnet".into(),
+        ),
+        (
+            "10.99.0.20".into(),
+            format!("tcp/{}:{PORT}@192.0.2.7", PUBLISHED + 1),
+            "host_ip 192.0.2.7 is not an address of the node".into(),
+        ),
+    ];
+    for (vip, port, want) in cases {
+        let run = d.cli(&service_set(
+            "web",
+            "other",
+            "1",
+            vip.parse().unwrap(),
+            &port,
+            &topo.backend_ips,
+        ));
+        assert!(
+            !run.ok() && run.stderr.contains(&want),
+            "VIP {vip} port {port}: want a refusal saying {want:?}, got {}{}",
+            run.stdout,
+            run.stderr
+        );
+        assert_eq!(state(), before, "a refused change saved nothing");
+    }
+    // A host_ip that is an address of the node is accepted, and so is lb's own VIP alias
+    // set again (the alias is lb's: it carries lb's address protocol).
+    // iproute2 6.1 does not show an address's protocol: read it over netlink.
+    let alias = topo
+        .node
+        .run(|| {
+            let addrs = lb_user::netlink::Netlink::new()
+                .unwrap()
+                .addresses()
+                .unwrap();
+            addrs.into_iter().find(|a| a.addr == VIP)
+        })
+        .unwrap()
+        .expect("the VIP alias is on the node");
+    assert_eq!(
+        (alias.prefix, alias.proto),
+        (32, Some(lb_user::netlink::ALIAS_PROTO)),
+        "lb's alias carries its address protocol: {alias:?}"
+    );
+    d.ok(&service_set(
+        "web",
+        "other",
+        "1",
+        "10.99.0.20".parse().unwrap(),
+        &format!("tcp/{}:{PORT}@{}", PUBLISHED + 1, topo.node_ip),
+        &topo.backend_ips,
+    ));
+    d.ok(&service_set(
+        "web",
+        "api",
+        "2",
+        VIP,
+        &port,
+        &topo.backend_ips,
+    ));
+    println!("VIPs on node addresses and foreign host_ips refused; lb's alias: {alias:?}");
+}

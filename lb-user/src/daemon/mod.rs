@@ -31,10 +31,10 @@ use crate::{
         model::{DesiredState, Network},
     },
     dataplane::{Dataplane, STATES, SyncStats, ebpf::TcMode},
-    netlink::{Netlink, in_netns},
 };
 
 mod metrics;
+mod node;
 mod server;
 
 pub use server::run;
@@ -239,10 +239,16 @@ impl Daemon {
     /// Validates `new` whole, checks that its interfaces exist, saves it, then applies it.
     fn commit(&mut self, new: DesiredState, what: String) -> Result<Value> {
         new.validate().context("rejected")?;
+        // Every VIP lb has or had an alias for: such an address on the node is lb's own.
+        let lb_vips: BTreeSet<_> = (self.desired.networks.iter())
+            .chain(self.applied.values())
+            .flat_map(|n| n.vips())
+            .collect();
         for net in &new.networks {
             if self.desired.network(&net.name) != Some(net) {
                 self.dp.supports(net).context("rejected")?;
-                check_interfaces(net).context("rejected")?;
+                node::check(net, self.desired.network(&net.name), lb_vips.clone())
+                    .context("rejected")?;
             }
         }
         crate::write_atomically(&self.state_dir.join(STATE), new.to_json().as_bytes())
@@ -423,20 +429,6 @@ impl Daemon {
             "networks": networks,
         }))
     }
-}
-
-/// Every interface of `net` exists in its namespace (and the namespace exists): a network
-/// whose interface is a typo is refused instead of saved and retried forever.
-fn check_interfaces(net: &Network) -> Result<()> {
-    let ifaces = net.interfaces.clone();
-    let name = net.name.clone();
-    in_netns(net.netns.as_deref(), move || {
-        let nl = Netlink::new()?;
-        for i in &ifaces {
-            nl.ifindex(i).with_context(|| format!("network {name}"))?;
-        }
-        Ok(())
-    })
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {

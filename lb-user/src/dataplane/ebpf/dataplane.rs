@@ -104,12 +104,12 @@ fn apply_in_netns(
     let alias_if = &network.interfaces[0];
     let want = network.vips();
     nl.add_aliases(alias_if, &want)?;
-    // The node's own addresses, without the VIP aliases: a VIP is matched on every port by
-    // its own map, and thousands of aliases would not fit the local-address map.
+    // The node's own addresses, without lb's VIP aliases: a VIP is matched on every port by
+    // its own map, and thousands of aliases would not fit the local-address map. An address
+    // of the node is never taken for an alias, so no service added or removed here can take
+    // it out of the map.
     let node = NodeAddrs {
-        local: (nl.all_local_ipv4()?.into_iter())
-            .filter(|a| !want.contains(a) && !previous_vips.contains(a))
-            .collect(),
+        local: nl.node_ipv4(&want.union(previous_vips).copied().collect())?,
         ifaces,
         ephemeral: NodeAddrs::read_ephemeral(),
     };

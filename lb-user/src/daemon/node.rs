@@ -1,0 +1,92 @@
+//! The live node, as the daemon sees it: what a change is checked against before it is saved
+//! (interfaces, addresses), and — in [`watch`] — the netlink events that make a network be
+//! applied again when its namespace's addresses or links change.
+use std::{collections::BTreeSet, net::Ipv4Addr};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::{
+    core::model::Network,
+    netlink::{Netlink, in_netns},
+};
+
+/// Checks `net` against its namespace before it is saved, so that a state the node cannot
+/// carry is refused instead of saved and retried forever:
+/// - every interface exists (and the namespace does);
+/// - a VIP new to the network is not an address of the node (lb would take over every port
+///   of it, SSH's too), nor the network or broadcast address of one of the node's subnets;
+/// - a `host_ip` new to the network is an address of the node, as Docker requires.
+///
+/// Contributions already in `old` are not checked again: an address the node gained later
+/// does not block unrelated changes. `lb_vips` are every VIP lb has in the state, so that
+/// aliases lb added (even without [`crate::netlink::ALIAS_PROTO`]) do not count as the node's.
+pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) -> Result<()> {
+    let ifaces = net.interfaces.clone();
+    let name = net.name.clone();
+    let known = |ip: Ipv4Addr, host: bool| {
+        old.is_some_and(|o| {
+            o.services.iter().any(|s| {
+                if host {
+                    s.ports.iter().any(|p| p.host_ip == Some(ip))
+                } else {
+                    s.vip == ip
+                }
+            })
+        })
+    };
+    let vips: BTreeSet<Ipv4Addr> = (net.services.iter())
+        .map(|s| s.vip)
+        .filter(|&v| !known(v, false))
+        .collect();
+    let host_ips: BTreeSet<Ipv4Addr> = (net.services.iter())
+        .flat_map(|s| s.ports.iter().filter_map(|p| p.host_ip))
+        .filter(|&h| !known(h, true))
+        .collect();
+    let where_ = net.netns.as_ref().map_or_else(
+        || "the daemon's netns".to_owned(),
+        |ns| format!("netns {ns}"),
+    );
+    in_netns(net.netns.as_deref(), move || {
+        let nl = Netlink::new()?;
+        for i in &ifaces {
+            nl.ifindex(i).with_context(|| format!("network {name}"))?;
+        }
+        let node: Vec<_> = (nl.addresses()?.into_iter())
+            .filter(|a| !a.is_lb_alias(&lb_vips))
+            .collect();
+        for vip in &vips {
+            if let Some(a) = node.iter().find(|a| a.addr == *vip) {
+                bail!(
+                    "network {name}: VIP {vip} is an address of the node ({vip}/{} on {} in {where_}); lb would take over every port of it: choose an address the node does not have",
+                    a.prefix,
+                    nl.ifname(a.index)
+                );
+            }
+            for a in &node {
+                if let Some((network, broadcast)) = a.network_and_broadcast()
+                    && (*vip == network || *vip == broadcast)
+                {
+                    let which = if *vip == network {
+                        "network"
+                    } else {
+                        "broadcast"
+                    };
+                    bail!(
+                        "network {name}: VIP {vip} is the {which} address of the node's subnet {}/{} ({} in {where_})",
+                        a.addr,
+                        a.prefix,
+                        nl.ifname(a.index)
+                    );
+                }
+            }
+        }
+        for host in &host_ips {
+            if !node.iter().any(|a| a.addr == *host) {
+                bail!(
+                    "network {name}: host_ip {host} is not an address of the node in {where_}; a published port binds to one of the node's addresses (add the address first, or leave host_ip unset)"
+                );
+            }
+        }
+        Ok(())
+    })
+}
