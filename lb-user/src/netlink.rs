@@ -32,15 +32,10 @@ where
     let handle = std::thread::Builder::new()
         .name("lb-netns".into())
         .spawn(move || {
+            // This thread exits when `f` returns, so no other code ever runs in the joined
+            // namespace.
             if let Some(path) = path {
-                let file = std::fs::File::open(&path)
-                    .with_context(|| format!("opening network namespace {}", path.display()))?;
-                // SAFETY: setns on an fd we own; it affects only this thread, which exits
-                // when `f` returns, so no other code ever runs in the joined namespace.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(std::io::Error::last_os_error())
-                        .with_context(|| format!("joining network namespace {}", path.display()));
-                }
+                join_netns(&path)?;
             }
             f()
         })
@@ -51,7 +46,21 @@ where
     }
 }
 
-fn netns_path(netns: &str) -> PathBuf {
+/// Moves the calling thread (only it: setns is per thread) into the namespace at `path`. The
+/// caller owns the thread and makes sure nothing else runs on it afterwards.
+pub fn join_netns(path: &std::path::Path) -> Result<()> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("opening network namespace {}", path.display()))?;
+    // SAFETY: setns on an fd we own; it affects only the calling thread.
+    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("joining network namespace {}", path.display()));
+    }
+    Ok(())
+}
+
+/// The path of namespace `netns`: a name under /run/netns, or a path as given.
+pub fn netns_path(netns: &str) -> PathBuf {
     if netns.contains('/') {
         PathBuf::from(netns)
     } else {

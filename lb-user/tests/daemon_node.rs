@@ -219,3 +219,96 @@ fn a_vip_or_host_ip_that_contradicts_the_node_is_refused_and_nothing_is_saved() 
     ));
     println!("VIPs on node addresses and foreign host_ips refused; lb's alias: {alias:?}");
 }
+
+/// Polls `f` every 50 ms for up to `bound` (a correctness bound, not a measurement); returns
+/// how long it took, or `None`.
+fn wait_for(
+    bound: std::time::Duration,
+    mut f: impl FnMut() -> bool,
+) -> Option<std::time::Duration> {
+    let start = std::time::Instant::now();
+    while start.elapsed() < bound {
+        if f() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn an_address_added_to_the_node_later_serves_a_published_port() {
+    if !require_root("an_address_added_to_the_node_later_serves_a_published_port") {
+        return;
+    }
+    let topo = Topology::new(1).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    d.ok(&network_add(&topo, "web"));
+    let port = format!("tcp/{PUBLISHED}:{PORT}");
+    d.ok(&service_set(
+        "web",
+        "api",
+        "1",
+        VIP,
+        &port,
+        &topo.backend_ips,
+    ));
+    tcp_request(&topo.client, topo.node_ip, PUBLISHED, TIMEOUT)
+        .expect("the published port answers on the node's address");
+    // A second address on the client-facing link, added after the service: nothing tells lb
+    // but the node itself.
+    let later: Ipv4Addr = "10.10.0.77".parse().unwrap();
+    topo.node
+        .ip([
+            "addr",
+            "add",
+            &format!("{later}/24"),
+            "dev",
+            &topo.node_ifaces[0],
+        ])
+        .unwrap();
+    let short = std::time::Duration::from_millis(300);
+    let took = wait_for(std::time::Duration::from_secs(10), || {
+        tcp_request(&topo.client, later, PUBLISHED, short).is_ok()
+    });
+    let took = took.unwrap_or_else(|| {
+        panic!(
+            "the published port never answered on {later}, added later\n{}",
+            d.log()
+        )
+    });
+    println!("a published port answered on an address added later after {took:?}");
+    // And when the address goes, lb_local_addrs follows (the port is no longer the node's).
+    topo.node
+        .ip([
+            "addr",
+            "del",
+            &format!("{later}/24"),
+            "dev",
+            &topo.node_ifaces[0],
+        ])
+        .unwrap();
+    let local_addrs = bpffs.path().join("web").join("lb_local_addrs");
+    let has = |a: Ipv4Addr| local_addrs_of(&local_addrs).contains(&a);
+    assert!(has(topo.node_ip), "the node's address is in lb_local_addrs");
+    assert!(
+        wait_for(std::time::Duration::from_secs(10), || !has(later)).is_some(),
+        "{later} stays in lb_local_addrs after it left the node: {:?}",
+        local_addrs_of(&local_addrs)
+    );
+    tcp_request(&topo.client, topo.node_ip, PUBLISHED, TIMEOUT)
+        .expect("the node's first address still serves the port");
+}
+
+/// The addresses in a network's pinned `lb_local_addrs` (keys in network byte order).
+fn local_addrs_of(pin: &Path) -> Vec<Ipv4Addr> {
+    let map =
+        aya::maps::MapData::from_pin(pin).unwrap_or_else(|e| panic!("{}: {e}", pin.display()));
+    let map: aya::maps::HashMap<_, u32, u32> =
+        aya::maps::HashMap::try_from(aya::maps::Map::HashMap(map)).unwrap();
+    map.keys()
+        .map(|k| Ipv4Addr::from(k.unwrap().to_ne_bytes()))
+        .collect()
+}

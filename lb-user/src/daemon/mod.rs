@@ -36,6 +36,7 @@ use crate::{
 mod metrics;
 mod node;
 mod server;
+mod watch;
 
 pub use server::run;
 
@@ -83,6 +84,9 @@ pub struct Daemon {
     applied: BTreeMap<String, Network>,
     /// The last apply error of each network that is not in its desired state yet.
     errors: BTreeMap<String, String>,
+    /// Networks whose node changed under them (an address, a link, the namespace): applied
+    /// again by the next reconcile even though their desired state did not change.
+    stale: BTreeSet<String>,
     dp: Box<dyn Dataplane>,
     dataplane_reason: String,
     stats: Stats,
@@ -124,6 +128,7 @@ impl Daemon {
                 .map(|n| (n.name.clone(), n))
                 .collect(),
             errors: BTreeMap::new(),
+            stale: BTreeSet::new(),
             dp,
             dataplane_reason,
             stats: Stats::default(),
@@ -192,12 +197,16 @@ impl Daemon {
         }
         for net in self.desired.networks.clone() {
             let previous = self.applied.get(&net.name);
-            if previous == Some(&net) && !self.errors.contains_key(&net.name) {
+            if previous == Some(&net)
+                && !self.errors.contains_key(&net.name)
+                && !self.stale.contains(&net.name)
+            {
                 continue;
             }
             match self.dp.apply(&net, previous) {
                 Ok(stats) => {
                     self.errors.remove(&net.name);
+                    self.stale.remove(&net.name);
                     self.stats.last_sync.insert(net.name.clone(), stats);
                     self.applied.insert(net.name.clone(), net);
                 }
@@ -227,6 +236,29 @@ impl Daemon {
             }
         }
         failed
+    }
+
+    /// The namespaces the desired state uses ([`watch`] follows them).
+    pub fn netns_keys(&self) -> BTreeSet<watch::NetnsKey> {
+        (self.desired.networks.iter())
+            .map(|n| n.netns_key().map(str::to_owned))
+            .collect()
+    }
+
+    /// Namespace `ns` changed (an address or a link came or went, or the namespace itself):
+    /// its networks are applied again, which re-reads the node's addresses, re-attaches and
+    /// re-adds aliases where an interface was recreated, or fails with a status that says why.
+    pub fn node_changed(&mut self, ns: &watch::NetnsKey) {
+        let names: Vec<String> = (self.desired.networks.iter())
+            .filter(|n| n.netns_key() == ns.as_deref())
+            .map(|n| n.name.clone())
+            .collect();
+        if names.is_empty() {
+            return;
+        }
+        tracing::debug!(netns = ?ns, networks = ?names, "the node changed; applying again");
+        self.stale.extend(names);
+        self.reconcile();
     }
 
     /// Retries what failed (the actor calls this when idle).

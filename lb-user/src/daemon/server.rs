@@ -1,14 +1,19 @@
 //! The daemon's process: choosing the dataplane, the actor thread that owns the [`Daemon`],
 //! the API socket and the metrics endpoint.
 use std::{
-    collections::BTreeMap, os::unix::fs::PermissionsExt as _, path::Path, sync::mpsc,
+    collections::BTreeMap,
+    os::unix::fs::PermissionsExt as _,
+    path::Path,
+    sync::{Arc, mpsc},
     time::Duration,
 };
 
 use anyhow::{Context as _, Result, bail};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::{APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, read_state};
+use super::{
+    APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, read_state, watch,
+};
 use crate::{
     api::{self, MAX_REQUEST, Request, Response},
     core::model::Network,
@@ -19,13 +24,28 @@ use crate::{
 enum Job {
     Api(Request, tokio::sync::oneshot::Sender<Response>),
     Metrics(tokio::sync::oneshot::Sender<String>),
+    /// A namespace's addresses or links changed (from [`watch`]).
+    Node(watch::NetnsKey),
+    /// The daemon is stopping. Explicit, because the actor holds a sender of its own (the
+    /// watchers report through it), so the channel never disconnects while it runs.
+    Stop,
 }
 
-fn actor(mut daemon: Daemon, jobs: mpsc::Receiver<Job>, retry: Duration) {
+fn actor(
+    mut daemon: Daemon,
+    jobs: mpsc::Receiver<Job>,
+    to_self: mpsc::Sender<Job>,
+    retry: Duration,
+) {
+    let report: watch::Report = Arc::new(move |ns| to_self.send(Job::Node(ns)).is_ok());
+    let mut watcher = watch::Watcher::default();
     // Retries run on a clock of their own: a steady stream of requests (a monitor polling
     // `lb status`) must not postpone them.
     let mut next_retry = std::time::Instant::now() + retry;
     loop {
+        // The namespaces to follow change only with the desired state; a thread whose
+        // namespace went away is replaced here once it is back.
+        watcher.sync(&daemon.netns_keys(), &report);
         let now = std::time::Instant::now();
         if now >= next_retry {
             daemon.retry();
@@ -48,6 +68,8 @@ fn actor(mut daemon: Daemon, jobs: mpsc::Receiver<Job>, retry: Duration) {
             Ok(Job::Metrics(reply)) => {
                 let _ = reply.send(daemon.metrics());
             }
+            Ok(Job::Node(ns)) => daemon.node_changed(&ns),
+            Ok(Job::Stop) => return,
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
@@ -248,7 +270,10 @@ pub fn run(opts: Options) -> Result<()> {
     let retry = opts.retry;
     let actor = std::thread::Builder::new()
         .name("lb-actor".into())
-        .spawn(move || actor(daemon, rx, retry))
+        .spawn({
+            let to_self = jobs.clone();
+            move || actor(daemon, rx, to_self, retry)
+        })
         .context("starting the actor")?;
     let socket = opts.socket.clone();
     rt.block_on(async {
@@ -276,6 +301,7 @@ pub fn run(opts: Options) -> Result<()> {
     })?;
     tracing::info!("stopping; the dataplane stays in place for the next daemon");
     let _ = std::fs::remove_file(&socket);
+    let _ = jobs.send(Job::Stop);
     drop(jobs);
     rt.shutdown_timeout(Duration::from_secs(1));
     let _ = actor.join();

@@ -1,0 +1,228 @@
+//! Following the node: one thread per namespace the desired state uses, subscribed to its
+//! rtnetlink address and link events, tells the actor which namespace changed, and the actor
+//! applies that namespace's networks again. So an address added to the node later is served
+//! (published ports answer on it), one removed is dropped, and an interface deleted and
+//! recreated gets its programs and aliases back — within a second, as nftables' `fib daddr
+//! type local` and `iifname` follow such changes at once.
+//!
+//! Contracts:
+//! - The watcher only reports; the actor stays the one writer. Events are coalesced for
+//!   [`SETTLE`] so that a burst (an interface coming up with its addresses) costs one apply.
+//! - lb's own alias changes (IFA_PROTO [`ALIAS_PROTO`]) are not reported: an apply that adds
+//!   aliases must not trigger another apply.
+//! - A namespace is followed while it is the one its path names: the thread's socket keeps a
+//!   deleted namespace alive, so the thread compares the path's inode with its own namespace
+//!   every [`POLL`], reports a change when they differ (the networks there then fail with
+//!   "opening network namespace …" until it returns) and ends; [`Watcher::sync`] starts a
+//!   new thread once the path names a namespace again.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    os::fd::AsRawFd as _,
+    os::unix::fs::MetadataExt as _,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+        mpsc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
+use rtnetlink::{
+    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_LINK},
+    packet_core::{NetlinkMessage, NetlinkPayload},
+    packet_route::{RouteNetlinkMessage, address::AddressAttribute},
+    sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
+};
+
+use crate::netlink::{ALIAS_PROTO, join_netns, netns_path};
+
+/// How long events are coalesced before one report.
+const SETTLE: Duration = Duration::from_millis(100);
+/// How often a thread checks that its namespace is still the one its path names.
+const POLL: Duration = Duration::from_millis(500);
+
+/// A namespace as the state names it: `None` is the daemon's own.
+pub type NetnsKey = Option<String>;
+
+/// Tells the actor that a namespace changed; false once the actor is gone.
+pub type Report = Arc<dyn Fn(NetnsKey) -> bool + Send + Sync>;
+
+/// The watcher threads, one per namespace key.
+#[derive(Default)]
+pub struct Watcher {
+    threads: BTreeMap<NetnsKey, Arc<AtomicBool>>,
+}
+
+impl Watcher {
+    /// Follows exactly the namespaces of `wanted`: starts a thread for each one that has none
+    /// (or whose thread ended), and stops the others. A namespace that does not exist yet is
+    /// tried again at the next call.
+    pub fn sync(&mut self, wanted: &BTreeSet<NetnsKey>, report: &Report) {
+        self.threads.retain(|ns, alive| {
+            let keep = wanted.contains(ns) && alive.load(Ordering::Relaxed);
+            if !keep {
+                alive.store(false, Ordering::Relaxed);
+            }
+            keep
+        });
+        for ns in wanted {
+            if self.threads.contains_key(ns) {
+                continue;
+            }
+            match spawn(ns.clone(), report.clone()) {
+                Ok(alive) => {
+                    self.threads.insert(ns.clone(), alive);
+                }
+                Err(e) => {
+                    tracing::debug!(netns = ?ns, error = %format!("{e:#}"), "not following a namespace yet")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Watcher {
+    /// Each thread ends within [`POLL`].
+    fn drop(&mut self) {
+        for alive in self.threads.values() {
+            alive.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The inode of the namespace `ns` names (the daemon's own for `None`).
+fn netns_inode(ns: &NetnsKey) -> Result<u64> {
+    let path = ns
+        .as_deref()
+        .map_or_else(|| PathBuf::from("/proc/self/ns/net"), netns_path);
+    Ok(std::fs::metadata(&path)
+        .with_context(|| format!("{}", path.display()))?
+        .ino())
+}
+
+fn spawn(ns: NetnsKey, report: Report) -> Result<Arc<AtomicBool>> {
+    let alive = Arc::new(AtomicBool::new(true));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let flag = alive.clone();
+    std::thread::Builder::new()
+        .name("lb-watch".into())
+        .spawn(move || {
+            let socket = subscribe(&ns);
+            let joined = socket.as_ref().ok().map(|(_, ino)| *ino);
+            let _ = ready_tx.send(socket.as_ref().map(drop).map_err(|e| format!("{e:#}")));
+            if let Ok((socket, _)) = socket {
+                follow(&ns, &socket, joined, &flag, &report);
+            }
+            flag.store(false, Ordering::Relaxed);
+        })
+        .context("spawning a watcher thread")?;
+    ready_rx
+        .recv()
+        .context("the watcher thread ended")?
+        .map_err(anyhow::Error::msg)?;
+    Ok(alive)
+}
+
+/// Joins `ns` on this thread for good (the thread is the watcher's own) and opens a socket
+/// subscribed to its address and link events; returns it with the namespace's inode.
+fn subscribe(ns: &NetnsKey) -> Result<(Socket, u64)> {
+    if let Some(name) = ns {
+        join_netns(&netns_path(name))?;
+    }
+    let ino = std::fs::metadata("/proc/thread-self/ns/net")
+        .context("reading this thread's namespace")?
+        .ino();
+    let mut socket = Socket::new(NETLINK_ROUTE).context("opening a rtnetlink socket")?;
+    socket
+        .bind(&SocketAddr::new(0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR))
+        .context("subscribing to address and link events")?;
+    let tv = libc::timeval {
+        tv_sec: 0,
+        // Wakes up at least every SETTLE, so a coalesced report leaves on time.
+        tv_usec: SETTLE.as_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt with a valid timeval on a socket we own.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error()).context("setting the receive timeout");
+    }
+    Ok((socket, ino))
+}
+
+fn follow(
+    ns: &NetnsKey,
+    socket: &Socket,
+    joined: Option<u64>,
+    alive: &AtomicBool,
+    report: &Report,
+) {
+    let mut buf = vec![0u8; 1 << 16];
+    let mut pending: Option<Instant> = None;
+    let mut last_check = Instant::now();
+    while alive.load(Ordering::Relaxed) {
+        match socket.recv(&mut &mut buf[..], 0) {
+            Ok(n) if relevant(&buf[..n]) => {
+                pending.get_or_insert_with(Instant::now);
+            }
+            Ok(_) => {}
+            // The receive timeout, or an overrun (ENOBUFS: events were lost, so something
+            // changed): both mean "look again".
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
+                pending.get_or_insert_with(Instant::now);
+            }
+            Err(_) => {}
+        }
+        if last_check.elapsed() >= POLL {
+            last_check = Instant::now();
+            if netns_inode(ns).ok() != joined {
+                tracing::warn!(netns = ?ns, "the network namespace is gone or was replaced");
+                report(ns.clone());
+                return;
+            }
+        }
+        if pending.is_some_and(|t| t.elapsed() >= SETTLE) {
+            pending = None;
+            if !report(ns.clone()) {
+                return;
+            }
+        }
+    }
+}
+
+/// Whether a batch of rtnetlink messages holds a change lb must act on: any link event, and
+/// any address event that is not about one of lb's own aliases.
+fn relevant(mut bytes: &[u8]) -> bool {
+    let mut any = false;
+    while bytes.len() >= 16 {
+        let len = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
+        if len < 16 || len > bytes.len() {
+            return true;
+        }
+        let Ok(msg) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes[..len]) else {
+            // Not one we can read: look again rather than miss a change.
+            return true;
+        };
+        any |= match msg.payload {
+            NetlinkPayload::InnerMessage(
+                RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a),
+            ) => !a
+                .attributes
+                .iter()
+                .any(|x| matches!(x, AddressAttribute::Protocol(p) if u8::from(*p) == ALIAS_PROTO)),
+            NetlinkPayload::InnerMessage(_) => true,
+            _ => false,
+        };
+        bytes = &bytes[len.next_multiple_of(4).min(bytes.len())..];
+    }
+    any
+}
