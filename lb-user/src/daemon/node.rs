@@ -1,5 +1,5 @@
 //! The live node, as the daemon sees it: what a change is checked against before it is saved
-//! (interfaces, addresses), and — in [`watch`] — the netlink events that make a network be
+//! (interfaces, addresses), and — in [`super::watch`] — the netlink events that make a network be
 //! applied again when its namespace's addresses or links change.
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
