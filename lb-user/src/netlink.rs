@@ -17,7 +17,7 @@ use anyhow::{Context as _, Result, bail};
 use futures_util::TryStreamExt as _;
 use netlink_packet_route::{
     address::{AddressAttribute, AddressMessage, AddressProtocol},
-    link::{InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkInfo, LinkMessage},
+    link::{InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkInfo, LinkMessage, LinkXdp},
 };
 
 /// Runs `f` on a new thread that has joined network namespace `netns` (a name under
@@ -308,6 +308,22 @@ impl Netlink {
                 .await
                 .context("listing links")
         })
+    }
+
+    /// The id of the XDP program attached to `ifname`, if any.
+    pub fn xdp_prog_id(&self, ifname: &str) -> Result<Option<u32>> {
+        let index = self.ifindex(ifname)?;
+        let links = self.links()?;
+        let Some(link) = links.iter().find(|m| m.header.index == index) else {
+            return Ok(None);
+        };
+        Ok(link.attributes.iter().find_map(|a| match a {
+            LinkAttribute::Xdp(x) => x.iter().find_map(|x| match x {
+                LinkXdp::ProgId(id) if *id != 0 => Some(*id),
+                _ => None,
+            }),
+            _ => None,
+        }))
     }
 
     /// Whether `ifname` is a veth.

@@ -312,3 +312,147 @@ fn local_addrs_of(pin: &Path) -> Vec<Ipv4Addr> {
         .map(|k| Ipv4Addr::from(k.unwrap().to_ne_bytes()))
         .collect()
 }
+
+#[test]
+fn an_interface_deleted_and_recreated_is_served_again() {
+    if !require_root("an_interface_deleted_and_recreated_is_served_again") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    d.ok(&network_add(&topo, "web"));
+    let port = format!("tcp/{PUBLISHED}:{PORT}");
+    d.ok(&service_set(
+        "web",
+        "api",
+        "1",
+        VIP,
+        &port,
+        &topo.backend_ips,
+    ));
+    tcp_request(&topo.client, VIP, PORT, TIMEOUT).expect("the VIP answers");
+    tcp_request(&topo.client, topo.node_ip, PUBLISHED, TIMEOUT).expect("the port answers");
+
+    // The client-facing interface goes away, with the VIP alias and the programs on it, and
+    // comes back under the same name: only the node's link events tell lb.
+    topo.recreate_client_link().unwrap();
+    let short = std::time::Duration::from_millis(300);
+    let took = wait_for(std::time::Duration::from_secs(10), || {
+        tcp_request(&topo.client, VIP, PORT, short).is_ok()
+            && tcp_request(&topo.client, topo.node_ip, PUBLISHED, short).is_ok()
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the VIP or the published port never answered again after the interface came back\n{}",
+            d.log()
+        )
+    });
+    let n = network_status(&d, "web");
+    assert_eq!(n["applied"], true, "{n}");
+    // Served by lb's programs, not by something else: the reply names a backend, and the
+    // interface has lb's programs attached again.
+    let attached = attached_programs(&topo, &topo.node_ifaces[0]);
+    assert!(
+        attached.iter().any(|p| p == "lb_tc_ingress"),
+        "lb's programs are attached to the recreated interface: {attached:?}"
+    );
+    println!("an interface deleted and recreated was served again after {took:?}");
+}
+
+/// The names of the TCX ingress programs on `ifname` in the topology's node.
+fn attached_programs(topo: &Topology, ifname: &str) -> Vec<String> {
+    let ifname = ifname.to_owned();
+    topo.node
+        .run(move || {
+            use aya::programs::{SchedClassifier, TcAttachType};
+            let (_, progs) = SchedClassifier::query_tcx(&ifname, TcAttachType::Ingress)
+                .expect("querying TCX ingress");
+            (progs.iter())
+                .filter_map(|p| p.name_as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap()
+}
+
+#[test]
+fn a_namespace_that_goes_away_fails_its_network_until_it_is_back() {
+    if !require_root("a_namespace_that_goes_away_fails_its_network_until_it_is_back") {
+        return;
+    }
+    // A namespace of its own with one veth pair inside: no traffic is needed to see the
+    // network applied (programs attached), failed, and applied again.
+    let ns = lb_tests::netns::Netns::new("sandbox").unwrap();
+    let link = |ns: &lb_tests::netns::Netns| {
+        ns.ip([
+            "link", "add", "lbv0", "type", "veth", "peer", "name", "lbv1",
+        ])
+        .unwrap();
+        ns.ip(["addr", "add", "10.50.0.1/24", "dev", "lbv0"])
+            .unwrap();
+        ns.ip(["link", "set", "lbv0", "up"]).unwrap();
+        ns.ip(["link", "set", "lbv1", "up"]).unwrap();
+    };
+    link(&ns);
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    d.ok(&[
+        "network",
+        "add",
+        "sb",
+        "--netns",
+        ns.name(),
+        "--interface",
+        "lbv0",
+    ]);
+    let backend: Ipv4Addr = "10.50.0.2".parse().unwrap();
+    d.ok(&service_set(
+        "sb",
+        "api",
+        "1",
+        VIP,
+        &format!("tcp/{PUBLISHED}:{PORT}"),
+        &[backend],
+    ));
+    let attached = || {
+        ns.run(|| {
+            use aya::programs::{SchedClassifier, TcAttachType};
+            SchedClassifier::query_tcx("lbv0", TcAttachType::Ingress)
+                .map(|(_, p)| p.iter().any(|p| p.name_as_str() == Some("lb_tc_ingress")))
+                .unwrap_or(false)
+        })
+        .unwrap_or(false)
+    };
+    assert!(attached());
+    let bound = std::time::Duration::from_secs(20);
+
+    ns.remove().unwrap();
+    let failed = wait_for(bound, || {
+        let n = network_status(&d, "sb");
+        n["applied"] == false && n["error"].as_str().unwrap_or("").contains("namespace")
+    });
+    assert!(
+        failed.is_some(),
+        "the network is not marked failed after its namespace went away: {}",
+        network_status(&d, "sb")
+    );
+    let error = network_status(&d, "sb")["error"].clone();
+
+    ns.restore().unwrap();
+    link(&ns);
+    let back = wait_for(bound, || {
+        network_status(&d, "sb")["applied"] == true && attached()
+    });
+    assert!(
+        back.is_some(),
+        "the network did not recover when its namespace came back: {}\n{}",
+        network_status(&d, "sb"),
+        d.log()
+    );
+    println!(
+        "namespace gone: failed after {:?} with {error}; back: applied again after {:?}",
+        failed.unwrap(),
+        back.unwrap()
+    );
+}

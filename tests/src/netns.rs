@@ -128,16 +128,34 @@ impl Netns {
         add_netns(&name)?;
         // From here on the guard owns the namespace: a failed setup still deletes it.
         let ns = Netns { name };
-        ns.ip(["link", "set", "lo", "up"])?;
+        ns.setup()?;
+        Ok(ns)
+    }
+
+    fn setup(&self) -> Result<()> {
+        self.ip(["link", "set", "lo", "up"])?;
         for (key, value) in [
             ("net.ipv4.conf.all.rp_filter", "0"),
             ("net.ipv4.conf.default.rp_filter", "0"),
             ("net.ipv6.conf.all.disable_ipv6", "1"),
             ("net.ipv6.conf.default.disable_ipv6", "1"),
         ] {
-            ns.sysctl(key, value)?;
+            self.sysctl(key, value)?;
         }
-        Ok(ns)
+        Ok(())
+    }
+
+    /// Deletes the namespace while the guard lives on (a pod sandbox or container that went
+    /// away); [`Netns::restore`] brings an empty one back under the same name.
+    pub fn remove(&self) -> Result<()> {
+        delete(&self.name)
+    }
+
+    /// A new, empty namespace under the name of one [`Netns::remove`]d, set up as by
+    /// [`Netns::new`].
+    pub fn restore(&self) -> Result<()> {
+        add_netns(&self.name)?;
+        self.setup()
     }
 
     pub fn name(&self) -> &str {
@@ -491,6 +509,16 @@ impl Topology {
             backend_ips,
             node_ifaces: node_ifaces.iter().map(|&s| s.to_owned()).collect(),
         })
+    }
+
+    /// Deletes the node's client-facing veth (`lbc0`, and with it the client's `eth0`) and
+    /// creates it again with the same names and addresses: an interface that went away and
+    /// came back (a container restarted, a link recreated by its manager). Routed topology.
+    pub fn recreate_client_link(&self) -> Result<()> {
+        self.node.ip(["link", "del", NODE_CLIENT_IF])?;
+        self.node.veth(NODE_CLIENT_IF, &self.client, ENDPOINT_IF)?;
+        self.node.up(NODE_CLIENT_IF, Some(self.node_ip))?;
+        self.client.endpoint(self.client_ip, Some(self.node_ip))
     }
 
     /// Every namespace of the topology, in drop order.

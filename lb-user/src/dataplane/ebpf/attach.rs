@@ -14,7 +14,7 @@ use aya::programs::{
 };
 
 use super::{EbpfNetwork, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, TcMode};
-use crate::core::model::Attach;
+use crate::{core::model::Attach, netlink::Netlink};
 
 /// Prefix of link pin names.
 const LINK_PREFIX: &str = "link_";
@@ -60,7 +60,12 @@ impl EbpfNetwork {
         mode: TcMode,
     ) -> Result<()> {
         let pin = self.link_path(ifname, name);
-        if mode == TcMode::Tcx && pin.exists() {
+        if mode == TcMode::Tcx
+            && keep_pinned(&pin, ifname, || {
+                let (_, progs) = SchedClassifier::query_tcx(ifname, hook)?;
+                Ok(progs.iter().map(|p| p.id()).collect())
+            })?
+        {
             return Ok(());
         }
         let p: &mut SchedClassifier = self
@@ -103,7 +108,9 @@ impl EbpfNetwork {
 
     fn attach_xdp(&mut self, ifname: &str) -> Result<bool> {
         let pin = self.link_path(ifname, "xdp");
-        if pin.exists() {
+        if keep_pinned(&pin, ifname, || {
+            Ok(Netlink::new()?.xdp_prog_id(ifname)?.into_iter().collect())
+        })? {
             return Ok(true);
         }
         let p: &mut Xdp = self
@@ -133,6 +140,37 @@ impl EbpfNetwork {
     pub fn has_xdp(&self, ifname: &str) -> bool {
         self.link_path(ifname, "xdp").exists()
     }
+}
+
+/// Whether the link pinned at `pin` (if any) is attached to `ifname` now, so it is kept as it
+/// is. A link outlives the interface it was attached to: when the interface is deleted (or its
+/// namespace goes) the link stays, defunct, and a same-named interface that comes back has
+/// nothing attached. Such a pin is removed (which frees the link) so the caller attaches
+/// again. `attached` lists the ids of the programs that run on the hook now.
+fn keep_pinned(
+    pin: &Path,
+    ifname: &str,
+    attached: impl FnOnce() -> Result<Vec<u32>>,
+) -> Result<bool> {
+    if !pin.exists() {
+        return Ok(false);
+    }
+    let link: FdLink = PinnedLink::from_pin(pin)
+        .with_context(|| format!("opening the pinned link {}", pin.display()))?
+        .into();
+    let prog = link
+        .info()
+        .with_context(|| format!("reading the pinned link {}", pin.display()))?
+        .program_id();
+    if attached()
+        .with_context(|| format!("listing the programs attached to {ifname}"))?
+        .contains(&prog)
+    {
+        return Ok(true);
+    }
+    tracing::info!(interface = ifname, pin = %pin.display(), "the pinned link is no longer attached (the interface was recreated); attaching again");
+    std::fs::remove_file(pin).with_context(|| format!("removing {}", pin.display()))?;
+    Ok(false)
 }
 
 fn pin_link(link: FdLink, path: &Path) -> Result<()> {
