@@ -35,6 +35,27 @@ fn network_status(d: &LbDaemon, name: &str) -> Value {
         .unwrap_or_else(|| panic!("network {name} missing from {s}"))
 }
 
+/// A daemon on dataplane `dp` serving network `web` over `topo`: service `api` generation 1
+/// with [`VIP`] and port [`PUBLISHED`] → [`PORT`] on every backend of the topology.
+fn serving(topo: &Topology, bpffs: &Bpffs, dp: &str) -> LbDaemon {
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dp]).unwrap();
+    d.ok(&network_add(topo, "web"));
+    d.ok(&service_set(
+        "web",
+        "api",
+        "1",
+        VIP,
+        &published(),
+        &topo.backend_ips,
+    ));
+    d
+}
+
+/// `tcp/PUBLISHED:PORT`.
+fn published() -> String {
+    format!("tcp/{PUBLISHED}:{PORT}")
+}
+
 #[test]
 fn a_failing_network_does_not_fail_a_change_to_another() {
     if !require_root("a_failing_network_does_not_fail_a_change_to_another") {
@@ -121,17 +142,8 @@ fn a_vip_or_host_ip_that_contradicts_the_node_is_refused_and_nothing_is_saved() 
     }
     let topo = Topology::new(1).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
-    d.ok(&network_add(&topo, "web"));
-    let port = format!("tcp/{PUBLISHED}:{PORT}");
-    d.ok(&service_set(
-        "web",
-        "api",
-        "1",
-        VIP,
-        &port,
-        &topo.backend_ips,
-    ));
+    let d = serving(&topo, &bpffs, "ebpf");
+    let port = published();
     let state = || d.ok(&["state"]);
     let before = state();
     let node_if = &topo.node_ifaces[0];
@@ -244,17 +256,7 @@ fn an_address_added_to_the_node_later_serves_a_published_port() {
     let topo = Topology::new(1).unwrap();
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
-    d.ok(&network_add(&topo, "web"));
-    let port = format!("tcp/{PUBLISHED}:{PORT}");
-    d.ok(&service_set(
-        "web",
-        "api",
-        "1",
-        VIP,
-        &port,
-        &topo.backend_ips,
-    ));
+    let d = serving(&topo, &bpffs, "ebpf");
     tcp_request(&topo.client, topo.node_ip, PUBLISHED, TIMEOUT)
         .expect("the published port answers on the node's address");
     // A second address on the client-facing link, added after the service: nothing tells lb
@@ -333,17 +335,7 @@ fn recreated_interface(dp: &str) {
     let topo = Topology::new(2).unwrap();
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dp]).unwrap();
-    d.ok(&network_add(&topo, "web"));
-    let port = format!("tcp/{PUBLISHED}:{PORT}");
-    d.ok(&service_set(
-        "web",
-        "api",
-        "1",
-        VIP,
-        &port,
-        &topo.backend_ips,
-    ));
+    let d = serving(&topo, &bpffs, dp);
     tcp_request(&topo.client, VIP, PORT, TIMEOUT).expect("the VIP answers");
     tcp_request(&topo.client, topo.node_ip, PUBLISHED, TIMEOUT).expect("the port answers");
 
