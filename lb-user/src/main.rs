@@ -9,7 +9,7 @@ use lb_user::{
     core::elements,
     core::model::{self, Backend, DEFAULT_GENERATION, FlowTimeouts, Network, PortConfig, Service},
     daemon::{self, DataplaneChoice},
-    dataplane::ebpf::{DEFAULT_BPFFS, TcMode},
+    dataplane::ebpf::{DEFAULT_BPFFS, OnIncompatible, TcMode},
     oneshot,
 };
 use serde_json::Value;
@@ -31,6 +31,26 @@ enum TcChoice {
     Auto,
     Tcx,
     Netlink,
+}
+
+/// What `lb daemon` and `lb load` do with pinned maps of another layout.
+#[derive(Args, Clone, Copy)]
+struct Layouts {
+    /// Replace pinned maps whose layout is not this lb's, losing what they hold (flows of
+    /// lb_flows: connections re-create them on the same backend). Without it such a network
+    /// is refused and left as it is, its programs serving on.
+    #[arg(long)]
+    replace_incompatible_maps: bool,
+}
+
+impl Layouts {
+    fn choice(self) -> OnIncompatible {
+        if self.replace_incompatible_maps {
+            OnIncompatible::Replace
+        } else {
+            OnIncompatible::Refuse
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -83,6 +103,8 @@ enum Cmd {
         /// metrics.
         #[arg(long, default_value_t = 10)]
         gc_secs: u64,
+        #[command(flatten)]
+        layouts: Layouts,
     },
     /// Networks: a set of interfaces the programs attach to, and their services.
     Network {
@@ -142,6 +164,8 @@ enum Cmd {
         /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]
         tc: TcChoice,
+        #[command(flatten)]
+        layouts: Layouts,
     },
     /// Remove everything the last `lb load` programmed.
     Unload {
@@ -292,6 +316,7 @@ fn run(cli: Cli) -> Result<()> {
             tc,
             retry_secs,
             gc_secs,
+            layouts,
         } => daemon::run(daemon::Options {
             state_dir,
             socket,
@@ -302,6 +327,7 @@ fn run(cli: Cli) -> Result<()> {
                 DataplaneArg::Nftables => DataplaneChoice::Nftables,
             },
             tc_mode: tc_mode(tc),
+            on_incompatible: layouts.choice(),
             metrics,
             retry: Duration::from_secs(retry_secs.max(1)),
             gc: Duration::from_secs(gc_secs.max(1)),
@@ -552,8 +578,10 @@ fn run(cli: Cli) -> Result<()> {
             bpffs,
             state_dir,
             tc,
+            layouts,
         } => {
-            for (network, s) in oneshot::load(&state, &bpffs, &state_dir, tc_mode(tc))? {
+            let loaded = oneshot::load(&state, &bpffs, &state_dir, tc_mode(tc), layouts.choice())?;
+            for (network, s) in loaded {
                 println!(
                     "{network}: loaded ({} map entries written, {} deleted, {} flows flushed); pinned under {}",
                     s.written,

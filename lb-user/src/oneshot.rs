@@ -7,7 +7,10 @@ use anyhow::{Context as _, Result};
 
 use crate::{
     core::model::{DesiredState, Network},
-    dataplane::{Dataplane as _, EbpfDataplane, SyncStats, ebpf::TcMode},
+    dataplane::{
+        Dataplane as _, EbpfDataplane, SyncStats,
+        ebpf::{OnIncompatible, TcMode},
+    },
 };
 
 /// Where `lb load` records what it applied, so `lb unload` knows which interfaces and
@@ -32,12 +35,13 @@ pub fn load(
     bpffs: &Path,
     state_dir: &Path,
     tc_mode: TcMode,
+    on_incompatible: OnIncompatible,
 ) -> Result<Vec<(String, SyncStats)>> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let state = DesiredState::from_json(&text).with_context(|| format!("{}", file.display()))?;
     let previous = read_loaded(state_dir)?;
-    let mut dp = EbpfDataplane::new(bpffs, tc_mode)?;
+    let mut dp = EbpfDataplane::new(bpffs, tc_mode)?.on_incompatible(on_incompatible);
     for network in &state.networks {
         dp.supports(network)?;
     }

@@ -1,6 +1,6 @@
 //! The flow lifecycle through `lb daemon` (eBPF dataplane): what `lb conntrack` shows, flows
 //! leaving it when their (short, set per network) timeouts pass, the collector giving their
-//! entries back, and pinned maps of an older layout replaced rather than adopted. Root only.
+//! entries back. Root only.
 use std::{
     net::Ipv4Addr,
     path::Path,
@@ -149,98 +149,6 @@ fn closed_and_idle_flows_leave_lb_conntrack_within_their_timeouts() {
         metrics_like.contains("1 flows (0 closing, 1 established, 0 opening)"),
         "{metrics_like}"
     );
-}
-
-/// The kernel id of the map pinned at `path`.
-fn map_id(path: &Path) -> u32 {
-    aya::maps::MapData::from_pin(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-        .info()
-        .unwrap()
-        .id()
-}
-
-/// A pinned map whose recorded layout is not this binary's (an older lb's) is replaced rather
-/// than adopted, with one log line naming it: its flows are lost that once. Maps whose layout
-/// is unchanged are adopted as they are (the flow hash key in `lb_config` with them, so a
-/// connection whose entries went re-creates itself on its backend from its next packet). A
-/// pin directory without a record (lb before layouts were recorded) counts as layout 1.
-#[test]
-fn a_pinned_map_of_an_older_layout_is_replaced_not_adopted() {
-    if !require_root("a_pinned_map_of_an_older_layout_is_replaced_not_adopted") {
-        return;
-    }
-    let topo = Topology::new(2).unwrap();
-    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    let bpffs = Bpffs::new().unwrap();
-    let mut d = start(&bpffs);
-    d.ok(&network_add(&topo, "lay"));
-    d.ok(&service_set(
-        "lay",
-        "api",
-        "1",
-        VIP,
-        &format!("tcp/{PORT}"),
-        &topo.backend_ips,
-    ));
-    let mut open = TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
-    let first = open.ask().unwrap();
-    let dir = bpffs.path().join("lay");
-    let (flows, config, vips) = (
-        map_id(&dir.join("lb_flows")),
-        map_id(&dir.join("lb_config")),
-        map_id(&dir.join("lb_vips")),
-    );
-
-    // As an older lb would have left it: lb_flows recorded in layout 1.
-    d.stop();
-    {
-        let pin = aya::maps::MapData::from_pin(dir.join("lb_layout")).unwrap();
-        let mut layout: aya::maps::Array<_, u32> =
-            aya::maps::Array::try_from(aya::maps::Map::Array(pin)).unwrap();
-        let i = (lb_common::MAP_LAYOUTS.iter())
-            .position(|(m, _)| *m == "lb_flows")
-            .unwrap();
-        layout.set(i as u32, 1, 0).unwrap();
-    }
-    d.restart().unwrap();
-    let log = d.log();
-    assert!(
-        log.contains("replacing pinned maps of an older layout")
-            && log.contains("lb_flows (layout 1, now 2)")
-            && !log.contains("lb_config (layout"),
-        "one line names the replaced map:\n{log}"
-    );
-    assert_ne!(map_id(&dir.join("lb_flows")), flows, "lb_flows replaced");
-    assert_eq!(map_id(&dir.join("lb_config")), config, "lb_config adopted");
-    assert_eq!(map_id(&dir.join("lb_vips")), vips, "lb_vips adopted");
-    assert_eq!(
-        open.ask()
-            .expect("the connection goes on, re-created from its next packet"),
-        first,
-        "on the same backend"
-    );
-    assert_eq!(conntrack(&d, "lay").len(), 1, "re-created");
-
-    // As lb before layout records: no lb_layout at all.
-    d.stop();
-    std::fs::remove_file(dir.join("lb_layout")).unwrap();
-    d.restart().unwrap();
-    let log = d.log();
-    let line = (log.lines())
-        .rfind(|l| l.contains("replacing pinned maps of an older layout"))
-        .unwrap();
-    assert!(
-        line.contains("lb_flows (layout 1, now 2)") && line.contains("lb_config (layout 1, now 2)"),
-        "{line}"
-    );
-    assert_eq!(
-        map_id(&dir.join("lb_vips")),
-        vips,
-        "lb_vips (layout 1) adopted"
-    );
-    let r = lb_tests::traffic::tcp_request(&topo.client, VIP, PORT, TIMEOUT);
-    assert!(r.is_ok(), "new connections are served: {r:?}");
 }
 
 /// What one rolling update under load did.

@@ -30,7 +30,10 @@ use crate::{
         elements::network_elements,
         model::{DesiredState, Network},
     },
-    dataplane::{Dataplane, STATES, SyncStats, ebpf::TcMode},
+    dataplane::{
+        Dataplane, STATES, SyncStats,
+        ebpf::{OnIncompatible, TcMode},
+    },
 };
 
 mod metrics;
@@ -58,6 +61,8 @@ pub struct Options {
     pub bpffs: PathBuf,
     pub dataplane: DataplaneChoice,
     pub tc_mode: TcMode,
+    /// Pinned maps of another layout: refused, or replaced (`--replace-incompatible-maps`).
+    pub on_incompatible: OnIncompatible,
     pub metrics: Option<SocketAddr>,
     /// How often failed applies are retried.
     pub retry: Duration,

@@ -1,16 +1,28 @@
-//! Attaching a network's programs to its interfaces, and detaching them.
+//! Attaching a network's programs to its interfaces, replacing what runs there, detaching.
 //!
-//! Links are pinned under the network's directory (`link_<if>_<hook>`), so they outlive the
-//! process that made them; a hook whose link is already pinned is adopted as it is. On kernels
-//! without TCX, TC programs are netlink clsact filters, which belong to the interface and are
-//! replaced rather than stacked.
-use std::path::Path;
+//! Contracts:
+//! - A hook runs one lb program, and the one this process loaded. What runs at a hook is
+//!   compared with it by tag (the kernel's digest of the instructions, map references
+//!   blanked) and by the maps it uses: the same program is left alone; any other (the build
+//!   of another lb, or the same code bound to maps that were replaced) is replaced in one
+//!   step, never detached first, so no packet passes the hook untranslated: TCX and XDP links
+//!   are updated in place (`BPF_LINK_UPDATE`), a netlink clsact filter is changed at its own
+//!   priority and handle (the kernel swaps the program under the filter).
+//! - A hook is checked once per loaded object (per process and network): later applies cost
+//!   nothing here, and a netlink filter is not touched again.
+//! - TCX and XDP links are pinned under the network's directory (`link_<if>_<hook>`), so they
+//!   outlive the process; netlink filters belong to the interface and need no pin.
+//! - Only what the network no longer wants is detached: the hooks of an interface it dropped,
+//!   XDP when it switched to `attach tc`, TCX links when the daemon switched to netlink filters.
+use std::{collections::BTreeSet, path::Path};
 
 use anyhow::{Context as _, Result};
 use aya::programs::{
-    SchedClassifier, TcAttachType, Xdp, XdpMode,
+    Link as _, ProgramInfo, SchedClassifier, TcAttachType, Xdp, XdpMode,
     links::{FdLink, PinnedLink},
-    tc::{self, NlOptions, TcAttachOptions},
+    loaded_programs,
+    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
+    xdp::XdpLink,
 };
 
 use super::{EbpfNetwork, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, TcMode};
@@ -19,55 +31,86 @@ use crate::{core::model::Attach, netlink::Netlink};
 /// Prefix of link pin names.
 const LINK_PREFIX: &str = "link_";
 
+/// The TC hooks every interface gets: program, attach point, pin suffix.
+const TC_HOOKS: [(&str, TcAttachType, &str); 2] = [
+    (PROG_TC_EGRESS, TcAttachType::Egress, "egress"),
+    (PROG_TC_INGRESS, TcAttachType::Ingress, "ingress"),
+];
+const XDP_HOOK: &str = "xdp";
+
+/// The name of `hook` on `ifname`: its pin's file name, and its key among checked hooks.
+fn hook_name(ifname: &str, hook: &str) -> String {
+    format!("{LINK_PREFIX}{ifname}_{hook}")
+}
+
+/// The hooks of a network, by [`hook_name`].
+pub(super) struct Wanted {
+    /// Every hook.
+    hooks: BTreeSet<String>,
+    /// The hooks that are pinned links (all but netlink filters).
+    pins: BTreeSet<String>,
+}
+
+impl Wanted {
+    /// The hooks of a network on `ifnames` with `attach` under `tc_mode`.
+    pub(super) fn new(ifnames: &[String], attach: Attach, tc_mode: TcMode) -> Self {
+        let mut w = Wanted {
+            hooks: BTreeSet::new(),
+            pins: BTreeSet::new(),
+        };
+        for i in ifnames {
+            for (_, _, hook) in TC_HOOKS {
+                w.hooks.insert(hook_name(i, hook));
+                if tc_mode == TcMode::Tcx {
+                    w.pins.insert(hook_name(i, hook));
+                }
+            }
+            if attach == Attach::Xdp {
+                w.hooks.insert(hook_name(i, XDP_HOOK));
+                w.pins.insert(hook_name(i, XDP_HOOK));
+            }
+        }
+        w
+    }
+}
+
+/// What tells two loaded programs apart: the tag and the maps they use.
+#[derive(Debug, PartialEq, Eq)]
+struct Identity {
+    tag: u64,
+    maps: BTreeSet<u32>,
+}
+
+impl Identity {
+    fn of(info: &ProgramInfo) -> Result<Self> {
+        let maps = (info.map_ids())
+            .context("reading a program's map ids")?
+            .unwrap_or_default();
+        Ok(Identity {
+            tag: info.tag(),
+            maps: maps.into_iter().collect(),
+        })
+    }
+
+    /// The identity of the loaded program `id` (`None` when it is gone).
+    fn of_id(id: u32) -> Result<Option<Self>> {
+        // aya has no lookup by id; programs come and go while this walks, so one that fails
+        // to open is simply not it.
+        for info in loaded_programs().flatten() {
+            if info.id() == id {
+                return Self::of(&info).map(Some);
+            }
+        }
+        Ok(None)
+    }
+}
+
 impl EbpfNetwork {
     fn link_path(&self, ifname: &str, hook: &str) -> std::path::PathBuf {
-        self.dir.join(format!("{LINK_PREFIX}{ifname}_{hook}"))
+        self.dir.join(hook_name(ifname, hook))
     }
 
-    /// Attaches the programs to `ifname` (in the calling thread's network namespace): TC
-    /// egress and TC ingress always; with `attach xdp` also XDP in front of TC ingress where
-    /// the driver runs XDP natively, which translates what it can prove it rewrites right and
-    /// leaves the rest to TC ingress. Generic (skb) XDP is never used: it runs on the same skb
-    /// TC sees, after the same allocation, so it only adds cost (and on a bridge the kernel
-    /// hands TC ingress a frame it no longer parses). Returns whether XDP is attached.
-    pub fn attach(&mut self, ifname: &str, attach: Attach, tc_mode: TcMode) -> Result<bool> {
-        self.attach_tc(
-            ifname,
-            PROG_TC_EGRESS,
-            TcAttachType::Egress,
-            "egress",
-            tc_mode,
-        )?;
-        self.attach_tc(
-            ifname,
-            PROG_TC_INGRESS,
-            TcAttachType::Ingress,
-            "ingress",
-            tc_mode,
-        )?;
-        match attach {
-            Attach::Tc => Ok(false),
-            Attach::Xdp => self.attach_xdp(ifname),
-        }
-    }
-
-    fn attach_tc(
-        &mut self,
-        ifname: &str,
-        prog: &str,
-        hook: TcAttachType,
-        name: &str,
-        mode: TcMode,
-    ) -> Result<()> {
-        let pin = self.link_path(ifname, name);
-        if mode == TcMode::Tcx
-            && keep_pinned(&pin, ifname, || {
-                let (_, progs) = SchedClassifier::query_tcx(ifname, hook)?;
-                Ok(progs.iter().map(|p| p.id()).collect())
-            })?
-        {
-            return Ok(());
-        }
+    fn tc_program(&mut self, prog: &str) -> Result<&mut SchedClassifier> {
         let p: &mut SchedClassifier = self
             .ebpf
             .program_mut(prog)
@@ -76,43 +119,10 @@ impl EbpfNetwork {
         if p.fd().is_err() {
             p.load().with_context(|| format!("loading {prog}"))?;
         }
-        let options = match mode {
-            TcMode::Tcx => TcAttachOptions::TcxOrder(Default::default()),
-            TcMode::Netlink => {
-                // clsact may be there already (an earlier run, another tool): that is fine, and
-                // any other failure surfaces as the attach's error below.
-                let _ = tc::qdisc_add_clsact(ifname);
-                // A filter of ours from an earlier run is replaced rather than stacked. Between
-                // the two a packet passes untranslated; flows survive (they live in the maps).
-                let _ = tc::qdisc_detach_program(ifname, hook, prog);
-                TcAttachOptions::Netlink(NlOptions::default())
-            }
-        };
-        let id = p
-            .attach_with_options(ifname, hook, options)
-            .with_context(|| format!("attaching {prog} to {ifname} {name} ({mode:?})"))?;
-        let link = p.take_link(id)?;
-        match mode {
-            TcMode::Tcx => {
-                let fd: FdLink = link.try_into().context("a TCX link is an fd link")?;
-                pin_link(fd, &pin)
-            }
-            // A netlink filter belongs to the interface, not to this process: nothing to pin,
-            // and dropping the handle must not detach it.
-            TcMode::Netlink => {
-                std::mem::forget(link);
-                Ok(())
-            }
-        }
+        Ok(p)
     }
 
-    fn attach_xdp(&mut self, ifname: &str) -> Result<bool> {
-        let pin = self.link_path(ifname, "xdp");
-        if keep_pinned(&pin, ifname, || {
-            Ok(Netlink::new()?.xdp_prog_id(ifname)?.into_iter().collect())
-        })? {
-            return Ok(true);
-        }
+    fn xdp_program(&mut self) -> Result<&mut Xdp> {
         let p: &mut Xdp = self
             .ebpf
             .program_mut(PROG_XDP)
@@ -121,56 +131,255 @@ impl EbpfNetwork {
         if p.fd().is_err() {
             p.load().context("loading lb_xdp")?;
         }
+        Ok(p)
+    }
+
+    /// Attaches the programs to `ifname` (in the calling thread's network namespace), or
+    /// replaces what runs there (see the module's contracts): TC egress and TC ingress always;
+    /// with `attach xdp` also XDP in front of TC ingress where the driver runs XDP natively,
+    /// which translates what it can prove it rewrites right and leaves the rest to TC
+    /// ingress. Generic (skb) XDP is never used: it runs on the same skb TC sees, after the
+    /// same allocation, so it only adds cost (and on a bridge the kernel hands TC ingress a
+    /// frame it no longer parses).
+    pub fn attach(
+        &mut self,
+        nl: &Netlink,
+        ifname: &str,
+        attach: Attach,
+        tc_mode: TcMode,
+    ) -> Result<()> {
+        let index = nl.ifindex(ifname)?;
+        for (prog, hook, name) in TC_HOOKS {
+            let key = hook_name(ifname, name);
+            if self.hooks.get(&key) == Some(&index) {
+                continue;
+            }
+            match tc_mode {
+                TcMode::Tcx => self.attach_tcx(ifname, prog, hook, name)?,
+                TcMode::Netlink => self.attach_netlink(nl, ifname, prog, hook)?,
+            }
+            self.hooks.insert(key, index);
+        }
+        let key = hook_name(ifname, XDP_HOOK);
+        if attach == Attach::Xdp && self.hooks.get(&key) != Some(&index) {
+            self.attach_xdp(nl, ifname)?;
+            self.hooks.insert(key, index);
+        }
+        Ok(())
+    }
+
+    fn attach_tcx(
+        &mut self,
+        ifname: &str,
+        prog: &str,
+        hook: TcAttachType,
+        name: &str,
+    ) -> Result<()> {
+        let pin = self.link_path(ifname, name);
+        drop_if_detached(&pin, ifname, || {
+            let (_, progs) = SchedClassifier::query_tcx(ifname, hook)?;
+            Ok(progs.iter().map(|p| p.id()).collect())
+        })?;
+        let p = self.tc_program(prog)?;
+        let ours = Identity::of(&p.info()?)?;
+        if pin.exists() {
+            let link = open_pinned(&pin)?;
+            let running = link.info().context("reading a TCX link")?.program_id();
+            if Identity::of_id(running)?.as_ref() == Some(&ours) {
+                return Ok(());
+            }
+            let link = SchedClassifierLink::try_from(link)
+                .with_context(|| format!("{} is not a TCX link", pin.display()))?;
+            let id = p
+                .attach_to_link(link)
+                .with_context(|| format!("replacing the program of {}", pin.display()))?;
+            // The pin keeps the link; this process's handle may go.
+            drop(p.take_link(id)?);
+            tracing::info!(
+                interface = ifname,
+                hook = name,
+                old = running,
+                new = p.info()?.id(),
+                "replaced the running program in place"
+            );
+            return Ok(());
+        }
+        let id = p
+            .attach_with_options(ifname, hook, TcAttachOptions::TcxOrder(Default::default()))
+            .with_context(|| format!("attaching {prog} to {ifname} {name} (TCX)"))?;
+        let fd: FdLink = p
+            .take_link(id)?
+            .try_into()
+            .context("a TCX link is an fd link")?;
+        pin_link(fd, &pin)?;
+        // A netlink filter of ours left by a daemon run with `--tc netlink` goes once the TCX
+        // link is in (for a moment both translate; the second finds nothing to match).
+        let _ = tc::qdisc_detach_program(ifname, hook, prog);
+        Ok(())
+    }
+
+    /// A netlink clsact filter: added once; later left alone while it runs our program, and
+    /// replaced at its priority and handle when it runs another. Filters of our program's
+    /// name stacked beside it (an lb that re-attached on every apply) are removed.
+    fn attach_netlink(
+        &mut self,
+        nl: &Netlink,
+        ifname: &str,
+        prog: &str,
+        hook: TcAttachType,
+    ) -> Result<()> {
+        let index = nl.ifindex(ifname)?;
+        let ours = Identity::of(&self.tc_program(prog)?.info()?)?;
+        let mut filters: Vec<_> = nl
+            .bpf_filters(index, hook == TcAttachType::Egress)?
+            .into_iter()
+            .filter(|f| f.name == prog)
+            .collect();
+        filters.sort_by_key(|f| (f.priority, f.handle));
+        let p = self.tc_program(prog)?;
+        let Some((first, stacked)) = filters.split_first() else {
+            // clsact may be there already (an earlier run, another tool): that is fine, and
+            // any other failure surfaces as the attach's error below.
+            let _ = tc::qdisc_add_clsact(ifname);
+            let id = p
+                .attach_with_options(ifname, hook, TcAttachOptions::Netlink(NlOptions::default()))
+                .with_context(|| format!("attaching {prog} to {ifname} (netlink)"))?;
+            // A netlink filter belongs to the interface, not to this process: dropping the
+            // handle must not detach it.
+            std::mem::forget(p.take_link(id)?);
+            return Ok(());
+        };
+        for f in stacked {
+            SchedClassifierLink::attached(ifname, hook, f.priority, f.handle.into(), None)?
+                .detach()
+                .with_context(|| format!("removing a stacked {prog} filter from {ifname}"))?;
+        }
+        if Identity::of_id(first.prog_id)?.as_ref() == Some(&ours) {
+            return Ok(());
+        }
+        let link =
+            SchedClassifierLink::attached(ifname, hook, first.priority, first.handle.into(), None)?;
+        let id = p
+            .attach_to_link(link)
+            .with_context(|| format!("replacing {prog} on {ifname} (netlink)"))?;
+        std::mem::forget(p.take_link(id)?);
+        tracing::info!(
+            interface = ifname,
+            program = prog,
+            old = first.prog_id,
+            new = p.info()?.id(),
+            "replaced the running program in place"
+        );
+        Ok(())
+    }
+
+    /// XDP in driver mode, or nothing where the driver has no native XDP (logged).
+    fn attach_xdp(&mut self, nl: &Netlink, ifname: &str) -> Result<()> {
+        let pin = self.link_path(ifname, XDP_HOOK);
+        drop_if_detached(&pin, ifname, || {
+            Ok(nl.xdp_prog_id(ifname)?.into_iter().collect())
+        })?;
+        let p = self.xdp_program()?;
+        if pin.exists() {
+            let ours = Identity::of(&p.info()?)?;
+            let link = open_pinned(&pin)?;
+            let running = link.info().context("reading an XDP link")?.program_id();
+            if Identity::of_id(running)?.as_ref() == Some(&ours) {
+                return Ok(());
+            }
+            let link = XdpLink::try_from(link)
+                .with_context(|| format!("{} is not an XDP link", pin.display()))?;
+            let id = p
+                .attach_to_link(link)
+                .with_context(|| format!("replacing the program of {}", pin.display()))?;
+            drop(p.take_link(id)?);
+            tracing::info!(
+                interface = ifname,
+                hook = XDP_HOOK,
+                old = running,
+                new = p.info()?.id(),
+                "replaced the running program in place"
+            );
+            return Ok(());
+        }
         let id = match p.attach(ifname, XdpMode::Driver) {
             Ok(id) => id,
             Err(native) => {
                 tracing::info!(interface = ifname, error = %native, "no native XDP on this interface: TC ingress serves it alone");
-                return Ok(false);
+                return Ok(());
             }
         };
-        let link = p.take_link(id)?;
-        let fd: FdLink = link
+        let fd: FdLink = p
+            .take_link(id)?
             .try_into()
             .context("XDP link is not an fd link (kernel too old)")?;
-        pin_link(fd, &pin)?;
-        Ok(true)
+        pin_link(fd, &pin)
+    }
+
+    /// Detaches every hook of this network that `want` does not name: pinned links by their
+    /// pins, and the netlink filters of `dropped` (interfaces the network no longer has;
+    /// netlink filters have no pin to find them by).
+    pub(super) fn detach_unwanted(
+        &mut self,
+        want: &Wanted,
+        dropped: &[String],
+        tc_mode: TcMode,
+    ) -> Result<()> {
+        for entry in std::fs::read_dir(&self.dir)
+            .with_context(|| format!("listing {}", self.dir.display()))?
+        {
+            let entry = entry.with_context(|| format!("listing {}", self.dir.display()))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(LINK_PREFIX) && !want.pins.contains(&name) {
+                // Unpinning detaches: this process holds no handle of its links.
+                std::fs::remove_file(entry.path())
+                    .with_context(|| format!("removing {}", entry.path().display()))?;
+                tracing::info!(link = name, "detached a hook the network no longer has");
+            }
+        }
+        if tc_mode == TcMode::Netlink {
+            detach_netlink(dropped);
+        }
+        self.hooks.retain(|h, _| want.hooks.contains(h));
+        Ok(())
     }
 
     /// Whether XDP is attached to `ifname` (its link is pinned).
     pub fn has_xdp(&self, ifname: &str) -> bool {
-        self.link_path(ifname, "xdp").exists()
+        self.link_path(ifname, XDP_HOOK).exists()
     }
 }
 
-/// Whether the link pinned at `pin` (if any) is attached to `ifname` now, so it is kept as it
-/// is. A link outlives the interface it was attached to: when the interface is deleted (or its
+/// Removes the pin of a link that no longer runs on `ifname`, so the caller attaches afresh.
+/// A link outlives the interface it was attached to: when the interface is deleted (or its
 /// namespace goes) the link stays, defunct, and a same-named interface that comes back has
-/// nothing attached. Such a pin is removed (which frees the link) so the caller attaches
-/// again. `attached` lists the ids of the programs that run on the hook now.
-fn keep_pinned(
+/// nothing attached; such a link cannot be updated back to life. `attached` lists the ids of
+/// the programs that run on the hook now.
+fn drop_if_detached(
     pin: &Path,
     ifname: &str,
     attached: impl FnOnce() -> Result<Vec<u32>>,
-) -> Result<bool> {
+) -> Result<()> {
     if !pin.exists() {
-        return Ok(false);
+        return Ok(());
     }
-    let link: FdLink = PinnedLink::from_pin(pin)
-        .with_context(|| format!("opening the pinned link {}", pin.display()))?
-        .into();
-    let prog = link
-        .info()
+    let prog = (open_pinned(pin)?.info())
         .with_context(|| format!("reading the pinned link {}", pin.display()))?
         .program_id();
     if attached()
         .with_context(|| format!("listing the programs attached to {ifname}"))?
         .contains(&prog)
     {
-        return Ok(true);
+        return Ok(());
     }
-    tracing::info!(interface = ifname, pin = %pin.display(), "the pinned link is no longer attached (the interface was recreated); attaching again");
-    std::fs::remove_file(pin).with_context(|| format!("removing {}", pin.display()))?;
-    Ok(false)
+    tracing::info!(interface = ifname, pin = %pin.display(), "the pinned link no longer runs on its interface (the interface was recreated); attaching again");
+    std::fs::remove_file(pin).with_context(|| format!("removing {}", pin.display()))
+}
+
+fn open_pinned(pin: &Path) -> Result<FdLink> {
+    Ok(PinnedLink::from_pin(pin)
+        .with_context(|| format!("opening {}", pin.display()))?
+        .into())
 }
 
 fn pin_link(link: FdLink, path: &Path) -> Result<()> {
@@ -182,29 +391,20 @@ fn pin_link(link: FdLink, path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Removes the pinned links of a network directory: each detaches once no process holds it.
-pub(super) fn unpin_links(dir: &Path) -> Result<()> {
-    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
-        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
-        if entry.file_name().to_string_lossy().starts_with(LINK_PREFIX) {
-            std::fs::remove_file(entry.path())
-                .with_context(|| format!("removing {}", entry.path().display()))?;
+/// Removes our netlink filters from `ifnames` (best effort: an interface that is gone took
+/// its filters with it).
+fn detach_netlink(ifnames: &[String]) {
+    for ifname in ifnames {
+        for (prog, hook, _) in TC_HOOKS {
+            let _ = tc::qdisc_detach_program(ifname, hook, prog);
         }
     }
-    Ok(())
 }
 
 /// Detaches everything `attach` attached to `ifnames` and removes the network's pins.
 pub fn detach_all(dir: &Path, ifnames: &[String], tc_mode: TcMode) -> Result<()> {
-    for ifname in ifnames {
-        if tc_mode == TcMode::Netlink {
-            for (hook, prog) in [
-                (TcAttachType::Ingress, PROG_TC_INGRESS),
-                (TcAttachType::Egress, PROG_TC_EGRESS),
-            ] {
-                let _ = tc::qdisc_detach_program(ifname, hook, prog);
-            }
-        }
+    if tc_mode == TcMode::Netlink {
+        detach_netlink(ifnames);
     }
     if dir.exists() {
         // Unpinning a link detaches it once no process holds it; unpinning a map frees it once

@@ -6,6 +6,12 @@
 //! removed only after the maps no longer do, so a VIP is never routed to without its address.
 //! Only aliases this dataplane added are ever removed (the VIPs of the previously applied
 //! network): an operator's own /32 on the interface is not ours to take.
+//!
+//! A network changed in place keeps its pins, and so its flows: interfaces added get the
+//! programs, interfaces dropped lose them, `attach` switched between tc and xdp adds or
+//! removes XDP alone, and the VIP aliases move with the first interface (added on the new one
+//! before they leave the old). Only a change of namespace removes the network first: its
+//! hooks and aliases are in another namespace, which the new one's apply cannot reach.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
@@ -15,7 +21,10 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{self as ebpf, EbpfNetwork, NodeAddrs, ServiceKey, SyncStats, TcMode, gc, ip};
+use super::{
+    self as ebpf, EbpfNetwork, NodeAddrs, OnIncompatible, ServiceKey, SyncStats, TcMode,
+    attach::Wanted, gc, ip,
+};
 use crate::{
     core::compose::{PortKey, compose},
     core::elements::SetKey,
@@ -27,6 +36,7 @@ use crate::{
 pub struct EbpfDataplane {
     bpffs: PathBuf,
     tc_mode: TcMode,
+    on_incompatible: OnIncompatible,
     nets: BTreeMap<String, EbpfNetwork>,
     /// The flow collector's findings, when one runs (the daemon's; `lb load` has none, and
     /// needs none: the programs expire flows themselves).
@@ -40,9 +50,16 @@ impl EbpfDataplane {
         Ok(Self {
             bpffs: bpffs.to_path_buf(),
             tc_mode,
+            on_incompatible: OnIncompatible::Refuse,
             nets: BTreeMap::new(),
             collector: None,
         })
+    }
+
+    /// What opening a network does with pinned maps of another layout (refused by default).
+    pub fn on_incompatible(mut self, on: OnIncompatible) -> Self {
+        self.on_incompatible = on;
+        self
     }
 
     /// Starts the flow collector over this dataplane's pins, every `interval`.
@@ -60,7 +77,8 @@ impl EbpfDataplane {
             Some(dp) => Ok(dp),
             None => {
                 let dir = ebpf::pin_dir(&self.bpffs, name);
-                EbpfNetwork::open(&dir).with_context(|| format!("network {name}: opening its maps"))
+                EbpfNetwork::open(&dir, self.on_incompatible)
+                    .with_context(|| format!("network {name}: opening its maps"))
             }
         }
     }
@@ -74,18 +92,28 @@ impl EbpfDataplane {
     }
 }
 
-/// Whether two versions of a network can be applied one over the other, or the old one must
-/// be removed first (its hooks are on other interfaces, in another namespace, or of a kind the
-/// new one does not use).
+/// Whether `b` can be applied over `a` in place, or `a` must be removed first: only when
+/// the namespace changes, since `a`'s hooks and aliases are out of `b`'s reach (every other
+/// change keeps the pins and the flows, see the module doc).
 fn same_shape(a: &Network, b: &Network) -> bool {
-    a.interfaces == b.interfaces && a.netns == b.netns && a.attach == b.attach && a.mode == b.mode
+    a.netns == b.netns
+}
+
+/// What of the previously applied version an apply changes in place.
+#[derive(Default)]
+struct Previous {
+    vips: BTreeSet<Ipv4Addr>,
+    /// The interface that carried the VIP aliases.
+    alias_if: Option<String>,
+    /// Interfaces the network no longer has.
+    dropped: Vec<String>,
 }
 
 /// Everything of one apply that must run inside the network's namespace.
 fn apply_in_netns(
     dp: &mut EbpfNetwork,
     network: &Network,
-    previous_vips: &BTreeSet<Ipv4Addr>,
+    previous: &Previous,
     tc_mode: TcMode,
 ) -> Result<SyncStats> {
     let nl = Netlink::new()?;
@@ -96,9 +124,17 @@ fn apply_in_netns(
         if let Some((addr, _)) = nl.ipv4_addrs(name)?.first() {
             ifaces.push((index, *addr));
         }
-        dp.attach(name, network.attach, tc_mode)
+        dp.attach(&nl, name, network.attach, tc_mode)
             .with_context(|| format!("attaching to {name}"))?;
     }
+    // The new hooks are in before the old ones go: an interface that stays never loses its
+    // programs, and one that goes keeps them until its last packet here is written.
+    dp.detach_unwanted(
+        &Wanted::new(&network.interfaces, network.attach, tc_mode),
+        &previous.dropped,
+        tc_mode,
+    )
+    .context("detaching hooks the network no longer has")?;
     let composed = compose(network);
     let plan = ebpf::plan(network, &composed);
     let alias_if = &network.interfaces[0];
@@ -109,7 +145,7 @@ fn apply_in_netns(
     // of the node is never taken for an alias, so no service added or removed here can take
     // it out of the map.
     let node = NodeAddrs {
-        local: nl.node_ipv4(&want.union(previous_vips).copied().collect())?,
+        local: nl.node_ipv4(&want.union(&previous.vips).copied().collect())?,
         ifaces,
         ephemeral: NodeAddrs::read_ephemeral(),
     };
@@ -119,10 +155,14 @@ fn apply_in_netns(
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
     let stats = dp.sync(&plan, &node, &keep).context("writing maps")?;
-    nl.remove_aliases(
-        alias_if,
-        &previous_vips.difference(&want).copied().collect(),
-    )?;
+    match previous.alias_if.as_deref() {
+        // The aliases moved to another interface: all of them leave the old one.
+        Some(old) if old != alias_if => nl.remove_aliases(old, &previous.vips)?,
+        _ => nl.remove_aliases(
+            alias_if,
+            &previous.vips.difference(&want).copied().collect(),
+        )?,
+    }
     Ok(stats)
 }
 
@@ -143,12 +183,20 @@ impl Dataplane for EbpfDataplane {
 
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
         self.supports(network)?;
-        let mut previous_vips = previous.map(Network::vips).unwrap_or_default();
-        if let Some(prev) = previous
-            && !same_shape(prev, network)
-        {
-            self.remove(prev)?;
-            previous_vips.clear();
+        let mut prev = Previous::default();
+        if let Some(p) = previous {
+            if same_shape(p, network) {
+                prev = Previous {
+                    vips: p.vips(),
+                    alias_if: p.interfaces.first().cloned(),
+                    dropped: (p.interfaces.iter())
+                        .filter(|i| !network.interfaces.contains(i))
+                        .cloned()
+                        .collect(),
+                };
+            } else {
+                self.remove(p)?;
+            }
         }
         let mut dp = self.open(&network.name)?;
         let net = network.clone();
@@ -156,7 +204,7 @@ impl Dataplane for EbpfDataplane {
         // The object travels into the namespace's thread and back; if the thread cannot join
         // the namespace it is dropped, and the next apply adopts the pins again.
         let (dp, result) = in_netns(network.netns.as_deref(), move || {
-            let r = apply_in_netns(&mut dp, &net, &previous_vips, tc_mode);
+            let r = apply_in_netns(&mut dp, &net, &prev, tc_mode);
             Ok((dp, r))
         })
         .with_context(|| format!("network {}", network.name))?;

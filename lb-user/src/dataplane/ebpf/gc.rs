@@ -177,7 +177,8 @@ fn run_once(bpffs: &Path, out: &Shared) {
     for d in dirs.flatten() {
         let name = d.file_name().to_string_lossy().into_owned();
         let pin: PathBuf = d.path().join("lb_flows");
-        if !pin.exists() {
+        // A network refused for its layouts is left as it is, entries included.
+        if !pin.exists() || !super::layouts_compatible(&d.path()) {
             continue;
         }
         let result = MapData::from_pin(&pin)

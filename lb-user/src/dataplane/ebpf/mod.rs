@@ -6,9 +6,17 @@
 //!   a sync reads what the maps hold and writes only the difference, so a restarted (or
 //!   re-run) controller picks up where the last one stopped without flushing a flow.
 //! - A pinned map is adopted only in the layout this binary's programs read: `lb_layout`
-//!   records each map's layout version (`lb_common::MAP_LAYOUTS`), and a map pinned in another
-//!   (or before versions were recorded) is replaced, with the programs that used it, logged
-//!   as the one time its contents (flows, for `lb_flows`) are lost.
+//!   records each map's layout version (`lb_common::MAP_LAYOUTS`). A network whose pins hold
+//!   a map of another version (or predate the record: version 1) is refused, and nothing of
+//!   it is touched: its old programs keep serving with its old maps, and the network fails
+//!   with a message naming each map, the two versions and the way out. lb defines no
+//!   conversion between layouts, so the way out is the operator's explicit choice:
+//!   `--replace-incompatible-maps` (daemon, `lb load`) replaces those maps, once, losing what
+//!   they held (flows, for `lb_flows`: a connection then re-creates its entries on the same
+//!   backend from its next packet, by the flow hash in the adopted `lb_config`); maps whose
+//!   version matches are adopted as always. Or run the lb that pinned them.
+//! - Upgrades keep maps and flows: a newer lb adopts the pins and replaces the programs at
+//!   every hook in place ([`attach`]), so its code runs from the first apply, with no gap.
 //! - A packet never sees a half-written backend set: a changed set is written under a fresh
 //!   set id, then the service entry is switched to it in one map update, and the old set's
 //!   slots are deleted one sync later, when no program run can still hold the old entry.
@@ -16,7 +24,11 @@
 //!   to a dead backend); a disabled backend is not gone, and its flows drain.
 //! - Expired flow entries are deleted by the collector ([`gc`]) off the hot path; the programs
 //!   already treat them as absent.
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
 
 use anyhow::{Context as _, Result, bail};
 use aya::{
@@ -48,9 +60,30 @@ pub use lb_common::HOOKS;
 /// Where `lb load` and the daemon pin by default.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lb";
 
-/// The eBPF object this binary was built with.
+/// `LB_EBPF_OBJECT=FILE` in the environment loads the programs from FILE instead of the
+/// object this binary embeds: the tests of program upgrades run a build that differs, and an
+/// operator may try one. Its maps must be this binary's layouts (they are checked as pins are).
+pub const OBJECT_ENV: &str = "LB_EBPF_OBJECT";
+
+/// The eBPF object this binary was built with, or the file [`OBJECT_ENV`] names.
 pub fn object() -> &'static [u8] {
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"))
+    static OVERRIDE: OnceLock<Option<&'static [u8]>> = OnceLock::new();
+    let over = OVERRIDE.get_or_init(|| {
+        let path = std::env::var_os(OBJECT_ENV)?;
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!("{OBJECT_ENV}={}: {e}", Path::new(&path).display())
+        });
+        tracing::warn!(object = %Path::new(&path).display(), "loading the eBPF programs from {OBJECT_ENV}, not the embedded object");
+        // ELF parsing wants the alignment include_bytes_aligned gives the embedded object.
+        let mut words = vec![0u64; bytes.len().div_ceil(8)];
+        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(&bytes);
+        let all: &'static [u8] = bytemuck::cast_slice(Vec::leak(words));
+        Some(&all[..bytes.len()])
+    });
+    over.unwrap_or(aya::include_bytes_aligned!(concat!(
+        env!("OUT_DIR"),
+        "/lb-ebpf"
+    )))
 }
 
 /// How TC programs are attached: TCX links (kernel ≥ 6.6, pinnable, survive the loader) or
@@ -89,6 +122,10 @@ pub struct EbpfNetwork {
     retired: Vec<(u32, u32)>,
     /// Whether `retired` has been filled from the maps (once, at the first sync).
     adopted: bool,
+    /// The hooks (`attach::hook_name`) found running, or made to run, this object's programs,
+    /// with the index of the interface they were checked on: an interface deleted and created
+    /// again under its name has a new index, so its hooks are checked again.
+    hooks: BTreeMap<String, u32>,
 }
 
 /// The pin directory of `network` under `bpffs`.
@@ -110,11 +147,11 @@ fn recorded_layouts(dir: &Path) -> Result<Option<Vec<u32>>> {
     Ok(Some(versions))
 }
 
-/// Removes every pinned map of `dir` whose layout is not this binary's, and then the pinned
-/// links, whose programs read those maps. Returns what was replaced, for the log.
-fn retire_old_layouts(dir: &Path) -> Result<Vec<String>> {
+/// The pinned maps of `dir` whose recorded layout is not this binary's, as
+/// `"name (layout A, this lb reads B)"`.
+fn incompatible_layouts(dir: &Path) -> Result<Vec<(PathBuf, String)>> {
     let recorded = recorded_layouts(dir)?;
-    let mut replaced = Vec::new();
+    let mut out = Vec::new();
     for (i, (name, version)) in MAP_LAYOUTS.iter().enumerate() {
         let pin = dir.join(name);
         if !pin.exists() {
@@ -123,29 +160,56 @@ fn retire_old_layouts(dir: &Path) -> Result<Vec<String>> {
         // Maps pinned before versions were recorded are version 1.
         let have = recorded.as_ref().map_or(1, |r| r[i]);
         if have != *version {
-            std::fs::remove_file(&pin).with_context(|| format!("removing {}", pin.display()))?;
-            replaced.push(format!("{name} (layout {have}, now {version})"));
+            out.push((
+                pin,
+                format!("{name} (layout {have}, this lb reads {version})"),
+            ));
         }
     }
-    if !replaced.is_empty() {
-        attach::unpin_links(dir)?;
-    }
-    Ok(replaced)
+    Ok(out)
+}
+
+/// Whether every map pinned in `dir` is of this binary's layout (an unreadable record is not).
+pub fn layouts_compatible(dir: &Path) -> bool {
+    incompatible_layouts(dir).is_ok_and(|v| v.is_empty())
+}
+
+/// What to do with pinned maps of another layout (see the module's contracts).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnIncompatible {
+    /// Refuse the network and touch nothing.
+    #[default]
+    Refuse,
+    /// Replace those maps, losing their contents once (the operator asked).
+    Replace,
 }
 
 impl EbpfNetwork {
     /// Loads the object with every map pinned under `dir` (created if missing; it must be on a
     /// bpffs). Maps already pinned there in this binary's layouts are adopted with their
-    /// contents; others are replaced (logged), with the programs attached by them.
-    pub fn open(dir: &Path) -> Result<Self> {
+    /// contents; a map of another layout is refused or replaced as `on_incompatible` says.
+    pub fn open(dir: &Path, on_incompatible: OnIncompatible) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating pin directory {}", dir.display()))?;
-        let replaced = retire_old_layouts(dir)?;
-        if !replaced.is_empty() {
+        let incompatible = incompatible_layouts(dir)?;
+        if !incompatible.is_empty() {
+            let names: Vec<&str> = incompatible.iter().map(|(_, n)| n.as_str()).collect();
+            if on_incompatible == OnIncompatible::Refuse {
+                bail!(
+                    "pinned maps under {} are of another layout: {}; lb converts none, so the network stays as it is (its programs keep serving): run the lb that pinned them, or restart with --replace-incompatible-maps to replace those maps (what they hold is lost once)",
+                    dir.display(),
+                    names.join(", ")
+                );
+            }
+            for (pin, _) in &incompatible {
+                std::fs::remove_file(pin).with_context(|| format!("removing {}", pin.display()))?;
+            }
+            // The programs still attached use the old maps until the first apply replaces
+            // them in place (`attach`: their map ids differ from ours).
             tracing::warn!(
                 dir = %dir.display(),
-                maps = %replaced.join(", "),
-                "replacing pinned maps of an older layout, and the programs using them; the flows they held are lost once"
+                maps = %names.join(", "),
+                "replacing pinned maps of another layout, as --replace-incompatible-maps asks; what they held is lost once"
             );
         }
         let mut loader = EbpfLoader::new();
@@ -192,6 +256,7 @@ impl EbpfNetwork {
             dir,
             retired: Vec::new(),
             adopted: false,
+            hooks: BTreeMap::new(),
         })
     }
 

@@ -1,0 +1,543 @@
+//! No flow lost to a reconfiguration or an upgrade, through `lb daemon` (eBPF dataplane): a
+//! network changed in place (an interface added and dropped, tc↔xdp) and a newer build of the
+//! programs replacing the running ones keep the pinned flow table and 20 open connections,
+//! each on its backend; pinned maps of another layout are refused, or replaced when the
+//! operator asks. Root only.
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use aya::programs::{
+    links::{FdLink, PinnedLink},
+    loaded_programs,
+};
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::{LbDaemon, network_add, service_set},
+    netns::Topology,
+    require_root,
+    traffic::{TIMEOUT, TcpSession, spawn_backends},
+};
+use serde_json::Value;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const PORT: u16 = 8080;
+const CONNECTIONS: usize = 20;
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+/// The kernel id of the map pinned at `path`.
+fn map_id(path: &Path) -> u32 {
+    aya::maps::MapData::from_pin(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .info()
+        .unwrap()
+        .id()
+}
+
+/// 20 connections through the VIP, each asked once: the sessions and what each answered
+/// (backend and the client address it saw).
+fn open_sessions(topo: &Topology) -> (Vec<TcpSession>, Vec<String>) {
+    let mut sessions = Vec::new();
+    let mut replies = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut s = TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+        replies.push(s.ask().unwrap());
+        sessions.push(s);
+    }
+    let backends: std::collections::BTreeSet<&str> = (replies.iter())
+        .map(|r| r.split(' ').next().unwrap())
+        .collect();
+    assert!(
+        backends.len() > 1,
+        "20 connections spread over the backends: {replies:?}"
+    );
+    (sessions, replies)
+}
+
+/// Every session is asked again and answers as it did at first (same backend, same client
+/// address seen): the connections live through `what`.
+fn still_served(sessions: &mut [TcpSession], replies: &[String], what: &str) {
+    for (i, (s, first)) in sessions.iter_mut().zip(replies).enumerate() {
+        let now = s
+            .ask()
+            .unwrap_or_else(|e| panic!("connection {i} after {what}: {e:#}"));
+        assert_eq!(&now, first, "connection {i} after {what}: same backend");
+    }
+}
+
+/// The desired state with network `net` changed by `change`, applied with `lb apply -f`.
+fn change_network(d: &LbDaemon, net: &str, change: impl FnOnce(&mut Value)) {
+    let mut state: Value = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
+    let n = (state["networks"].as_array_mut().unwrap().iter_mut())
+        .find(|n| n["name"] == net)
+        .unwrap();
+    change(n);
+    let file = d.state_dir().with_file_name("change.json");
+    std::fs::write(&file, state.to_string()).unwrap();
+    d.ok(&["apply", "-f", file.to_str().unwrap()]);
+}
+
+fn start(bpffs: &Bpffs, extra: &[&str]) -> LbDaemon {
+    let mut args = vec!["--dataplane", "ebpf"];
+    args.extend(extra);
+    LbDaemon::start(lb(), bpffs.path(), &args).expect("lb daemon starts")
+}
+
+/// The network `net` on `ifaces` of `topo`'s node, with one service on the VIP.
+fn network(d: &LbDaemon, topo: &Topology, net: &str, ifaces: usize, attach: &str) {
+    let mut add = network_add(topo, net);
+    // network_add lists every node interface; the first `ifaces` stay.
+    let left_out: Vec<&String> = topo.node_ifaces[ifaces..].iter().collect();
+    let mut args = Vec::new();
+    let mut it = add.drain(..);
+    while let Some(a) = it.next() {
+        if a == "--interface" {
+            let i = it.next().unwrap();
+            if !left_out.contains(&&i) {
+                args.extend([a, i]);
+            }
+        } else {
+            args.push(a);
+        }
+    }
+    args.extend(["--attach".into(), attach.into()]);
+    d.ok(&args);
+    d.ok(&service_set(
+        net,
+        "api",
+        "1",
+        VIP,
+        &format!("tcp/{PORT}"),
+        &topo.backend_ips,
+    ));
+}
+
+/// The link pins of `dir`, sorted.
+fn link_pins(dir: &Path) -> Vec<String> {
+    let mut out: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("link_"))
+        .collect();
+    out.sort();
+    out
+}
+
+/// An interface added to a live network, dropped again, then its attach switched tc → xdp →
+/// tc: the flow table is the same map throughout, its entries stay, and 20 open connections
+/// keep being answered by their backends; hooks come and go with the network's shape.
+#[test]
+fn a_network_changed_in_place_keeps_its_flows_and_connections() {
+    if !require_root("a_network_changed_in_place_keeps_its_flows_and_connections") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs, &[]);
+    // The client-facing interface alone serves the VIP (replies leave by it).
+    network(&d, &topo, "shape", 1, "tc");
+    let dir = bpffs.path().join("shape");
+    let (client_if, bridge) = (&topo.node_ifaces[0], &topo.node_ifaces[1]);
+    assert_eq!(
+        link_pins(&dir),
+        [
+            format!("link_{client_if}_egress"),
+            format!("link_{client_if}_ingress")
+        ]
+    );
+    let (mut sessions, replies) = open_sessions(&topo);
+    let flows = map_id(&dir.join("lb_flows"));
+    let entries = |d: &LbDaemon| -> usize {
+        let v: Value = serde_json::from_str(&d.ok(&["conntrack", "shape", "--json"])).unwrap();
+        v.as_array().unwrap().len()
+    };
+    assert_eq!(entries(&d), CONNECTIONS, "every connection is a flow");
+
+    // (what, the field of the network changed, its new value, the hooks it then has)
+    let steps = [
+        (
+            "an interface added",
+            "interfaces",
+            serde_json::json!([client_if, bridge]),
+            vec![
+                format!("link_{client_if}_egress"),
+                format!("link_{client_if}_ingress"),
+                format!("link_{bridge}_egress"),
+                format!("link_{bridge}_ingress"),
+            ],
+        ),
+        (
+            "the interface dropped",
+            "interfaces",
+            serde_json::json!([client_if]),
+            vec![
+                format!("link_{client_if}_egress"),
+                format!("link_{client_if}_ingress"),
+            ],
+        ),
+        (
+            "attach switched to xdp",
+            "attach",
+            "xdp".into(),
+            vec![
+                format!("link_{client_if}_egress"),
+                format!("link_{client_if}_ingress"),
+                format!("link_{client_if}_xdp"),
+            ],
+        ),
+        (
+            "attach switched back to tc",
+            "attach",
+            "tc".into(),
+            vec![
+                format!("link_{client_if}_egress"),
+                format!("link_{client_if}_ingress"),
+            ],
+        ),
+    ];
+    for (what, field, value, mut pins) in steps {
+        pins.sort();
+        change_network(&d, "shape", |n| n[field] = value);
+        println!("{what}: hooks {:?}", link_pins(&dir));
+        assert_eq!(link_pins(&dir), pins, "{what}: the network's hooks");
+        assert_eq!(
+            map_id(&dir.join("lb_flows")),
+            flows,
+            "{what}: the same flow table"
+        );
+        assert_eq!(entries(&d), CONNECTIONS, "{what}: every flow kept");
+        still_served(&mut sessions, &replies, what);
+    }
+    let log = d.log();
+    assert!(!log.contains("network removed"), "never removed:\n{log}");
+}
+
+/// A pinned TCX or XDP link: its kernel id and the id and tag of the program it runs.
+fn pinned_hook(pin: &Path) -> (u32, u32, u64) {
+    let link: FdLink = PinnedLink::from_pin(pin)
+        .unwrap_or_else(|e| panic!("{}: {e}", pin.display()))
+        .into();
+    let info = link.info().unwrap();
+    let prog = info.program_id();
+    (info.id(), prog, tag_of(prog))
+}
+
+fn tag_of(prog: u32) -> u64 {
+    let info = (loaded_programs().flatten())
+        .find(|p| p.id() == prog)
+        .unwrap_or_else(|| panic!("program {prog} is loaded"));
+    info.tag()
+}
+
+/// The object this lb embeds, rewritten into a build whose code differs and does the same:
+/// in every executable section, the first `rX = imm` (64-bit move of a non-negative 32-bit
+/// immediate) becomes `wX = imm` (32-bit move, which zero-extends the same value into rX).
+/// Each program's instructions, and so its tag, change; what it computes does not, and no
+/// relocation or BTF offset moves (an instruction is replaced by one of the same size).
+fn patched_object(dir: &Path) -> PathBuf {
+    const MOV64_IMM: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
+    const MOV32_IMM: u8 = 0xb4; // BPF_ALU | BPF_MOV | BPF_K
+    const SHF_EXECINSTR: u64 = 0x4;
+    let mut elf = lb_user::dataplane::ebpf::object().to_vec();
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap()) as usize;
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+    assert_eq!(&elf[..4], b"\x7fELF", "an ELF object");
+    let (shoff, shentsize, shnum) = (
+        u64_at(&elf, 0x28) as usize,
+        u16_at(&elf, 0x3a),
+        u16_at(&elf, 0x3c),
+    );
+    let mut patched = 0;
+    for i in 0..shnum {
+        let sh = shoff + i * shentsize;
+        if u64_at(&elf, sh + 8) & SHF_EXECINSTR == 0 {
+            continue;
+        }
+        let (off, size) = (
+            u64_at(&elf, sh + 24) as usize,
+            u64_at(&elf, sh + 32) as usize,
+        );
+        let insn = (off..off + size).step_by(8).find(|&at| {
+            let imm = i32::from_le_bytes(elf[at + 4..at + 8].try_into().unwrap());
+            elf[at] == MOV64_IMM && imm >= 0
+        });
+        if let Some(at) = insn {
+            elf[at] = MOV32_IMM;
+            patched += 1;
+        }
+    }
+    assert!(patched >= 3, "a move patched in each program's section");
+    let path = dir.join("lb-ebpf-patched.o");
+    std::fs::write(&path, elf).unwrap();
+    path
+}
+
+/// The bpf filters on `ifname`'s clsact `hook` in `ns`, as `tc filter show` lists them:
+/// `(pref, handle, program id, tag)`.
+fn tc_filters(topo: &Topology, ifname: &str, hook: &str) -> Vec<(String, String, u32, String)> {
+    let out = topo
+        .node
+        .exec(["tc", "filter", "show", "dev", ifname, hook])
+        .unwrap();
+    let mut filters = Vec::new();
+    for line in out.lines().filter(|l| l.contains(" handle ")) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let after = |key: &str| {
+            let i = words
+                .iter()
+                .position(|w| *w == key)
+                .unwrap_or_else(|| panic!("{key} in {line}"));
+            words[i + 1].to_owned()
+        };
+        filters.push((
+            after("pref"),
+            after("handle"),
+            after("id").parse().unwrap(),
+            after("tag"),
+        ));
+    }
+    filters
+}
+
+/// What runs at every hook of network `net`: `(hook, link or filter, program id, tag)`.
+fn hooks(topo: &Topology, dir: &Path, netlink: bool) -> Vec<(String, String, u32, String)> {
+    let mut out = Vec::new();
+    for ifname in &topo.node_ifaces {
+        for hook in ["ingress", "egress"] {
+            let name = format!("{ifname} {hook}");
+            if netlink {
+                let f = tc_filters(topo, ifname, hook);
+                assert_eq!(f.len(), 1, "{name}: one filter of lb: {f:?}");
+                let (pref, handle, id, tag) = f[0].clone();
+                out.push((name, format!("pref {pref} handle {handle}"), id, tag));
+            } else {
+                let (link, id, tag) = pinned_hook(&dir.join(format!("link_{ifname}_{hook}")));
+                out.push((name, format!("link {link}"), id, format!("{tag:016x}")));
+            }
+        }
+    }
+    let xdp = dir.join(format!("link_{}_xdp", topo.node_ifaces[0]));
+    let (link, id, tag) = pinned_hook(&xdp);
+    out.push((
+        "xdp".into(),
+        format!("link {link}"),
+        id,
+        format!("{tag:016x}"),
+    ));
+    out
+}
+
+/// A restart of the same build leaves every hook's program alone; a restart of a build whose
+/// code differs replaces each in place — the same TCX/XDP link or netlink filter (priority
+/// and handle), now running a program of another tag — while the flow table stays and 20
+/// open connections keep being answered by their backends.
+fn a_newer_build_replaces_the_programs_in_place(tc: &str) {
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(&bpffs, &["--tc", tc]);
+    network(&d, &topo, "up", 2, "xdp");
+    let dir = bpffs.path().join("up");
+    let netlink = tc == "netlink";
+    let before = hooks(&topo, &dir, netlink);
+    println!("{tc}: running {before:?}");
+    let (mut sessions, replies) = open_sessions(&topo);
+    let flows = map_id(&dir.join("lb_flows"));
+
+    // Applies and a restart of the same build touch no hook.
+    d.ok(&service_set(
+        "up",
+        "other",
+        "1",
+        Ipv4Addr::new(10, 99, 0, 11),
+        "tcp/9090",
+        &topo.backend_ips,
+    ));
+    d.restart().unwrap();
+    d.ok(&["status"]);
+    assert_eq!(
+        hooks(&topo, &dir, netlink),
+        before,
+        "{tc}: the same programs run"
+    );
+
+    let object = patched_object(d.state_dir().parent().unwrap());
+    d.set_extra(&["--dataplane", "ebpf", "--tc", tc]);
+    d.set_env(&[("LB_EBPF_OBJECT", object.to_str().unwrap())]);
+    d.restart().unwrap();
+    let st: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
+    assert_eq!(st["networks"][0]["applied"], true, "{st}");
+    let after = hooks(&topo, &dir, netlink);
+    println!("{tc}: after the upgrade {after:?}");
+    for (b, a) in before.iter().zip(&after) {
+        assert_eq!(
+            a.1, b.1,
+            "{}: the same link or filter, replaced in place",
+            a.0
+        );
+        assert_ne!(a.2, b.2, "{}: another program runs", a.0);
+        assert_ne!(a.3, b.3, "{}: of another tag (the newer build's code)", a.0);
+    }
+    assert_eq!(
+        map_id(&dir.join("lb_flows")),
+        flows,
+        "{tc}: the same flow table"
+    );
+    still_served(&mut sessions, &replies, "the upgrade");
+    assert!(
+        d.log().contains("replaced the running program in place"),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn a_newer_build_replaces_tcx_and_xdp_programs_in_place() {
+    if require_root("a_newer_build_replaces_tcx_and_xdp_programs_in_place") {
+        a_newer_build_replaces_the_programs_in_place("tcx");
+    }
+}
+
+#[test]
+fn a_newer_build_replaces_netlink_filters_in_place() {
+    if require_root("a_newer_build_replaces_netlink_filters_in_place") {
+        a_newer_build_replaces_the_programs_in_place("netlink");
+    }
+}
+
+/// `lb status --json`'s entry of network `net`.
+fn status(d: &LbDaemon, net: &str) -> Value {
+    let v: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
+    (v["networks"].as_array().unwrap().iter())
+        .find(|n| n["name"] == net)
+        .unwrap()
+        .clone()
+}
+
+/// The layout version `lb_layout` in `dir` records for `map`.
+fn recorded_layout(dir: &Path, map: &str) -> u32 {
+    let pin = aya::maps::MapData::from_pin(dir.join("lb_layout")).unwrap();
+    let layout: aya::maps::Array<_, u32> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(pin)).unwrap();
+    let i = (lb_common::MAP_LAYOUTS.iter())
+        .position(|(m, _)| *m == map)
+        .unwrap();
+    layout.get(&(i as u32), 0).unwrap()
+}
+
+/// Records `version` as `map`'s layout in `dir`, as an lb of another layout left it.
+fn record_layout(dir: &Path, map: &str, version: u32) {
+    let pin = aya::maps::MapData::from_pin(dir.join("lb_layout")).unwrap();
+    let mut layout: aya::maps::Array<_, u32> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(pin)).unwrap();
+    let i = (lb_common::MAP_LAYOUTS.iter())
+        .position(|(m, _)| *m == map)
+        .unwrap();
+    layout.set(i as u32, version, 0).unwrap();
+}
+
+/// A pinned map recorded in another layout (an older lb's) is never adopted. By default the
+/// network is refused: `lb status` shows it failed, with a message naming the map, both
+/// versions and the flag that replaces it, and nothing of it is touched (maps, record, links
+/// and programs), so its programs keep serving an open connection. Restarted with
+/// `--replace-incompatible-maps`, that map alone is replaced (its flows lost once), the others
+/// adopted, and the programs replaced in place to use it: the connection goes on, its entries
+/// re-created from its next packet on the same backend (the flow hash key in the adopted
+/// `lb_config`). A pin directory without a record (lb before layouts were recorded) counts
+/// as layout 1.
+#[test]
+fn a_pinned_map_of_another_layout_is_refused_unless_replacing_is_asked() {
+    if !require_root("a_pinned_map_of_another_layout_is_refused_unless_replacing_is_asked") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(&bpffs, &[]);
+    network(&d, &topo, "lay", 2, "tc");
+    let mut open = TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    let first = open.ask().unwrap();
+    let dir = bpffs.path().join("lay");
+    let ids = |dir: &Path| ["lb_flows", "lb_config", "lb_vips"].map(|m| map_id(&dir.join(m)));
+    let before = ids(&dir);
+    let hook = dir.join(format!("link_{}_ingress", topo.node_ifaces[0]));
+    let (link, prog, _) = pinned_hook(&hook);
+
+    d.stop();
+    record_layout(&dir, "lb_flows", 1);
+    d.restart().unwrap();
+    let st = status(&d, "lay");
+    println!("refused: {st}");
+    assert_eq!(st["applied"], false, "{st}");
+    let error = st["error"].as_str().unwrap();
+    assert!(
+        error.contains("lb_flows (layout 1, this lb reads 2)")
+            && error.contains("--replace-incompatible-maps")
+            && !error.contains("lb_config"),
+        "{error}"
+    );
+    assert_eq!(ids(&dir), before, "no map touched");
+    assert_eq!(recorded_layout(&dir, "lb_flows"), 1, "the record untouched");
+    assert_eq!(pinned_hook(&hook).0, link, "the link untouched");
+    assert_eq!(pinned_hook(&hook).1, prog, "the old program still runs");
+    assert_eq!(
+        open.ask().expect("the old programs serve on"),
+        first,
+        "on the same backend"
+    );
+
+    d.set_extra(&["--dataplane", "ebpf", "--replace-incompatible-maps"]);
+    d.restart().unwrap();
+    let st = status(&d, "lay");
+    assert_eq!(st["applied"], true, "{st}");
+    let log = d.log();
+    assert!(
+        log.contains("replacing pinned maps of another layout")
+            && log.contains("lb_flows (layout 1, this lb reads 2)"),
+        "one line names the replaced map:\n{log}"
+    );
+    let after = ids(&dir);
+    assert_ne!(after[0], before[0], "lb_flows replaced");
+    assert_eq!(after[1..], before[1..], "lb_config and lb_vips adopted");
+    assert_eq!(recorded_layout(&dir, "lb_flows"), 2, "recorded anew");
+    let (new_link, new_prog, _) = pinned_hook(&hook);
+    assert_eq!(new_link, link, "the same link");
+    assert_ne!(
+        new_prog, prog,
+        "now running a program that uses the new lb_flows"
+    );
+    assert_eq!(
+        open.ask()
+            .expect("the connection goes on, re-created from its next packet"),
+        first,
+        "on the same backend"
+    );
+    let flows: Value = serde_json::from_str(&d.ok(&["conntrack", "lay", "--json"])).unwrap();
+    assert_eq!(flows.as_array().unwrap().len(), 1, "re-created: {flows}");
+
+    // As lb before layout records: no lb_layout at all (replacing still asked).
+    d.stop();
+    std::fs::remove_file(dir.join("lb_layout")).unwrap();
+    d.restart().unwrap();
+    let log = d.log();
+    let line = (log.lines())
+        .rfind(|l| l.contains("replacing pinned maps of another layout"))
+        .unwrap();
+    assert!(
+        line.contains("lb_flows (layout 1, this lb reads 2)")
+            && line.contains("lb_config (layout 1, this lb reads 2)"),
+        "{line}"
+    );
+    assert_eq!(
+        map_id(&dir.join("lb_vips")),
+        before[2],
+        "lb_vips (layout 1) adopted"
+    );
+    let r = lb_tests::traffic::tcp_request(&topo.client, VIP, PORT, TIMEOUT);
+    assert!(r.is_ok(), "new connections are served: {r:?}");
+}
