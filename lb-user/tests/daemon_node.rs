@@ -471,3 +471,68 @@ fn a_namespace_that_goes_away_fails_its_network_until_it_is_back() {
         back.unwrap()
     );
 }
+
+#[test]
+fn an_interface_that_appears_later_is_picked_up() {
+    if !require_root("an_interface_that_appears_later_is_picked_up") {
+        return;
+    }
+    let topo = Topology::new(1).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    // The second interface does not exist yet (the bridge a CNI plugin creates with the first
+    // pod); a typo in the first one is still refused.
+    let add = |first: &str| {
+        d.cli(&[
+            "network",
+            "add",
+            "web",
+            "--netns",
+            topo.node.name(),
+            "--interface",
+            first,
+            "--interface",
+            "lbnew0",
+        ])
+    };
+    let typo = add("lbc9");
+    assert!(
+        !typo.ok() && typo.stderr.contains("interface lbc9 does not exist"),
+        "{}",
+        typo.stderr
+    );
+    let run = add(&topo.node_ifaces[0]);
+    assert!(run.ok(), "{}", run.stderr);
+    d.ok(&service_set(
+        "web",
+        "api",
+        "1",
+        VIP,
+        &published(),
+        &topo.backend_ips,
+    ));
+    tcp_request(&topo.client, VIP, PORT, TIMEOUT).expect("served on the interface that exists");
+    let warned = |n: &Value| {
+        (n["warnings"].as_array().into_iter().flatten())
+            .any(|w| w.as_str().unwrap_or("").contains("lbnew0 does not exist"))
+    };
+    let n = network_status(&d, "web");
+    assert!(n["applied"] == true && warned(&n), "{n}");
+
+    topo.node
+        .ip([
+            "link", "add", "lbnew0", "type", "veth", "peer", "name", "lbnew1",
+        ])
+        .unwrap();
+    topo.node.ip(["link", "set", "lbnew0", "up"]).unwrap();
+    let took = wait_for(std::time::Duration::from_secs(10), || {
+        attached_programs(&topo, "lbnew0")
+            .iter()
+            .any(|p| p == "lb_tc_ingress")
+    })
+    .unwrap_or_else(|| panic!("lbnew0 never got lb's programs\n{}", d.log()));
+    let n = network_status(&d, "web");
+    assert!(n["applied"] == true && !warned(&n), "{n}");
+    println!("an interface that appeared later had lb's programs after {took:?}");
+}

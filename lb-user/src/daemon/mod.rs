@@ -439,10 +439,18 @@ impl Daemon {
         let mut networks = Vec::new();
         for n in self.desired.networks.clone() {
             let counted = self.dp.flow_stats(&n);
-            let warnings = self
+            let mut warnings = self
                 .dp
                 .warnings(&n)
                 .unwrap_or_else(|e| vec![format!("checking the node: {e:#}")]);
+            if let Ok(missing) = node::missing_interfaces(&n)
+                && !missing.is_empty()
+            {
+                warnings.push(format!(
+                    "interface {} does not exist (yet): served from when it appears",
+                    missing.join(", ")
+                ));
+            }
             let last = self.stats.last_sync.get(&n.name);
             networks.push(json!({
                 "name": n.name,

@@ -12,7 +12,10 @@ use crate::{
 
 /// Checks `net` against its namespace before it is saved, so that a state the node cannot
 /// carry is refused instead of saved and retried forever:
-/// - every interface exists (and the namespace does);
+/// - the first interface exists (and the namespace does): it carries the VIP aliases, and a
+///   typo there would leave the network serving nothing. The others may appear later (the
+///   bridge a CNI plugin creates with the first pod): the dataplanes skip a missing one, the
+///   node's link events pick it up when it appears, and `lb status` says it is missing;
 /// - a VIP new to the network is not an address of the node (lb would take over every port
 ///   of it, SSH's too), nor the network or broadcast address of one of the node's subnets;
 /// - a `host_ip` new to the network is an address of the node, as Docker requires.
@@ -48,9 +51,8 @@ pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) 
     );
     in_netns(net.netns.as_deref(), move || {
         let nl = Netlink::new()?;
-        for i in &ifaces {
-            nl.ifindex(i).with_context(|| format!("network {name}"))?;
-        }
+        nl.ifindex(&ifaces[0])
+            .with_context(|| format!("network {name}"))?;
         let node: Vec<_> = (nl.addresses()?.into_iter())
             .filter(|a| !a.is_lb_alias(&lb_vips))
             .collect();
@@ -88,5 +90,17 @@ pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) 
             }
         }
         Ok(())
+    })
+}
+
+/// The interfaces of `net` that do not exist (yet) in its namespace, for `lb status`.
+pub fn missing_interfaces(net: &Network) -> Result<Vec<String>> {
+    let ifaces = net.interfaces.clone();
+    in_netns(net.netns.as_deref(), move || {
+        let nl = Netlink::new()?;
+        Ok(ifaces
+            .into_iter()
+            .filter(|i| nl.ifindex(i).is_err())
+            .collect())
     })
 }

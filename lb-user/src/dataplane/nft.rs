@@ -292,7 +292,11 @@ impl NftDataplane {
 fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
     let nl = Netlink::new()?;
     let mut subnets = Vec::new();
-    for i in &network.interfaces {
+    for (k, i) in network.interfaces.iter().enumerate() {
+        // Only the first interface must exist; `iifname` matches another from when it appears.
+        if k > 0 && nl.ifindex(i).is_err() {
+            continue;
+        }
         for (addr, prefix) in nl.ipv4_addrs(i)? {
             if prefix < 32 {
                 subnets.push((i.clone(), addr, prefix));

@@ -118,8 +118,14 @@ fn apply_in_netns(
 ) -> Result<SyncStats> {
     let nl = Netlink::new()?;
     let mut ifaces = Vec::new();
-    for name in &network.interfaces {
-        let index = nl.ifindex(name)?;
+    for (i, name) in network.interfaces.iter().enumerate() {
+        // Only the first interface must exist (it carries the aliases): another one that does
+        // not exist yet is attached when it appears (the daemon applies again on link events).
+        let index = match nl.ifindex(name) {
+            Ok(index) => index,
+            Err(_) if i > 0 => continue,
+            Err(e) => return Err(e),
+        };
         // A masqueraded flow leaving by this interface takes its primary address.
         if let Some((addr, _)) = nl.ipv4_addrs(name)?.first() {
             ifaces.push((index, *addr));
