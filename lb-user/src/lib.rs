@@ -7,7 +7,7 @@ pub mod api;
 pub mod core;
 pub mod daemon;
 pub mod dataplane;
-pub mod netlink;
+pub mod node;
 pub mod oneshot;
 
 /// Writes `bytes` to `path` so that a reader (or a crash) sees the old file or the new one,

@@ -200,17 +200,14 @@ fn a_vip_or_host_ip_that_contradicts_the_node_is_refused_and_nothing_is_saved() 
     let alias = topo
         .node
         .run(|| {
-            let addrs = lb_user::netlink::Netlink::new()
-                .unwrap()
-                .addresses()
-                .unwrap();
+            let addrs = lb_user::node::Netlink::new().unwrap().addresses().unwrap();
             addrs.into_iter().find(|a| a.addr == VIP)
         })
         .unwrap()
         .expect("the VIP alias is on the node");
     assert_eq!(
         (alias.prefix, alias.proto),
-        (32, Some(lb_user::netlink::ALIAS_PROTO)),
+        (32, Some(lb_user::node::ALIAS_PROTO)),
         "lb's alias carries its address protocol: {alias:?}"
     );
     d.ok(&service_set(

@@ -34,12 +34,11 @@ use crate::{
         Dataplane, STATES, SyncStats,
         ebpf::{OnIncompatible, TcMode},
     },
+    node::{check, watch::NetnsKey},
 };
 
 mod metrics;
-mod node;
 mod server;
-mod watch;
 
 pub use server::run;
 
@@ -243,8 +242,8 @@ impl Daemon {
         failed
     }
 
-    /// The namespaces the desired state uses ([`watch`] follows them).
-    pub fn netns_keys(&self) -> BTreeSet<watch::NetnsKey> {
+    /// The namespaces the desired state uses ([`crate::node::watch`] follows them).
+    pub fn netns_keys(&self) -> BTreeSet<NetnsKey> {
         (self.desired.networks.iter())
             .map(|n| n.netns_key().map(str::to_owned))
             .collect()
@@ -253,7 +252,7 @@ impl Daemon {
     /// Namespace `ns` changed (an address or a link came or went, or the namespace itself):
     /// its networks are applied again, which re-reads the node's addresses, re-attaches and
     /// re-adds aliases where an interface was recreated, or fails with a status that says why.
-    pub fn node_changed(&mut self, ns: &watch::NetnsKey) {
+    pub fn node_changed(&mut self, ns: &NetnsKey) {
         let names: Vec<String> = (self.desired.networks.iter())
             .filter(|n| n.netns_key() == ns.as_deref())
             .map(|n| n.name.clone())
@@ -284,7 +283,7 @@ impl Daemon {
         for net in &new.networks {
             if self.desired.network(&net.name) != Some(net) {
                 self.dp.supports(net).context("rejected")?;
-                node::check(net, self.desired.network(&net.name), lb_vips.clone())
+                check::check(net, self.desired.network(&net.name), lb_vips.clone())
                     .context("rejected")?;
             }
         }
@@ -443,7 +442,7 @@ impl Daemon {
                 .dp
                 .warnings(&n)
                 .unwrap_or_else(|e| vec![format!("checking the node: {e:#}")]);
-            if let Ok(missing) = node::missing_interfaces(&n)
+            if let Ok(missing) = check::missing_interfaces(&n)
                 && !missing.is_empty()
             {
                 warnings.push(format!(

@@ -11,14 +11,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::{
-    APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, read_state, watch,
-};
+use super::{APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, read_state};
 use crate::{
     api::{self, MAX_REQUEST, Request, Response},
     core::model::Network,
     dataplane::{Dataplane, EbpfDataplane, NftDataplane, nft, probe},
-    netlink::in_netns,
+    node::{in_netns, watch},
 };
 
 enum Job {

@@ -36,7 +36,7 @@ use crate::{
         Element, NAT_PUBLISH_PORT, NAT_SERVICE_VIP, SetKey, network_elements, placed_elements,
     },
     core::model::{Masquerade, Mode, Network},
-    netlink::{Netlink, in_netns},
+    node::{Netlink, in_netns},
 };
 
 /// Tables of this dataplane start with this: `lb` owns no other tables.

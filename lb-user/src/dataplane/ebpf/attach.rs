@@ -26,7 +26,7 @@ use aya::programs::{
 };
 
 use super::{EbpfNetwork, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, TcMode};
-use crate::{core::model::Attach, netlink::Netlink};
+use crate::{core::model::Attach, node::Netlink};
 
 /// Prefix of link pin names.
 const LINK_PREFIX: &str = "link_";

@@ -30,7 +30,7 @@ use crate::{
     core::elements::SetKey,
     core::model::{Attach, Mode, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats},
-    netlink::{Netlink, in_netns},
+    node::{Netlink, in_netns},
 };
 
 pub struct EbpfDataplane {

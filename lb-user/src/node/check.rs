@@ -1,13 +1,12 @@
 //! The live node, as the daemon sees it: what a change is checked against before it is saved
-//! (interfaces, addresses), and — in [`super::watch`] — the netlink events that make a network be
-//! applied again when its namespace's addresses or links change.
+//! (interfaces, addresses).
 use std::{collections::BTreeSet, net::Ipv4Addr};
 
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
     core::model::Network,
-    netlink::{Netlink, in_netns},
+    node::{Netlink, in_netns},
 };
 
 /// Checks `net` against its namespace before it is saved, so that a state the node cannot
@@ -22,7 +21,7 @@ use crate::{
 ///
 /// Contributions already in `old` are not checked again: an address the node gained later
 /// does not block unrelated changes. `lb_vips` are every VIP lb has in the state, so that
-/// aliases lb added (even without [`crate::netlink::ALIAS_PROTO`]) do not count as the node's.
+/// aliases lb added (even without [`crate::node::ALIAS_PROTO`]) do not count as the node's.
 pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) -> Result<()> {
     let ifaces = net.interfaces.clone();
     let name = net.name.clone();

@@ -36,7 +36,7 @@ use rtnetlink::{
     sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
 };
 
-use crate::netlink::{ALIAS_PROTO, join_netns, netns_path};
+use crate::node::{ALIAS_PROTO, join_netns, netns_path};
 
 /// How long events are coalesced before one report.
 const SETTLE: Duration = Duration::from_millis(100);

@@ -1,16 +1,13 @@
-//! Interface addresses over rtnetlink, and running work inside a network's namespace.
+//! Interface addresses, aliases and links over rtnetlink.
 //!
 //! Contract: [`Netlink`] talks to the namespace of the thread that created it, so it is only
-//! made inside [`in_netns`], which gives every call a fresh thread that joined the namespace
-//! (setns changes only the calling thread; the caller's own thread, and the daemon's tokio
-//! workers, never leave the host namespace). The methods block; they own a private
-//! current-thread runtime, so they are safe to call from a thread that is not a tokio worker.
+//! made inside [`super::in_netns`] (or the watcher's own thread). The methods block; they own
+//! a private current-thread runtime, so they are safe to call from a thread that is not a
+//! tokio worker.
 use std::{
     collections::BTreeSet,
     ffi::CString,
     net::{IpAddr, Ipv4Addr},
-    os::fd::AsRawFd as _,
-    path::PathBuf,
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -19,54 +16,6 @@ use netlink_packet_route::{
     address::{AddressAttribute, AddressMessage, AddressProtocol},
     link::{InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkInfo, LinkMessage, LinkXdp},
 };
-
-/// Runs `f` on a new thread that has joined network namespace `netns` (a name under
-/// /run/netns, or a path such as /proc/PID/ns/net); `None` runs it in the caller's namespace,
-/// still on a new thread so that it may block.
-pub fn in_netns<R, F>(netns: Option<&str>, f: F) -> Result<R>
-where
-    F: FnOnce() -> Result<R> + Send + 'static,
-    R: Send + 'static,
-{
-    let path = netns.map(netns_path);
-    let handle = std::thread::Builder::new()
-        .name("lb-netns".into())
-        .spawn(move || {
-            // This thread exits when `f` returns, so no other code ever runs in the joined
-            // namespace.
-            if let Some(path) = path {
-                join_netns(&path)?;
-            }
-            f()
-        })
-        .context("spawning a thread for a network namespace")?;
-    match handle.join() {
-        Ok(r) => r,
-        Err(panic) => std::panic::resume_unwind(panic),
-    }
-}
-
-/// Moves the calling thread (only it: setns is per thread) into the namespace at `path`. The
-/// caller owns the thread and makes sure nothing else runs on it afterwards.
-pub fn join_netns(path: &std::path::Path) -> Result<()> {
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("opening network namespace {}", path.display()))?;
-    // SAFETY: setns on an fd we own; it affects only the calling thread.
-    if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("joining network namespace {}", path.display()));
-    }
-    Ok(())
-}
-
-/// The path of namespace `netns`: a name under /run/netns, or a path as given.
-pub fn netns_path(netns: &str) -> PathBuf {
-    if netns.contains('/') {
-        PathBuf::from(netns)
-    } else {
-        PathBuf::from("/run/netns").join(netns)
-    }
-}
 
 /// The IFA_PROTO every VIP alias of lb carries ('l'): how an alias lb added is told from an
 /// address of the node, also after a restart, without trusting a record on disk. `ip addr`
