@@ -876,11 +876,6 @@ fn validation_rules() {
             "tcp/8080 published by network \"web\"",
         ),
         (
-            "one VIP in two networks of one netns",
-            |s| s.networks[1].services[0].vip = ip("10.99.0.10"),
-            r#"network "edge" service "dns" generation "1": VIP 10.99.0.10 in the daemon's netns is already a VIP of network "web""#,
-        ),
-        (
             "empty netns",
             |s| web(s).netns = Some("".into()),
             r#"invalid netns "": it is empty"#,

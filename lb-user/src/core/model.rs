@@ -375,12 +375,6 @@ pub enum Invalid {
         netns: String,
         other: String,
     },
-    #[error("VIP {vip} in {netns} is already a VIP of network {other:?}")]
-    VipInOtherNetwork {
-        vip: Ipv4Addr,
-        netns: String,
-        other: String,
-    },
     #[error("{key} overlaps {other_key} published by network {other:?} in {netns}")]
     PortInOtherNetwork {
         key: PortKey,
@@ -493,12 +487,12 @@ impl DesiredState {
 
     /// Checks every rule of [`Network::validate`] for each network, and what networks must not
     /// share: their name; in one namespace, an interface (two writers of one attachment would
-    /// undo each other), a VIP (one alias, two owners) and overlapping published ports (the
-    /// node has one port space per namespace: the same packet would match both networks).
+    /// undo each other) and overlapping published ports (the node has one port space per
+    /// namespace: the same packet would match both networks). A VIP may be in two networks:
+    /// each translates it on its own interfaces.
     pub fn validate(&self) -> Result<(), ValidationError> {
         let mut names = BTreeSet::new();
         let mut interfaces: BTreeMap<(Option<&str>, &str), &str> = BTreeMap::new();
-        let mut vips: BTreeMap<(Option<&str>, Ipv4Addr), &str> = BTreeMap::new();
         // (netns, protocol, port) → every key on it and the network publishing it.
         type PortOwners<'a> = BTreeMap<(Option<&'a str>, Proto, u16), Vec<(PortKey, &'a str)>>;
         let mut ports: PortOwners = BTreeMap::new();
@@ -517,16 +511,6 @@ impl DesiredState {
             let netns = network.netns_key();
             for service in &network.services {
                 let at = at_path(network.service_path(service));
-                match vips.insert((netns, service.vip), &network.name) {
-                    Some(other) if other != network.name => {
-                        return Err(at(Invalid::VipInOtherNetwork {
-                            vip: service.vip,
-                            netns: in_ns(netns),
-                            other: other.to_owned(),
-                        }));
-                    }
-                    _ => {}
-                }
                 for port in &service.ports {
                     let key = port.key();
                     let owners = ports.entry((netns, key.proto, key.port)).or_default();
