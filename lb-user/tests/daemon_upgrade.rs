@@ -457,9 +457,13 @@ fn a_pinned_map_of_another_layout_is_refused_unless_replacing_is_asked() {
     }
     let topo = Topology::new(2).unwrap();
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    // A second, healthy network: applied as usual while the other is refused, and the sign
+    // that the flow collector has made a pass.
+    let healthy = Topology::new(1).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let mut d = start(&bpffs, &[]);
+    let mut d = start(&bpffs, &["--gc-secs", "1"]);
     network(&d, &topo, "lay", 2, "tc");
+    network(&d, &healthy, "ok", 2, "tc");
     let mut open = TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
     let first = open.ask().unwrap();
     let dir = bpffs.path().join("lay");
@@ -485,13 +489,35 @@ fn a_pinned_map_of_another_layout_is_refused_unless_replacing_is_asked() {
     assert_eq!(recorded_layout(&dir, "lb_flows"), 1, "the record untouched");
     assert_eq!(pinned_hook(&hook).0, link, "the link untouched");
     assert_eq!(pinned_hook(&hook).1, prog, "the old program still runs");
+    let mut passes = 0;
+    while status(&d, "ok")["flow_entries"].is_null() {
+        passes += 1;
+        assert!(passes < 50, "the collector makes a pass: {}", d.log());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(
+        status(&d, "ok")["applied"],
+        true,
+        "the other network is applied"
+    );
+    assert!(
+        status(&d, "lay")["flow_entries"].is_null(),
+        "the collector leaves the refused network's flow table alone: {}",
+        status(&d, "lay")
+    );
     assert_eq!(
         open.ask().expect("the old programs serve on"),
         first,
         "on the same backend"
     );
 
-    d.set_extra(&["--dataplane", "ebpf", "--replace-incompatible-maps"]);
+    d.set_extra(&[
+        "--dataplane",
+        "ebpf",
+        "--gc-secs",
+        "1",
+        "--replace-incompatible-maps",
+    ]);
     d.restart().unwrap();
     let st = status(&d, "lay");
     assert_eq!(st["applied"], true, "{st}");
