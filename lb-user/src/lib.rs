@@ -7,6 +7,7 @@ pub mod api;
 pub mod core;
 pub mod daemon;
 pub mod dataplane;
+pub mod lock;
 pub mod node;
 pub mod oneshot;
 

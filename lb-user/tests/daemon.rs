@@ -10,6 +10,7 @@ use std::{
     time::Duration,
 };
 
+use hyper::Method;
 use lb_tests::{
     bpffs::Bpffs,
     daemon::{LbDaemon, network_add, service_set},
@@ -776,33 +777,118 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
         }
         refused += 1;
     }
-    let vip_body =
-        "{\"op\":\"service_set\",\"network\":\"bad\",\"service\":{\"id\":\"s\",\"vip\":\"1.2.3\"}}"
-            .to_owned();
-    let with_services =
-        serde_json::json!({"op": "network_add", "network": full_state(&topo).networks[0]})
-            .to_string();
-    let raw: Vec<(&str, Vec<u8>)> = vec![
-        ("malformed JSON", b"{\"op\": ".to_vec()),
-        ("empty body", Vec::new()),
-        ("oversized body", vec![b' '; api::MAX_REQUEST + 4096]),
-        ("unknown op", b"{\"op\":\"reboot\"}".to_vec()),
-        ("no op", b"{\"network\":\"bad\"}".to_vec()),
+    let bad_network = serde_json::to_vec(&full_state(&topo).networks[0]).unwrap();
+    let mut empty_network = full_state(&topo).networks[0].clone();
+    empty_network.name = "bad".into();
+    empty_network.services.clear();
+    let client = api::Client::new(&d.socket());
+    let raw: Vec<(&str, Method, &str, Vec<u8>, u16)> = vec![
+        (
+            "malformed JSON",
+            Method::PUT,
+            "/v1/state",
+            b"{\"networks\": ".to_vec(),
+            400,
+        ),
+        ("empty body", Method::PUT, "/v1/state", Vec::new(), 400),
+        (
+            "oversized body",
+            Method::PUT,
+            "/v1/state",
+            vec![b' '; api::MAX_REQUEST + 4096],
+            413,
+        ),
+        ("unknown path", Method::GET, "/v1/reboot", Vec::new(), 404),
+        ("unversioned path", Method::GET, "/state", Vec::new(), 404),
+        (
+            "unknown method",
+            Method::PATCH,
+            "/v1/state",
+            Vec::new(),
+            405,
+        ),
         (
             "unknown field",
-            b"{\"op\":\"state\",\"verbose\":true}".to_vec(),
+            Method::PUT,
+            "/v1/state",
+            b"{\"networks\":[],\"verbose\":true}".to_vec(),
+            400,
         ),
-        ("trailing garbage", b"{\"op\":\"state\"} {}".to_vec()),
-        ("bad VIP in raw JSON", vip_body.into_bytes()),
-        ("network add with services", with_services.into_bytes()),
-        ("not JSON at all", b"\x00\xffhello".to_vec()),
+        (
+            "trailing garbage",
+            Method::PUT,
+            "/v1/state",
+            b"{\"networks\":[]} {}".to_vec(),
+            400,
+        ),
+        (
+            "bad VIP in raw JSON",
+            Method::PUT,
+            "/v1/networks/bad/services/s/1",
+            b"{\"vip\":\"1.2.3\"}".to_vec(),
+            400,
+        ),
+        (
+            "the service id in the body",
+            Method::PUT,
+            "/v1/networks/bad/services/s/1",
+            b"{\"id\":\"t\",\"vip\":\"10.99.0.50\"}".to_vec(),
+            400,
+        ),
+        (
+            "a service of an unknown network",
+            Method::PUT,
+            "/v1/networks/nope/services/s/1",
+            b"{\"vip\":\"10.99.0.50\"}".to_vec(),
+            404,
+        ),
+        (
+            "network add with services",
+            Method::POST,
+            "/v1/networks",
+            bad_network,
+            400,
+        ),
+        (
+            "a network that exists",
+            Method::POST,
+            "/v1/networks",
+            serde_json::to_vec(&empty_network).unwrap(),
+            409,
+        ),
+        (
+            "not JSON at all",
+            Method::PUT,
+            "/v1/state",
+            b"\x00\xffhello".to_vec(),
+            400,
+        ),
+        (
+            "a body on GET",
+            Method::GET,
+            "/v1/state",
+            b"{}".to_vec(),
+            400,
+        ),
+        (
+            "an unknown query",
+            Method::GET,
+            "/v1/services?verbose=1",
+            Vec::new(),
+            400,
+        ),
     ];
-    for (what, body) in &raw {
-        let resp = api::call_raw(&d.socket(), body).unwrap_or_else(|e| panic!("{what}: {e:#}"));
-        assert!(!resp.ok, "{what}: accepted");
-        let msg = resp.error.unwrap_or_default();
+    for (what, method, path, body, want) in raw {
+        let (status, reply) = client
+            .send(method, path, body)
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        let reply: api::ErrorReply = serde_json::from_slice(&reply)
+            .unwrap_or_else(|e| panic!("{what}: not an error reply ({e}): {reply:?}"));
+        assert_eq!(status.as_u16(), want, "{what}: {reply:?}");
+        assert!(!reply.saved, "{what}: {reply:?}");
+        let msg = reply.error;
         assert!(!msg.is_empty() && !msg.contains('\n'), "{what}: {msg:?}");
-        println!("raw {what}: {msg}");
+        println!("raw {what}: {status}: {msg}");
         refused += 1;
     }
     assert_eq!(snapshot(&d, &bpffs, "bad"), before, "state or maps changed");

@@ -22,10 +22,14 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use hyper::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    api::Request,
+    api::{
+        ApiError, ConntrackEntry, Done, LastSync, NetworkStatus, NetworkSummary, Reply, Request,
+        ServiceEntry, Status,
+    },
     core::{
         elements::network_elements,
         model::{DesiredState, Network},
@@ -306,53 +310,72 @@ impl Daemon {
         Ok(json!({ "done": what }))
     }
 
-    fn network(&self, name: &str) -> Result<&Network> {
+    fn network(&self, name: &str) -> Result<&Network, ApiError> {
         self.desired
             .network(name)
-            .with_context(|| format!("unknown network {name:?}"))
+            .ok_or_else(|| ApiError::not_found(format!("unknown network {name:?}")))
     }
 
-    fn selected(&self, network: &Option<String>) -> Result<Vec<Network>> {
+    fn selected(&self, network: &Option<String>) -> Result<Vec<Network>, ApiError> {
         match network {
             Some(n) => Ok(vec![self.network(n)?.clone()]),
             None => Ok(self.desired.networks.clone()),
         }
     }
 
+    /// [`Daemon::commit`] with its outcome as the API says it: `rejected` (the context
+    /// commit puts on every refusal of the new state) is a 400; anything after saving is a
+    /// 500 that says whether the change is on disk.
+    fn commit_reply(&mut self, new: DesiredState, what: String) -> Result<Reply, ApiError> {
+        match self.commit(new, what.clone()) {
+            Ok(_) => Ok(Reply::Done(Done { done: what })),
+            Err(e) if e.to_string() == "rejected" => Err(ApiError::bad_request(format!("{e:#}"))),
+            Err(e) => {
+                let saved = format!("{e}").starts_with(&format!("{what}: saved, but"));
+                Err(ApiError::internal(&e, saved))
+            }
+        }
+    }
+
     /// Answers one API request.
-    pub fn handle(&mut self, req: Request) -> Result<Value> {
+    pub fn handle(&mut self, req: Request) -> Result<Reply, ApiError> {
         match req {
             Request::NetworkAdd { network } => {
                 if self.desired.network(&network.name).is_some() {
-                    bail!(
-                        "network {:?} exists (remove it first, or replace the whole state with lb apply)",
-                        network.name
-                    );
+                    return Err(ApiError::new(
+                        StatusCode::CONFLICT,
+                        format!(
+                            "network {:?} exists (remove it first, or replace the whole state with lb apply)",
+                            network.name
+                        ),
+                    ));
                 }
                 if !network.services.is_empty() {
-                    bail!("network add takes no services: add them with lb service set");
+                    return Err(ApiError::bad_request(
+                        "network add takes no services: add them with lb service set",
+                    ));
                 }
                 let what = format!("network {} added", network.name);
                 let mut new = self.desired.clone();
                 new.networks.push(network);
-                self.commit(new, what)
+                self.commit_reply(new, what)
             }
             Request::NetworkRm { name } => {
                 self.network(&name)?;
                 let mut new = self.desired.clone();
                 new.networks.retain(|n| n.name != name);
-                self.commit(new, format!("network {name} removed"))
+                self.commit_reply(new, format!("network {name} removed"))
             }
-            Request::NetworkList {} => Ok(Value::Array(
-                self.desired
-                    .networks
-                    .iter()
-                    .map(|n| {
-                        json!({
-                            "name": n.name, "interfaces": n.interfaces, "netns": n.netns,
-                            "mode": n.mode, "attach": n.attach, "masquerade": n.masquerade,
-                            "services": n.services.len(),
-                        })
+            Request::NetworkList => Ok(Reply::Networks(
+                (self.desired.networks.iter())
+                    .map(|n| NetworkSummary {
+                        name: n.name.clone(),
+                        interfaces: n.interfaces.clone(),
+                        netns: n.netns.clone(),
+                        mode: n.mode,
+                        attach: n.attach,
+                        masquerade: n.masquerade,
+                        services: n.services.len(),
                     })
                     .collect(),
             )),
@@ -366,7 +389,7 @@ impl Daemon {
                 new.network_mut(&network)
                     .expect("checked above")
                     .upsert_service(service);
-                self.commit(new, what)
+                self.commit_reply(new, what)
             }
             Request::ServiceRm {
                 network,
@@ -380,61 +403,62 @@ impl Daemon {
                     .expect("checked above")
                     .remove_services(&id, generation.as_deref());
                 if n == 0 {
-                    match &generation {
+                    return Err(ApiError::not_found(match &generation {
                         Some(g) => {
-                            bail!("network {network} has no service {id:?} generation {g:?}")
+                            format!("network {network} has no service {id:?} generation {g:?}")
                         }
-                        None => bail!("network {network} has no service {id:?}"),
-                    }
+                        None => format!("network {network} has no service {id:?}"),
+                    }));
                 }
-                self.commit(
+                self.commit_reply(
                     new,
                     format!("{n} contribution(s) of service {id} removed from {network}"),
                 )
             }
-            Request::ServiceList { network } => {
-                let mut out = Vec::new();
-                for n in self.selected(&network)? {
-                    for s in &n.services {
-                        let mut v = serde_json::to_value(s)?;
-                        v["network"] = json!(n.name);
-                        out.push(v);
-                    }
-                }
-                Ok(Value::Array(out))
-            }
+            Request::ServiceList { network } => Ok(Reply::Services(
+                (self.selected(&network)?.into_iter())
+                    .flat_map(|n| {
+                        let network = n.name;
+                        (n.services.into_iter()).map(move |service| ServiceEntry {
+                            network: network.clone(),
+                            service,
+                        })
+                    })
+                    .collect(),
+            )),
             Request::Apply { state } => {
                 let what = format!("{} network(s) applied", state.networks.len());
-                self.commit(state, what)
+                self.commit_reply(state, what)
             }
-            Request::State {} => Ok(serde_json::to_value(&self.desired)?),
-            Request::Elements { network } => {
-                let mut out = Vec::new();
-                for n in self.selected(&network)? {
-                    out.extend(network_elements(&n).iter().map(|e| e.to_string()));
-                }
-                Ok(json!(out))
-            }
+            Request::State => Ok(Reply::State(self.desired.clone())),
+            Request::Elements { network } => Ok(Reply::Elements(
+                (self.selected(&network)?.iter())
+                    .flat_map(|n| {
+                        network_elements(n)
+                            .iter()
+                            .map(|e| e.to_string())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect(),
+            )),
             Request::Conntrack { network } => {
                 let mut out = Vec::new();
                 for n in self.selected(&network)? {
-                    for f in self
-                        .dp
-                        .flows(&n)
-                        .with_context(|| format!("network {}", n.name))?
-                    {
-                        let mut v = serde_json::to_value(&f)?;
-                        v["network"] = json!(n.name);
-                        out.push(v);
-                    }
+                    let flows = (self.dp.flows(&n))
+                        .with_context(|| format!("network {}: reading its flows", n.name))
+                        .map_err(|e| ApiError::internal(&e, false))?;
+                    out.extend(flows.into_iter().map(|flow| ConntrackEntry {
+                        network: n.name.clone(),
+                        flow,
+                    }));
                 }
-                Ok(Value::Array(out))
+                Ok(Reply::Conntrack(out))
             }
-            Request::Status {} => self.status(),
+            Request::Status => Ok(Reply::Status(self.status())),
         }
     }
 
-    fn status(&mut self) -> Result<Value> {
+    fn status(&mut self) -> Status {
         let mut networks = Vec::new();
         for n in self.desired.networks.clone() {
             let counted = self.dp.flow_stats(&n);
@@ -450,28 +474,36 @@ impl Daemon {
                     missing.join(", ")
                 ));
             }
-            let last = self.stats.last_sync.get(&n.name);
-            networks.push(json!({
-                "name": n.name,
-                "applied": !self.errors.contains_key(&n.name),
-                "error": self.errors.get(&n.name),
-                "interfaces": n.interfaces,
-                "attach": n.attach,
-                "mode": n.mode,
-                "services": n.services.len(),
-                "backends": n.services.iter().map(|s| s.backends.len()).sum::<usize>(),
-                "flows": counted.as_ref().map(|c| c.by_state.iter().sum::<u64>()),
-                "flows_by_state": counted.as_ref().map(|c| STATES.iter().zip(c.by_state).map(|(s, n)| (s.to_string(), n)).collect::<BTreeMap<_, _>>()),
-                "flow_entries": counted.as_ref().and_then(|c| c.entries),
-                "warnings": warnings,
-                "last_sync": last.map(|s| json!({"written": s.written, "deleted": s.deleted, "flows_flushed": s.flows_flushed})),
-            }));
+            networks.push(NetworkStatus {
+                applied: !self.errors.contains_key(&n.name),
+                error: self.errors.get(&n.name).cloned(),
+                attach: n.attach,
+                mode: n.mode,
+                services: n.services.len(),
+                backends: n.services.iter().map(|s| s.backends.len()).sum(),
+                flows: counted.as_ref().map(|c| c.by_state.iter().sum()),
+                flows_by_state: counted.as_ref().map(|c| {
+                    (STATES.iter())
+                        .zip(c.by_state)
+                        .map(|(s, n)| (s.to_string(), n))
+                        .collect()
+                }),
+                flow_entries: counted.as_ref().and_then(|c| c.entries),
+                warnings,
+                last_sync: self.stats.last_sync.get(&n.name).map(|s| LastSync {
+                    written: s.written,
+                    deleted: s.deleted,
+                    flows_flushed: s.flows_flushed,
+                }),
+                name: n.name,
+                interfaces: n.interfaces,
+            });
         }
-        Ok(json!({
-            "dataplane": self.dp.name(),
-            "reason": self.dataplane_reason,
-            "networks": networks,
-        }))
+        Status {
+            dataplane: self.dp.name().to_owned(),
+            reason: self.dataplane_reason.clone(),
+            networks,
+        }
     }
 }
 

@@ -9,18 +9,25 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
+use http_body_util::BodyExt as _;
+use hyper::StatusCode;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::{APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, read_state};
 use crate::{
-    api::{self, MAX_REQUEST, Request, Response},
+    api::{self, ApiError, MAX_REQUEST, Reply, Request},
     core::model::Network,
     dataplane::{Dataplane, EbpfDataplane, NftDataplane, nft, probe},
+    lock::Lock,
     node::{in_netns, watch},
 };
 
 enum Job {
-    Api(Request, tokio::sync::oneshot::Sender<Response>),
+    Api(
+        Request,
+        tokio::sync::oneshot::Sender<Result<Reply, ApiError>>,
+    ),
     Metrics(tokio::sync::oneshot::Sender<String>),
     /// A namespace's addresses or links changed (from [`watch`]).
     Node(watch::NetnsKey),
@@ -52,16 +59,13 @@ fn actor(
         match jobs.recv_timeout(next_retry.saturating_duration_since(now)) {
             Ok(Job::Api(req, reply)) => {
                 let mutates = req.mutates();
-                let resp = match daemon.handle(req) {
-                    Ok(v) => Response::ok(v),
-                    Err(e) => {
-                        if mutates {
-                            tracing::warn!(error = %format!("{e:#}"), "request refused or not applied");
-                        }
-                        Response::err(&e)
-                    }
-                };
-                let _ = reply.send(resp);
+                let answer = daemon.handle(req);
+                if let Err(e) = &answer
+                    && mutates
+                {
+                    tracing::warn!(status = %e.status, error = %e.reply.error, "request refused or not applied");
+                }
+                let _ = reply.send(answer);
             }
             Ok(Job::Metrics(reply)) => {
                 let _ = reply.send(daemon.metrics());
@@ -152,16 +156,40 @@ fn retire_nft(networks: &[Network]) -> Result<()> {
     NftDataplane.remove_others(&[]).map(drop)
 }
 
-/// Binds the API socket: refuses to steal it from a live daemon, replaces a stale one, and
-/// leaves it readable and writable by root only.
-fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
-    if let Some(dir) = path.parent() {
+/// The locks that make this daemon the only writer of its state dir, its bpffs dir and its
+/// socket, taken before anything is read or changed; held until the process exits.
+fn take_locks(opts: &Options) -> Result<Vec<Lock>> {
+    create_private_dir(&opts.state_dir)?;
+    let mut locks = vec![Lock::dir(&opts.state_dir, "the state dir")?];
+    // No bpffs dir (and none can be made) means nothing of lb's is pinned there and no eBPF
+    // dataplane can be run on it: there is nothing to guard.
+    match Lock::dir(&opts.bpffs, "the bpffs dir") {
+        Ok(l) => locks.push(l),
+        Err(e) if !opts.bpffs.is_dir() => {
+            tracing::info!(error = %format!("{e:#}"), "no bpffs dir to lock");
+        }
+        Err(e) => return Err(e),
+    }
+    if let Some(dir) = opts.socket.parent() {
         create_private_dir(dir)?;
     }
+    let mut lock = opts.socket.clone().into_os_string();
+    lock.push(".lock");
+    locks.push(Lock::file(Path::new(&lock), "the API socket's lock")?);
+    // A daemon that predates the lock file would not hold it.
+    if std::os::unix::net::UnixStream::connect(&opts.socket).is_ok() {
+        bail!(
+            "another lb daemon is listening on {} (nothing was changed)",
+            opts.socket.display()
+        );
+    }
+    Ok(locks)
+}
+
+/// Binds the API socket (under the socket's lock: a file there is a stale one) and leaves it
+/// readable and writable by root only.
+fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
     if path.exists() {
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            bail!("another lb daemon is listening on {}", path.display());
-        }
         std::fs::remove_file(path)
             .with_context(|| format!("removing the stale socket {}", path.display()))?;
     }
@@ -172,54 +200,132 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
     Ok(listener)
 }
 
-async fn serve_conn(mut stream: tokio::net::UnixStream, jobs: mpsc::Sender<Job>) {
-    let resp = match handle_conn_request(&mut stream).await {
-        Ok(req) => {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            if jobs.send(Job::Api(req, tx)).is_err() {
-                Response::err(&anyhow::anyhow!("the daemon is stopping"))
-            } else {
-                rx.await
-                    .unwrap_or_else(|_| Response::err(&anyhow::anyhow!("the daemon is stopping")))
-            }
-        }
-        Err(e) => Response::err(&e),
-    };
-    let body = serde_json::to_vec(&resp).expect("a response always serializes");
-    let _ = stream.write_all(&body).await;
-    let _ = stream.shutdown().await;
-    // A refused request (too large, too slow) may still be arriving. Closing with unread
-    // bytes would reset the connection and the client would lose the answer already sent,
-    // so the rest is read and dropped, for a bounded time.
-    let _ = tokio::time::timeout(
-        Duration::from_secs(5),
-        tokio::io::copy(&mut stream, &mut tokio::io::sink()),
-    )
-    .await;
+/// Serves one connection: HTTP/1.1, any number of requests, each answered in turn.
+async fn serve_conn(stream: tokio::net::UnixStream, jobs: mpsc::Sender<Job>) {
+    let permitted = permitted(&stream);
+    let service = hyper::service::service_fn(move |req| {
+        let (jobs, permitted) = (jobs.clone(), permitted.clone());
+        async move { Ok::<_, std::convert::Infallible>(respond(req, permitted, jobs).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(READ_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "API connection");
+    }
 }
 
-async fn handle_conn_request(stream: &mut tokio::net::UnixStream) -> Result<Request> {
-    let cred = stream
-        .peer_cred()
-        .context("reading the client's credentials")?;
+/// How long a request's head, and then its body, may take to arrive.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Root and the daemon's own user may use the API; anyone else is answered 403.
+fn permitted(stream: &tokio::net::UnixStream) -> Result<(), ApiError> {
+    let cred = stream.peer_cred().map_err(|e| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("reading the client's credentials: {e}"),
+        )
+    })?;
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
     if cred.uid() != 0 && cred.uid() != me {
-        bail!(
-            "permission denied: uid {} may not use the lb API",
-            cred.uid()
-        );
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "permission denied: uid {} may not use the lb API",
+                cred.uid()
+            ),
+        ));
     }
-    let mut body = Vec::new();
-    let mut limited = (&mut *stream).take(MAX_REQUEST as u64 + 1);
-    tokio::time::timeout(Duration::from_secs(10), limited.read_to_end(&mut body))
+    Ok(())
+}
+
+type Body = http_body_util::Full<hyper::body::Bytes>;
+
+fn reply(status: StatusCode, body: &impl serde::Serialize) -> hyper::Response<Body> {
+    let body = serde_json::to_vec(body).expect("a reply always serializes");
+    let mut resp = hyper::Response::new(Body::from(body));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn refusal(e: &ApiError) -> hyper::Response<Body> {
+    reply(e.status, &e.reply)
+}
+
+async fn respond(
+    req: hyper::Request<hyper::body::Incoming>,
+    permitted: Result<(), ApiError>,
+    jobs: mpsc::Sender<Job>,
+) -> hyper::Response<Body> {
+    if let Err(e) = permitted {
+        return refusal(&e);
+    }
+    let (head, body) = req.into_parts();
+    let body = match read_body(body).await {
+        Ok(b) => b,
+        Err(e) => return refusal(&e),
+    };
+    let request = match api::route(&head.method, head.uri.path(), head.uri.query(), &body) {
+        Ok(r) => r,
+        Err(e) => return refusal(&e),
+    };
+    let created = matches!(request, Request::NetworkAdd { .. });
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stopping = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
+    let answer = if jobs.send(Job::Api(request, tx)).is_err() {
+        Err(stopping())
+    } else {
+        rx.await.unwrap_or_else(|_| Err(stopping()))
+    };
+    match answer {
+        Ok(r) if created => reply(StatusCode::CREATED, &r),
+        Ok(r) => reply(StatusCode::OK, &r),
+        Err(e) => refusal(&e),
+    }
+}
+
+/// The whole body, at most [`MAX_REQUEST`] bytes. A larger one is read to its end and
+/// dropped (within the read timeout) before the 413 goes out: closing a unix socket with
+/// unread bytes resets it, and the client would lose the answer.
+async fn read_body(mut body: hyper::body::Incoming) -> Result<Vec<u8>, ApiError> {
+    let read = async {
+        let mut out = Vec::new();
+        let mut too_large = false;
+        while let Some(frame) = body.frame().await {
+            let frame = frame
+                .map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                if out.len() + data.len() > MAX_REQUEST {
+                    too_large = true;
+                    out = Vec::new();
+                }
+                if !too_large {
+                    out.extend_from_slice(&data);
+                }
+            }
+        }
+        if too_large {
+            return Err(ApiError::too_large());
+        }
+        Ok(out)
+    };
+    tokio::time::timeout(READ_TIMEOUT, read)
         .await
-        .context("the request did not arrive within 10s")?
-        .context("reading the request")?;
-    if body.len() > MAX_REQUEST {
-        bail!("request larger than {MAX_REQUEST} bytes");
-    }
-    api::parse_request(&body)
+        .unwrap_or_else(|_| {
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {}s",
+                    READ_TIMEOUT.as_secs()
+                ),
+            ))
+        })
 }
 
 async fn serve_metrics(listener: tokio::net::TcpListener, jobs: mpsc::Sender<Job>) {
@@ -256,6 +362,9 @@ pub fn run(opts: Options) -> Result<()> {
     {
         bail!("--metrics {addr}: the metrics endpoint listens on loopback only");
     }
+    // First of all: a second daemon on the same state dir, bpffs or socket stops here, before
+    // it chooses a dataplane, retires the other one or reconciles anything.
+    let _locks = take_locks(&opts)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

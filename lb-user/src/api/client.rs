@@ -1,0 +1,92 @@
+//! The client side: one HTTP/1.1 request per connection to the daemon's socket (what the CLI
+//! does, and what a test of a raw client uses).
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, anyhow};
+use http_body_util::{BodyExt as _, Full};
+use hyper::{Method, StatusCode, body::Bytes};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+
+use super::{ErrorReply, Request};
+
+/// A client of the daemon at one socket.
+pub struct Client {
+    socket: PathBuf,
+}
+
+impl Client {
+    pub fn new(socket: &Path) -> Self {
+        Client {
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    /// Sends `request` and reads the reply as `T`; a refusal is an error with the daemon's
+    /// message (and, for a change saved but not applied, says so).
+    pub fn call<T: DeserializeOwned>(&self, request: &Request) -> Result<T> {
+        let (method, path, body) = request.to_http();
+        let (status, reply) = self.send(method, &path, body.unwrap_or_default())?;
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<ErrorReply>(&reply) {
+                Ok(e) => anyhow!(e.error),
+                Err(_) => anyhow!(
+                    "the daemon answered {status}: {}",
+                    String::from_utf8_lossy(&reply)
+                ),
+            });
+        }
+        serde_json::from_slice(&reply)
+            .with_context(|| format!("the daemon's reply to {path} is not what the CLI reads"))
+    }
+
+    /// Sends one request as given and returns the status and body (blocking).
+    pub fn send(&self, method: Method, path: &str, body: Vec<u8>) -> Result<(StatusCode, Bytes)> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the client's runtime")?
+            .block_on(self.send_async(method, path, body))
+    }
+
+    async fn send_async(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, Bytes)> {
+        let socket = self.socket.display();
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .with_context(|| {
+                format!("cannot reach the daemon at {socket} (is `lb daemon` running?)")
+            })?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .with_context(|| format!("talking to {socket}"))?;
+        let conn = tokio::spawn(conn);
+        let mut request = hyper::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, "lb");
+        if !body.is_empty() {
+            request = request.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .with_context(|| format!("building the request for {path}"))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .with_context(|| format!("the daemon at {socket} did not answer"))?;
+        let status = response.status();
+        let reply = response
+            .into_body()
+            .collect()
+            .await
+            .with_context(|| format!("reading the daemon's answer on {socket}"))?
+            .to_bytes();
+        conn.abort();
+        Ok((status, reply))
+    }
+}

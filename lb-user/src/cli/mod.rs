@@ -1,0 +1,4 @@
+//! The `lb` command: its arguments, what each command does, and how replies are printed.
+pub mod args;
+pub mod commands;
+pub mod render;
