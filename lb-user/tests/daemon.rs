@@ -378,6 +378,110 @@ fn a_network_removed_while_the_daemon_was_down_is_cleaned_up_at_start() {
     println!("network removed while down: pins, alias and programs gone at start");
 }
 
+#[test]
+fn a_second_daemon_is_refused_before_it_touches_anything() {
+    if !require_root("a_second_daemon_is_refused_before_it_touches_anything") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs);
+    add_network(&d, &topo, "first");
+    set_service(&d, "first", "1", &topo.backend_ips[..1]);
+    let answers = |what: &str| {
+        for (addr, port) in [(VIP, PORT), (topo.node_ip, PUBLISHED)] {
+            tcp_request(&topo.client, addr, port, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{what}: {addr}:{port} does not answer: {e:#}"));
+        }
+    };
+    answers("before");
+    let first = d.pid().unwrap().to_string();
+    let (other_bpffs, work) = (
+        Bpffs::new().unwrap(),
+        d.state_dir().with_file_name("second"),
+    );
+    let (other_state, other_socket) = (work.join("state"), work.join("lb.sock"));
+    // The case first (another state dir, the same bpffs and socket: refused by the
+    // bpffs lock, the second taken), then each of the three locks alone.
+    let cases = [
+        (
+            "another state dir, the same bpffs and socket",
+            &other_state,
+            &d.socket(),
+            bpffs.path(),
+            "the bpffs dir",
+        ),
+        (
+            "another state dir and socket, the same bpffs",
+            &other_state,
+            &other_socket,
+            bpffs.path(),
+            "the bpffs dir",
+        ),
+        (
+            "the same state dir, another bpffs and socket",
+            &d.state_dir(),
+            &other_socket,
+            other_bpffs.path(),
+            "the state dir",
+        ),
+        (
+            "another state dir and bpffs, the same socket",
+            &other_state,
+            &d.socket(),
+            other_bpffs.path(),
+            "the API socket",
+        ),
+    ];
+    for (i, (what, state_dir, socket, pins, lock)) in cases.into_iter().enumerate() {
+        let before = snapshot(&d, &bpffs, "first");
+        let run = d.another(state_dir, socket, pins);
+        println!("{what}: {:?}: {}", run.code, run.stderr.trim());
+        assert!(
+            run.code.is_some_and(|c| c != 0),
+            "{what}: the second daemon did not exit with an error: {run:?}"
+        );
+        assert!(
+            run.stderr.contains(lock)
+                && run.stderr.contains(&format!("in use by pid {first} "))
+                && run.stderr.contains("nothing was changed"),
+            "{what}: the refusal names the lock and the first daemon (pid {first}): {}",
+            run.stderr
+        );
+        assert!(
+            !run.stderr.contains("dataplane selected"),
+            "{what}: the second daemon got past the locks: {}",
+            run.stderr
+        );
+        assert_eq!(
+            snapshot(&d, &bpffs, "first"),
+            before,
+            "{what}: state or maps changed"
+        );
+        assert!(
+            d.socket().exists(),
+            "{what}: the first daemon's socket is gone"
+        );
+        answers(what);
+        // The first daemon's next change succeeds and is served.
+        let backend = &topo.backend_ips[(i + 1) % 2..][..1];
+        set_service(&d, "first", "1", backend);
+        let r: Reply = tcp_request(&topo.client, VIP, PORT, TIMEOUT)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            backend_of(&topo, &r.backend),
+            backend[0],
+            "{what}: the change after it"
+        );
+    }
+    println!(
+        "a second daemon on any of the first's state dir, bpffs or socket is refused; the first untouched"
+    );
+}
+
 /// Everything observable that bad input must not change: the desired state and the maps.
 fn snapshot(d: &LbDaemon, bpffs: &Bpffs, network: &str) -> (String, Vec<String>) {
     let maps = [

@@ -196,6 +196,44 @@ impl LbDaemon {
         r.stdout
     }
 
+    /// The daemon's pid (while it runs).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Runs another `lb daemon` on `state_dir`, `socket` and `bpffs` (some of them this
+    /// one's), which is expected to refuse and exit. One that still runs after 20s (it took
+    /// the resources over) is killed and reported as `code: None`.
+    pub fn another(&self, state_dir: &Path, socket: &Path, bpffs: &Path) -> Run {
+        let mut child = Command::new(&self.lb)
+            .arg("daemon")
+            .arg("--state-dir")
+            .arg(state_dir)
+            .arg("--socket")
+            .arg(socket)
+            .arg("--bpffs")
+            .arg(bpffs)
+            .args(&self.extra)
+            .env("LB_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("lb runs");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while child.try_wait().expect("waiting for lb").is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if child.try_wait().expect("waiting for lb").is_none() {
+            let _ = child.kill();
+        }
+        let mut run: Run = child.wait_with_output().expect("lb's output").into();
+        if run.code.is_some_and(|_| Instant::now() >= deadline) {
+            run.code = None;
+        }
+        run
+    }
+
     /// SIGKILL: no clean-up of any kind, as a crash.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -104,7 +104,7 @@ impl Request {
     /// The method, path (with query) and JSON body that [`route`] reads back as `self`.
     pub fn to_http(&self) -> (Method, String, Option<Vec<u8>>) {
         let query = |network: &Option<String>| match network {
-            Some(n) => format!("?network={n}"),
+            Some(n) => format!("?network={}", encode(n)),
             None => String::new(),
         };
         fn json<T: serde::Serialize>(v: &T) -> Option<Vec<u8>> {
@@ -112,7 +112,11 @@ impl Request {
         }
         match self {
             Request::NetworkAdd { network } => (Method::POST, "/v1/networks".into(), json(network)),
-            Request::NetworkRm { name } => (Method::DELETE, format!("/v1/networks/{name}"), None),
+            Request::NetworkRm { name } => (
+                Method::DELETE,
+                format!("/v1/networks/{}", encode(name)),
+                None,
+            ),
             Request::NetworkList => (Method::GET, "/v1/networks".into(), None),
             Request::ServiceSet { network, service } => {
                 let mut body = serde_json::to_value(service).expect("a service serializes");
@@ -122,8 +126,10 @@ impl Request {
                 (
                     Method::PUT,
                     format!(
-                        "/v1/networks/{network}/services/{}/{}",
-                        service.id, service.generation
+                        "/v1/networks/{}/services/{}/{}",
+                        encode(network),
+                        encode(&service.id),
+                        encode(&service.generation)
                     ),
                     Some(body.to_string().into_bytes()),
                 )
@@ -133,9 +139,9 @@ impl Request {
                 id,
                 generation,
             } => {
-                let mut path = format!("/v1/networks/{network}/services/{id}");
+                let mut path = format!("/v1/networks/{}/services/{}", encode(network), encode(id));
                 if let Some(g) = generation {
-                    path = format!("{path}/{g}");
+                    path = format!("{path}/{}", encode(g));
                 }
                 (Method::DELETE, path, None)
             }
@@ -289,13 +295,44 @@ fn no_such_path(path: &str) -> ApiError {
     ))
 }
 
-/// A path segment as a name. Names are letters, digits, `_`, `.` and `-` (the model checks
-/// them), so none needs percent-encoding; an empty one is a malformed path.
+/// A name as a path segment or query value. A valid name (letters, digits, `_`, `.`, `-`: the
+/// model checks them) is written as is; anything else is percent-encoded, so that a name the
+/// daemon will refuse still reaches it, and is refused by name, not as a malformed URI.
+fn encode(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A path segment or query value as the name it encodes ([`encode`]'s inverse); an empty one
+/// is a malformed path.
 fn segment(s: &str) -> Result<String, ApiError> {
     if s.is_empty() {
         return Err(ApiError::bad_request("an empty path segment"));
     }
-    Ok(s.to_owned())
+    let bad = || ApiError::bad_request(format!("{s:?}: bad percent-encoding"));
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b != b'%' {
+            out.push(b);
+            continue;
+        }
+        let mut digit = || {
+            (bytes.next())
+                .and_then(|d| char::from(d).to_digit(16))
+                .ok_or_else(bad)
+        };
+        let (high, low) = (digit()?, digit()?);
+        out.push((high << 4 | low) as u8);
+    }
+    String::from_utf8(out).map_err(|_| ApiError::bad_request(format!("{s:?}: not UTF-8")))
 }
 
 /// `network=NAME`, the only query the list endpoints take.
