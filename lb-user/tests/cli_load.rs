@@ -4,12 +4,16 @@ use std::{net::Ipv4Addr, path::Path, process::Command, time::Duration};
 
 use lb_tests::{
     bpffs::Bpffs,
+    daemon::{LbDaemon, network_add, service_set},
     netns::Topology,
     require_root,
     traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
 };
-use lb_user::core::model::{
-    Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
+use lb_user::{
+    core::model::{
+        Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
+    },
+    lock::Lock,
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
@@ -178,6 +182,84 @@ fn load_serve_unload(attach: Attach, tc: &str) {
         ])
         .unwrap();
     assert!(!tc.contains("lb_tc"), "no program left attached: {tc}");
+    std::fs::remove_dir_all(&work).unwrap();
+}
+
+/// `lb load` and `lb unload` share the bpffs with the daemon and with each other: each takes
+/// the bpffs dir's lock first, and one that finds it held exits 1 naming the holder, having
+/// attached, pinned and aliased nothing.
+#[test]
+fn lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs() {
+    if !require_root("lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let work = tempdir();
+    let file = work.join("state.json");
+    let mut other = state(&topo, Attach::Tc);
+    other.networks[0].services[0].vip = Ipv4Addr::new(10, 99, 0, 99);
+    std::fs::write(&file, other.to_json()).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let refused = |holder: u32, what: &str| {
+        for args in [&["load", "--state", file_arg][..], &["unload"]] {
+            let out = lb(args, bpffs.path(), &work);
+            let reason = text(&out.stderr);
+            println!("lb {} while {what} runs: {}", args[0], reason.trim());
+            assert_eq!(out.status.code(), Some(1), "lb {args:?}: {reason}");
+            assert!(
+                reason.contains(&format!(
+                    "the bpffs dir {} is in use by pid {holder} ",
+                    bpffs.path().display()
+                )),
+                "lb {args:?}: the refusal names the bpffs dir and pid {holder}: {reason}"
+            );
+            assert!(!bpffs.path().join("cli").exists(), "lb {args:?} pinned");
+            let aliases = (topo.node)
+                .ip(["-4", "-o", "addr", "show", "dev", &topo.node_ifaces[0]])
+                .unwrap();
+            assert!(
+                !aliases.contains("10.99.0.99/32"),
+                "lb {args:?} added its VIP: {aliases}"
+            );
+        }
+    };
+
+    // Another one-shot writer (this test, taking the lock as `lb load` does).
+    let held = Lock::dir(bpffs.path(), "the bpffs dir").unwrap();
+    refused(std::process::id(), "another lb load");
+    drop(held);
+
+    // A daemon serving a network on the same interfaces.
+    let d = LbDaemon::start(Path::new(env!("CARGO_BIN_EXE_lb")), bpffs.path(), &[]).unwrap();
+    d.ok(&network_add(&topo, "d"));
+    d.ok(&service_set(
+        "d",
+        "web",
+        "1",
+        VIP,
+        "tcp/18080:8080",
+        &topo.backend_ips,
+    ));
+    let pins = || {
+        let mut v: Vec<_> = std::fs::read_dir(bpffs.path().join("d"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        v.sort();
+        v
+    };
+    let before = (d.ok(&["state", "--json"]), pins());
+    refused(d.pid().unwrap(), "lb daemon");
+    assert_eq!(
+        (d.ok(&["state", "--json"]), pins()),
+        before,
+        "the daemon's state or pins changed"
+    );
+    for (addr, port) in [(VIP, PORT), (topo.node_ip, 18080)] {
+        tcp_request(&topo.client, addr, port, TIMEOUT).expect("the daemon's service still answers");
+    }
     std::fs::remove_dir_all(&work).unwrap();
 }
 
