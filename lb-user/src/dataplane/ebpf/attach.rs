@@ -181,27 +181,17 @@ impl EbpfNetwork {
             Ok(progs.iter().map(|p| p.id()).collect())
         })?;
         let p = self.tc_program(prog)?;
-        let ours = Identity::of(&p.info()?)?;
         if pin.exists() {
-            let link = open_pinned(&pin)?;
-            let running = link.info().context("reading a TCX link")?.program_id();
-            if Identity::of_id(running)?.as_ref() == Some(&ours) {
-                return Ok(());
+            if let Some((link, running)) = stale_link(&pin, &p.info()?)? {
+                let link = SchedClassifierLink::try_from(link)
+                    .with_context(|| format!("{} is not a TCX link", pin.display()))?;
+                let id = p
+                    .attach_to_link(link)
+                    .with_context(|| format!("replacing the program of {}", pin.display()))?;
+                // The pin keeps the link; this process's handle may go.
+                drop(p.take_link(id)?);
+                replaced(ifname, prog, running, &p.info()?);
             }
-            let link = SchedClassifierLink::try_from(link)
-                .with_context(|| format!("{} is not a TCX link", pin.display()))?;
-            let id = p
-                .attach_to_link(link)
-                .with_context(|| format!("replacing the program of {}", pin.display()))?;
-            // The pin keeps the link; this process's handle may go.
-            drop(p.take_link(id)?);
-            tracing::info!(
-                interface = ifname,
-                hook = name,
-                old = running,
-                new = p.info()?.id(),
-                "replaced the running program in place"
-            );
             return Ok(());
         }
         let id = p
@@ -229,7 +219,6 @@ impl EbpfNetwork {
         hook: TcAttachType,
     ) -> Result<()> {
         let index = nl.ifindex(ifname)?;
-        let ours = Identity::of(&self.tc_program(prog)?.info()?)?;
         let mut filters: Vec<_> = nl
             .bpf_filters(index, hook == TcAttachType::Egress)?
             .into_iter()
@@ -254,7 +243,7 @@ impl EbpfNetwork {
                 .detach()
                 .with_context(|| format!("removing a stacked {prog} filter from {ifname}"))?;
         }
-        if Identity::of_id(first.prog_id)?.as_ref() == Some(&ours) {
+        if Identity::of_id(first.prog_id)? == Some(Identity::of(&p.info()?)?) {
             return Ok(());
         }
         let link =
@@ -263,13 +252,7 @@ impl EbpfNetwork {
             .attach_to_link(link)
             .with_context(|| format!("replacing {prog} on {ifname} (netlink)"))?;
         std::mem::forget(p.take_link(id)?);
-        tracing::info!(
-            interface = ifname,
-            program = prog,
-            old = first.prog_id,
-            new = p.info()?.id(),
-            "replaced the running program in place"
-        );
+        replaced(ifname, prog, first.prog_id, &p.info()?);
         Ok(())
     }
 
@@ -281,25 +264,15 @@ impl EbpfNetwork {
         })?;
         let p = self.xdp_program()?;
         if pin.exists() {
-            let ours = Identity::of(&p.info()?)?;
-            let link = open_pinned(&pin)?;
-            let running = link.info().context("reading an XDP link")?.program_id();
-            if Identity::of_id(running)?.as_ref() == Some(&ours) {
-                return Ok(());
+            if let Some((link, running)) = stale_link(&pin, &p.info()?)? {
+                let link = XdpLink::try_from(link)
+                    .with_context(|| format!("{} is not an XDP link", pin.display()))?;
+                let id = p
+                    .attach_to_link(link)
+                    .with_context(|| format!("replacing the program of {}", pin.display()))?;
+                drop(p.take_link(id)?);
+                replaced(ifname, PROG_XDP, running, &p.info()?);
             }
-            let link = XdpLink::try_from(link)
-                .with_context(|| format!("{} is not an XDP link", pin.display()))?;
-            let id = p
-                .attach_to_link(link)
-                .with_context(|| format!("replacing the program of {}", pin.display()))?;
-            drop(p.take_link(id)?);
-            tracing::info!(
-                interface = ifname,
-                hook = XDP_HOOK,
-                old = running,
-                new = p.info()?.id(),
-                "replaced the running program in place"
-            );
             return Ok(());
         }
         let id = match p.attach(ifname, XdpMode::Driver) {
@@ -363,9 +336,7 @@ fn drop_if_detached(
     if !pin.exists() {
         return Ok(());
     }
-    let prog = (open_pinned(pin)?.info())
-        .with_context(|| format!("reading the pinned link {}", pin.display()))?
-        .program_id();
+    let (_, prog) = pinned(pin)?;
     if attached()
         .with_context(|| format!("listing the programs attached to {ifname}"))?
         .contains(&prog)
@@ -376,10 +347,36 @@ fn drop_if_detached(
     std::fs::remove_file(pin).with_context(|| format!("removing {}", pin.display()))
 }
 
-fn open_pinned(pin: &Path) -> Result<FdLink> {
-    Ok(PinnedLink::from_pin(pin)
+/// The link pinned at `pin`, with the id of the program it runs.
+fn pinned(pin: &Path) -> Result<(FdLink, u32)> {
+    let link: FdLink = PinnedLink::from_pin(pin)
         .with_context(|| format!("opening {}", pin.display()))?
-        .into())
+        .into();
+    let running = (link.info())
+        .with_context(|| format!("reading {}", pin.display()))?
+        .program_id();
+    Ok((link, running))
+}
+
+/// The link pinned at `pin`, with the id of the program it runs, when that program is not
+/// `ours`; `None` when it is.
+fn stale_link(pin: &Path, ours: &ProgramInfo) -> Result<Option<(FdLink, u32)>> {
+    let (link, running) = pinned(pin)?;
+    if Identity::of_id(running)? == Some(Identity::of(ours)?) {
+        return Ok(None);
+    }
+    Ok(Some((link, running)))
+}
+
+/// The one line an upgrade leaves per hook.
+fn replaced(ifname: &str, prog: &str, old: u32, new: &ProgramInfo) {
+    tracing::info!(
+        interface = ifname,
+        program = prog,
+        old = old,
+        new = new.id(),
+        "replaced the running program in place"
+    );
 }
 
 fn pin_link(link: FdLink, path: &Path) -> Result<()> {
