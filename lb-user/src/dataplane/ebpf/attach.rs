@@ -74,7 +74,11 @@ impl Wanted {
     }
 }
 
-/// What tells two loaded programs apart: the tag and the maps they use.
+/// What tells two loaded programs apart: the tag and the maps they use. Maps are compared by
+/// kernel id, which is stable because every map the programs use is pinned (`MAP_LAYOUTS`):
+/// the same code over the same pins is the same identity. A map created per load (`.rodata`,
+/// aya-log's) would make every restart replace the programs — harmless, but no longer "left
+/// alone", which the upgrade tests check.
 #[derive(Debug, PartialEq, Eq)]
 struct Identity {
     tag: u64,

@@ -60,30 +60,37 @@ pub use lb_common::HOOKS;
 /// Where `lb load` and the daemon pin by default.
 pub const DEFAULT_BPFFS: &str = "/sys/fs/bpf/lb";
 
+/// The eBPF object this binary was built with.
+pub fn object() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-ebpf"))
+}
+
 /// `LB_EBPF_OBJECT=FILE` in the environment loads the programs from FILE instead of the
 /// object this binary embeds: the tests of program upgrades run a build that differs, and an
 /// operator may try one. Its maps must be this binary's layouts (they are checked as pins are).
 pub const OBJECT_ENV: &str = "LB_EBPF_OBJECT";
 
-/// The eBPF object this binary was built with, or the file [`OBJECT_ENV`] names.
-pub fn object() -> &'static [u8] {
+/// The object networks load: the file [`OBJECT_ENV`] names, else [`object`].
+fn loaded_object() -> Result<&'static [u8]> {
     static OVERRIDE: OnceLock<Option<&'static [u8]>> = OnceLock::new();
-    let over = OVERRIDE.get_or_init(|| {
-        let path = std::env::var_os(OBJECT_ENV)?;
-        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!("{OBJECT_ENV}={}: {e}", Path::new(&path).display())
-        });
-        tracing::warn!(object = %Path::new(&path).display(), "loading the eBPF programs from {OBJECT_ENV}, not the embedded object");
-        // ELF parsing wants the alignment include_bytes_aligned gives the embedded object.
-        let mut words = vec![0u64; bytes.len().div_ceil(8)];
-        bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(&bytes);
-        let all: &'static [u8] = bytemuck::cast_slice(Vec::leak(words));
-        Some(&all[..bytes.len()])
-    });
-    over.unwrap_or(aya::include_bytes_aligned!(concat!(
-        env!("OUT_DIR"),
-        "/lb-ebpf"
-    )))
+    if let Some(over) = OVERRIDE.get() {
+        return Ok(over.unwrap_or(object()));
+    }
+    let over = match std::env::var_os(OBJECT_ENV) {
+        None => None,
+        Some(path) => {
+            let path = PathBuf::from(path);
+            let bytes = std::fs::read(&path)
+                .with_context(|| format!("{OBJECT_ENV}: reading {}", path.display()))?;
+            tracing::warn!(object = %path.display(), "loading the eBPF programs from {OBJECT_ENV}, not the embedded object");
+            // ELF parsing wants the alignment include_bytes_aligned gives the embedded object.
+            let mut words = vec![0u64; bytes.len().div_ceil(8)];
+            bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..bytes.len()].copy_from_slice(&bytes);
+            let all: &'static [u8] = bytemuck::cast_slice(Vec::leak(words));
+            Some(&all[..bytes.len()])
+        }
+    };
+    Ok(OVERRIDE.get_or_init(|| over).unwrap_or(object()))
 }
 
 /// How TC programs are attached: TCX links (kernel ≥ 6.6, pinnable, survive the loader) or
@@ -220,7 +227,7 @@ impl EbpfNetwork {
         for (name, path) in &paths {
             loader.map_pin_path(name, path.as_path());
         }
-        let ebpf = loader.load(object()).with_context(|| {
+        let ebpf = loader.load(loaded_object()?).with_context(|| {
             format!(
                 "loading the eBPF object with maps pinned under {} (is it on a bpffs?)",
                 dir.display()
@@ -233,7 +240,7 @@ impl EbpfNetwork {
 
     /// Loads the object with private, unpinned maps (program-level tests, the kernel probe).
     pub fn unpinned() -> Result<Self> {
-        let ebpf = Ebpf::load(object()).context("loading the eBPF object")?;
+        let ebpf = Ebpf::load(loaded_object()?).context("loading the eBPF object")?;
         Self::from_ebpf(ebpf, PathBuf::new())
     }
 
