@@ -14,7 +14,7 @@ use aya::programs::{
 };
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{LbDaemon, network_add, service_set},
+    daemon::{LbDaemon, service_set},
     netns::Topology,
     require_root,
     traffic::{TIMEOUT, TcpSession, spawn_backends},
@@ -87,22 +87,14 @@ fn start(bpffs: &Bpffs, extra: &[&str]) -> LbDaemon {
     LbDaemon::start(lb(), bpffs.path(), &args).expect("lb daemon starts")
 }
 
-/// The network `net` on `ifaces` of `topo`'s node, with one service on the VIP.
+/// The network `net` on the first `ifaces` interfaces of `topo`'s node (as `network_add`
+/// names them), with one service on the VIP.
 fn network(d: &LbDaemon, topo: &Topology, net: &str, ifaces: usize, attach: &str) {
-    let mut add = network_add(topo, net);
-    // network_add lists every node interface; the first `ifaces` stay.
-    let left_out: Vec<&String> = topo.node_ifaces[ifaces..].iter().collect();
-    let mut args = Vec::new();
-    let mut it = add.drain(..);
-    while let Some(a) = it.next() {
-        if a == "--interface" {
-            let i = it.next().unwrap();
-            if !left_out.contains(&&i) {
-                args.extend([a, i]);
-            }
-        } else {
-            args.push(a);
-        }
+    let mut args: Vec<String> = ["network", "add", net, "--netns", topo.node.name()]
+        .map(String::from)
+        .into();
+    for i in &topo.node_ifaces[..ifaces] {
+        args.extend(["--interface".into(), i.clone()]);
     }
     args.extend(["--attach".into(), attach.into()]);
     d.ok(&args);
