@@ -1,20 +1,18 @@
 //! The desired state: what the operator asked for, exactly as `lb apply -f` reads it and
-//! `lb state` prints it, and the rules that make it safe to compose and program.
+//! `lb state` prints it.
 //!
 //! Parsing is strict (`deny_unknown_fields` everywhere, addresses and ports checked where they
 //! are read, errors carrying the JSON path) because a typo that parsed would silently program
-//! the wrong thing. [`DesiredState::validate`] then checks what one field alone cannot: names
-//! that become kernel object names, uniqueness, and ownership of VIPs, published ports and
-//! interfaces. Whatever passes is something [`crate::core::compose`] and the dataplanes can take as
-//! is: they never re-check.
-use std::collections::{BTreeMap, BTreeSet};
+//! the wrong thing. [`DesiredState::validate`] (in [`super::validate`]) then checks what one
+//! field alone cannot.
+
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::core::compose::compose;
+pub use super::validate::{Invalid, ValidationError};
 
 /// The generation a service gets when none is given (CLI and JSON alike).
 pub const DEFAULT_GENERATION: &str = "1";
@@ -233,7 +231,7 @@ impl FlowTimeouts {
         Ok(())
     }
 
-    fn validate(mut self) -> Result<(), Invalid> {
+    pub(super) fn validate(mut self) -> Result<(), Invalid> {
         for (name, v) in self.fields() {
             if let Some(secs) = *v
                 && !(1..=MAX_TIMEOUT_SECS).contains(&secs)
@@ -322,118 +320,6 @@ pub struct PortKey {
     pub port: u16,
 }
 
-/// Why a value is not acceptable. Parse errors and validation errors share it so that the
-/// JSON file, the CLI flags and the API report a bad value in the same words.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Invalid {
-    #[error("unknown {what} {value:?}, expected one of {expected}")]
-    UnknownKeyword {
-        what: &'static str,
-        value: String,
-        expected: String,
-    },
-    #[error("invalid IPv4 address {0:?}")]
-    Ipv4(String),
-    #[error("invalid {field} port number {value:?}")]
-    PortNumber { field: &'static str, value: String },
-    #[error("{field} port {value} out of range 1-65535")]
-    PortRange { field: &'static str, value: i64 },
-    #[error("invalid port {0:?}: expected PROTO/PUBLISHED[:TARGET][@HOST_IP]")]
-    PortSyntax(String),
-    #[error("invalid backend {0:?}: expected IP[,disabled]")]
-    BackendSyntax(String),
-    #[error("{what} is empty")]
-    NameEmpty { what: &'static str },
-    #[error("{what} {value:?} contains {c:?}; only A-Z a-z 0-9 _ . - are allowed")]
-    NameChar {
-        what: &'static str,
-        value: String,
-        c: char,
-    },
-    #[error("{what} {value:?} is {len} characters long; at most {max} are allowed")]
-    NameLength {
-        what: &'static str,
-        value: String,
-        len: usize,
-        max: usize,
-    },
-    #[error("{what} cannot be \".\" or \"..\"")]
-    NameDots { what: &'static str },
-    #[error("network is defined twice")]
-    NetworkTwice,
-    #[error("invalid netns {value:?}: {why}")]
-    Netns { value: String, why: &'static str },
-    #[error("no interface; a network needs at least one to attach to")]
-    NoInterface,
-    #[error("invalid interface name {name:?}: {why}")]
-    Interface { name: String, why: String },
-    #[error("interface {0:?} is listed twice")]
-    InterfaceTwice(String),
-    #[error("interface {name:?} in {netns} is already used by network {other:?}")]
-    InterfaceTaken {
-        name: String,
-        netns: String,
-        other: String,
-    },
-    #[error("{key} overlaps {other_key} published by network {other:?} in {netns}")]
-    PortInOtherNetwork {
-        key: PortKey,
-        other_key: PortKey,
-        netns: String,
-        other: String,
-    },
-    #[error("service is defined twice (same id and generation)")]
-    ServiceTwice,
-    #[error("{role} {ip} is {class}; it must be a unicast address")]
-    NotUnicast {
-        role: &'static str,
-        ip: Ipv4Addr,
-        class: &'static str,
-    },
-    #[error("VIP {0} is also one of its own backends")]
-    VipIsBackend(Ipv4Addr),
-    #[error("backend {0} is listed twice")]
-    BackendTwice(Ipv4Addr),
-    #[error("host_ip 0.0.0.0 means any address; leave host_ip unset (null) instead")]
-    HostIpUnspecified,
-    #[error("port {0} is listed twice")]
-    PortTwice(PortKey),
-    #[error("publishes {0}, but a dsr network carries VIP traffic only")]
-    DsrPorts(PortKey),
-    #[error("VIP {vip} is already used by service {other:?}")]
-    VipTaken { vip: Ipv4Addr, other: String },
-    #[error("{key} is already published by service {other:?}")]
-    PortTaken { key: PortKey, other: String },
-    #[error("{key} overlaps {other_key} published by service {other:?}")]
-    PortOverlaps {
-        key: PortKey,
-        other_key: PortKey,
-        other: String,
-    },
-    #[error("{set} has {n} backends once composed; at most {max} fit the bucket space")]
-    TooManyBackends { set: String, n: usize, max: u32 },
-    #[error("invalid timeout {0:?}: expected NAME=SECONDS")]
-    TimeoutSyntax(String),
-    #[error("timeout {name}={secs} out of range 1-{max}", max = MAX_TIMEOUT_SECS)]
-    TimeoutRange { name: &'static str, secs: u32 },
-    #[error("backend {0} is also a VIP of this network; a VIP cannot be a backend")]
-    BackendIsVip(Ipv4Addr),
-    #[error("{n} {what} once composed; the dataplane holds at most {max}")]
-    TooManySets {
-        what: &'static str,
-        n: usize,
-        max: u32,
-    },
-}
-
-/// A validation failure: where (`network "web" service "api" generation "2"`) and why.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{path}: {reason}")]
-pub struct ValidationError {
-    pub path: String,
-    pub reason: Invalid,
-}
-
 /// Why a desired-state document was not accepted: it did not parse (with the JSON path of the
 /// offending value), or it parsed and is not valid.
 #[derive(Debug, thiserror::Error)]
@@ -484,176 +370,12 @@ impl DesiredState {
     pub fn network_mut(&mut self, name: &str) -> Option<&mut Network> {
         self.networks.iter_mut().find(|n| n.name == name)
     }
-
-    /// Checks every rule of [`Network::validate`] for each network, and what networks must not
-    /// share: their name; in one namespace, an interface (two writers of one attachment would
-    /// undo each other) and overlapping published ports (the node has one port space per
-    /// namespace: the same packet would match both networks). A VIP may be in two networks:
-    /// each translates it on its own interfaces.
-    pub fn validate(&self) -> Result<(), ValidationError> {
-        let mut names = BTreeSet::new();
-        let mut interfaces: BTreeMap<(Option<&str>, &str), &str> = BTreeMap::new();
-        // (netns, protocol, port) → every key on it and the network publishing it.
-        type PortOwners<'a> = BTreeMap<(Option<&'a str>, Proto, u16), Vec<(PortKey, &'a str)>>;
-        let mut ports: PortOwners = BTreeMap::new();
-        let in_ns = |netns: Option<&str>| {
-            netns.map_or_else(
-                || "the daemon's netns".to_owned(),
-                |ns| format!("netns {ns:?}"),
-            )
-        };
-        for network in &self.networks {
-            network.validate()?;
-            let at = at_path(network.path());
-            if !names.insert(network.name.as_str()) {
-                return Err(at(Invalid::NetworkTwice));
-            }
-            let netns = network.netns_key();
-            for service in &network.services {
-                let at = at_path(network.service_path(service));
-                for port in &service.ports {
-                    let key = port.key();
-                    let owners = ports.entry((netns, key.proto, key.port)).or_default();
-                    if let Some((other_key, other)) =
-                        (owners.iter()).find(|(k, n)| *n != network.name && k.overlaps(&key))
-                    {
-                        return Err(at(Invalid::PortInOtherNetwork {
-                            key,
-                            other_key: *other_key,
-                            netns: in_ns(netns),
-                            other: (*other).to_owned(),
-                        }));
-                    }
-                    owners.push((key, &network.name));
-                }
-            }
-            for name in &network.interfaces {
-                if let Some(other) = interfaces.insert((netns, name), &network.name) {
-                    return Err(at(Invalid::InterfaceTaken {
-                        name: name.clone(),
-                        netns: in_ns(netns),
-                        other: other.to_owned(),
-                    }));
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Network {
     /// Every VIP a contribution claims (the aliases the network keeps on its first interface).
     pub fn vips(&self) -> std::collections::BTreeSet<Ipv4Addr> {
         self.services.iter().map(|s| s.vip).collect()
-    }
-
-    /// Checks the network on its own: its names, its interfaces, each contribution, who owns
-    /// each VIP and published port, and that every composed set fits the bucket space.
-    ///
-    /// Generations of one service may share a VIP and a port key (that is the rolling update
-    /// compose exists for); different services may not, because their traffic would be split
-    /// over each other's backends.
-    pub fn validate(&self) -> Result<(), ValidationError> {
-        let at = at_path(self.path());
-        check_name("network name", &self.name, MAX_NETWORK_NAME).map_err(&at)?;
-        if let Some(netns) = &self.netns {
-            check_netns(netns).map_err(&at)?;
-        }
-        if self.interfaces.is_empty() {
-            return Err(at(Invalid::NoInterface));
-        }
-        self.timeouts.validate().map_err(&at)?;
-        let mut interfaces = BTreeSet::new();
-        for name in &self.interfaces {
-            check_interface(name).map_err(&at)?;
-            if !interfaces.insert(name) {
-                return Err(at(Invalid::InterfaceTwice(name.clone())));
-            }
-        }
-
-        let mut keys = BTreeSet::new();
-        let mut vip_owner: BTreeMap<Ipv4Addr, &str> = BTreeMap::new();
-        let mut port_owners: BTreeMap<(Proto, u16), Vec<(PortKey, &str)>> = BTreeMap::new();
-        for service in &self.services {
-            let at = at_path(self.service_path(service));
-            service.validate().map_err(&at)?;
-            if !keys.insert(service.key()) {
-                return Err(at(Invalid::ServiceTwice));
-            }
-            if let (Mode::Dsr, Some(port)) = (self.mode, service.ports.first()) {
-                return Err(at(Invalid::DsrPorts(port.key())));
-            }
-            match vip_owner.get(&service.vip) {
-                Some(other) if *other != service.id => {
-                    return Err(at(Invalid::VipTaken {
-                        vip: service.vip,
-                        other: (*other).to_owned(),
-                    }));
-                }
-                Some(_) => {}
-                None => {
-                    vip_owner.insert(service.vip, &service.id);
-                }
-            }
-            for port in &service.ports {
-                let key = port.key();
-                let owners = port_owners.entry((key.proto, key.port)).or_default();
-                // Only one service may have ports that overlap: the same packet would match both.
-                let clash = (owners.iter()).find(|(k, id)| *id != service.id && k.overlaps(&key));
-                if let Some((other_key, other)) = clash {
-                    let other = (*other).to_owned();
-                    return Err(at(if *other_key == key {
-                        Invalid::PortTaken { key, other }
-                    } else {
-                        Invalid::PortOverlaps {
-                            key,
-                            other_key: *other_key,
-                            other,
-                        }
-                    }));
-                }
-                owners.push((key, &service.id));
-            }
-        }
-
-        // A packet translated to a backend must not be a service's packet again (it would be
-        // translated twice, by XDP and then TC, or by two hooks).
-        for service in &self.services {
-            if let Some(b) = service
-                .backends
-                .iter()
-                .find(|b| vip_owner.contains_key(&b.ip))
-            {
-                return Err(at_path(self.service_path(service))(Invalid::BackendIsVip(
-                    b.ip,
-                )));
-            }
-        }
-
-        let composed = compose(self);
-        let max = lb_common::MAX_BACKENDS_PER_SET;
-        let fits = |n: usize| n <= max as usize;
-        let oversized = (composed.vips.iter())
-            .find(|(_, b)| !fits(b.len()))
-            .map(|(vip, b)| (format!("VIP {vip}"), b.len()))
-            .or_else(|| {
-                (composed.ports.iter())
-                    .find(|(_, b)| !fits(b.len()))
-                    .map(|(key, b)| (format!("port {key}"), b.len()))
-            });
-        if let Some((set, n)) = oversized {
-            return Err(at(Invalid::TooManyBackends { set, n, max }));
-        }
-        let max = lb_common::MAX_SERVICES;
-        for (what, n) in [
-            ("VIPs", composed.vips.len()),
-            ("published ports", composed.ports.len()),
-        ] {
-            if n > max as usize {
-                return Err(at(Invalid::TooManySets { what, n, max }));
-            }
-        }
-        Ok(())
     }
 
     /// The namespace an interface name is resolved in, so that `x` and `/run/netns/x` are
@@ -688,17 +410,6 @@ impl Network {
             .retain(|s| s.id != id || generation.is_some_and(|g| s.generation != g));
         before - self.services.len()
     }
-
-    fn path(&self) -> String {
-        format!("network {:?}", self.name)
-    }
-
-    fn service_path(&self, service: &Service) -> String {
-        format!(
-            "network {:?} service {:?} generation {:?}",
-            self.name, service.id, service.generation
-        )
-    }
 }
 
 impl Service {
@@ -712,33 +423,6 @@ impl Service {
     /// The backends new flows may be sent to.
     pub fn enabled_backends(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
         self.backends.iter().filter(|b| !b.disabled).map(|b| b.ip)
-    }
-
-    /// What one contribution must satisfy on its own.
-    fn validate(&self) -> Result<(), Invalid> {
-        check_name("service id", &self.id, MAX_SERVICE_NAME)?;
-        check_name("generation", &self.generation, MAX_SERVICE_NAME)?;
-        check_unicast("VIP", self.vip, false)?;
-        let mut backends = BTreeSet::new();
-        for backend in &self.backends {
-            // A loopback backend is never reachable by DNAT (the kernel drops it as martian)
-            // nor by DSR (no MAC), so it is refused rather than programmed as a black hole.
-            check_unicast("backend", backend.ip, false)?;
-            if backend.ip == self.vip {
-                return Err(Invalid::VipIsBackend(self.vip));
-            }
-            if !backends.insert(backend.ip) {
-                return Err(Invalid::BackendTwice(backend.ip));
-            }
-        }
-        let mut ports = BTreeSet::new();
-        for port in &self.ports {
-            port.validate()?;
-            if !ports.insert(port.key()) {
-                return Err(Invalid::PortTwice(port.key()));
-            }
-        }
-        Ok(())
     }
 }
 
@@ -780,20 +464,6 @@ impl PortConfig {
             host_ip: self.host_ip,
             proto: self.proto,
             port: self.published,
-        }
-    }
-
-    /// Parsing already enforces these; a port built in code is held to the same rules.
-    fn validate(&self) -> Result<(), Invalid> {
-        port_number("published", self.published.into())?;
-        if let Some(target) = self.target {
-            port_number("target", target.into())?;
-        }
-        match self.host_ip {
-            Some(ip) if ip.is_unspecified() => Err(Invalid::HostIpUnspecified),
-            // Loopback is a legitimate node address to publish on (local clients only).
-            Some(ip) => check_unicast("host_ip", ip, true),
-            None => Ok(()),
         }
     }
 }
@@ -864,13 +534,6 @@ impl fmt::Display for ServiceKey {
     }
 }
 
-fn at_path(path: String) -> impl Fn(Invalid) -> ValidationError {
-    move |reason| ValidationError {
-        path: path.clone(),
-        reason,
-    }
-}
-
 /// Dotted-quad only; Rust's parser already refuses leading zeros, which some C parsers would
 /// read as octal.
 pub fn parse_ipv4(s: &str) -> Result<Ipv4Addr, Invalid> {
@@ -892,105 +555,11 @@ fn parse_port(field: &'static str, s: &str) -> Result<u16, Invalid> {
 
 /// The one range rule for port numbers, wherever they come from. Taken as `i64` so that a
 /// negative or too large number is reported as itself, not as a type overflow.
-fn port_number(field: &'static str, value: i64) -> Result<u16, Invalid> {
+pub(super) fn port_number(field: &'static str, value: i64) -> Result<u16, Invalid> {
     match u16::try_from(value) {
         Ok(port) if port != 0 => Ok(port),
         _ => Err(Invalid::PortRange { field, value }),
     }
-}
-
-/// Names that become nftables table names, bpffs directory names and map pin paths: a
-/// conservative character set that needs no quoting anywhere, and never `.` or `..`, which
-/// would be path traversal once joined to a directory.
-fn check_name(what: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
-    if value.is_empty() {
-        return Err(Invalid::NameEmpty { what });
-    }
-    if let Some(c) = value
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
-    {
-        return Err(Invalid::NameChar {
-            what,
-            value: value.to_owned(),
-            c,
-        });
-    }
-    if value.len() > max {
-        return Err(Invalid::NameLength {
-            what,
-            value: value.to_owned(),
-            len: value.len(),
-            max,
-        });
-    }
-    if value == "." || value == ".." {
-        return Err(Invalid::NameDots { what });
-    }
-    Ok(())
-}
-
-/// The kernel's `dev_valid_name`: what `ip link` would accept, so that a name that passes here
-/// cannot fail at attach time for its spelling. Control characters are refused as well.
-fn check_interface(name: &str) -> Result<(), Invalid> {
-    let why = if name.is_empty() {
-        "it is empty".to_owned()
-    } else if name.len() >= IFNAMSIZ {
-        format!(
-            "it is {} bytes long; at most {} fit IFNAMSIZ",
-            name.len(),
-            IFNAMSIZ - 1
-        )
-    } else if name == "." || name == ".." {
-        "\".\" and \"..\" are reserved".to_owned()
-    } else if let Some(c) = name
-        .chars()
-        .find(|c| matches!(c, '/' | ':') || c.is_whitespace() || c.is_control())
-    {
-        format!("it contains {c:?}")
-    } else {
-        return Ok(());
-    };
-    Err(Invalid::Interface {
-        name: name.to_owned(),
-        why,
-    })
-}
-
-/// A netns is a name under /run/netns (no `/`) or an absolute path to a namespace file.
-fn check_netns(value: &str) -> Result<(), Invalid> {
-    let why = if value.is_empty() {
-        "it is empty"
-    } else if value.contains('\0') {
-        "it contains a NUL byte"
-    } else if value.contains('/') && !value.starts_with('/') {
-        "a path must be absolute; a bare name is looked up under /run/netns"
-    } else if value == "." || value == ".." {
-        "\".\" and \"..\" are not namespace names"
-    } else {
-        return Ok(());
-    };
-    Err(Invalid::Netns {
-        value: value.to_owned(),
-        why,
-    })
-}
-
-/// Addresses that cannot stand for one host: traffic to them is never a single flow to a
-/// single endpoint, so they cannot be a VIP, a backend or a host address.
-fn check_unicast(role: &'static str, ip: Ipv4Addr, allow_loopback: bool) -> Result<(), Invalid> {
-    let class = if ip.is_unspecified() {
-        "the unspecified address"
-    } else if ip.is_broadcast() {
-        "the broadcast address"
-    } else if ip.is_multicast() {
-        "a multicast address"
-    } else if ip.is_loopback() && !allow_loopback {
-        "a loopback address"
-    } else {
-        return Ok(());
-    };
-    Err(Invalid::NotUnicast { role, ip, class })
 }
 
 /// Field deserializers that check values where they are read, so the error names the value

@@ -1,0 +1,453 @@
+//! Validation: the rules that make a desired state safe to compose and program, and the
+//! words a refusal is reported in.
+//!
+//! [`DesiredState::validate`] checks what one field alone cannot: names that become kernel
+//! object names, uniqueness, and ownership of VIPs, published ports and interfaces, within a
+//! network and across the networks of one namespace. Whatever passes is something
+//! [`crate::core::compose`] and the dataplanes can take as is: they never re-check. What
+//! depends on the live node (its interfaces and addresses) is checked by [`crate::node::check`].
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use super::model::{
+    DesiredState, IFNAMSIZ, MAX_NETWORK_NAME, MAX_SERVICE_NAME, MAX_TIMEOUT_SECS, Mode, Network,
+    PortConfig, PortKey, Proto, Service, port_number,
+};
+use crate::core::compose::compose;
+
+/// Why a value is not acceptable. Parse errors and validation errors share it so that the
+/// JSON file, the CLI flags and the API report a bad value in the same words.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Invalid {
+    #[error("unknown {what} {value:?}, expected one of {expected}")]
+    UnknownKeyword {
+        what: &'static str,
+        value: String,
+        expected: String,
+    },
+    #[error("invalid IPv4 address {0:?}")]
+    Ipv4(String),
+    #[error("invalid {field} port number {value:?}")]
+    PortNumber { field: &'static str, value: String },
+    #[error("{field} port {value} out of range 1-65535")]
+    PortRange { field: &'static str, value: i64 },
+    #[error("invalid port {0:?}: expected PROTO/PUBLISHED[:TARGET][@HOST_IP]")]
+    PortSyntax(String),
+    #[error("invalid backend {0:?}: expected IP[,disabled]")]
+    BackendSyntax(String),
+    #[error("{what} is empty")]
+    NameEmpty { what: &'static str },
+    #[error("{what} {value:?} contains {c:?}; only A-Z a-z 0-9 _ . - are allowed")]
+    NameChar {
+        what: &'static str,
+        value: String,
+        c: char,
+    },
+    #[error("{what} {value:?} is {len} characters long; at most {max} are allowed")]
+    NameLength {
+        what: &'static str,
+        value: String,
+        len: usize,
+        max: usize,
+    },
+    #[error("{what} cannot be \".\" or \"..\"")]
+    NameDots { what: &'static str },
+    #[error("network is defined twice")]
+    NetworkTwice,
+    #[error("invalid netns {value:?}: {why}")]
+    Netns { value: String, why: &'static str },
+    #[error("no interface; a network needs at least one to attach to")]
+    NoInterface,
+    #[error("invalid interface name {name:?}: {why}")]
+    Interface { name: String, why: String },
+    #[error("interface {0:?} is listed twice")]
+    InterfaceTwice(String),
+    #[error("interface {name:?} in {netns} is already used by network {other:?}")]
+    InterfaceTaken {
+        name: String,
+        netns: String,
+        other: String,
+    },
+    #[error("{key} overlaps {other_key} published by network {other:?} in {netns}")]
+    PortInOtherNetwork {
+        key: PortKey,
+        other_key: PortKey,
+        netns: String,
+        other: String,
+    },
+    #[error("service is defined twice (same id and generation)")]
+    ServiceTwice,
+    #[error("{role} {ip} is {class}; it must be a unicast address")]
+    NotUnicast {
+        role: &'static str,
+        ip: Ipv4Addr,
+        class: &'static str,
+    },
+    #[error("VIP {0} is also one of its own backends")]
+    VipIsBackend(Ipv4Addr),
+    #[error("backend {0} is listed twice")]
+    BackendTwice(Ipv4Addr),
+    #[error("host_ip 0.0.0.0 means any address; leave host_ip unset (null) instead")]
+    HostIpUnspecified,
+    #[error("port {0} is listed twice")]
+    PortTwice(PortKey),
+    #[error("publishes {0}, but a dsr network carries VIP traffic only")]
+    DsrPorts(PortKey),
+    #[error("VIP {vip} is already used by service {other:?}")]
+    VipTaken { vip: Ipv4Addr, other: String },
+    #[error("{key} is already published by service {other:?}")]
+    PortTaken { key: PortKey, other: String },
+    #[error("{key} overlaps {other_key} published by service {other:?}")]
+    PortOverlaps {
+        key: PortKey,
+        other_key: PortKey,
+        other: String,
+    },
+    #[error("{set} has {n} backends once composed; at most {max} fit the bucket space")]
+    TooManyBackends { set: String, n: usize, max: u32 },
+    #[error("invalid timeout {0:?}: expected NAME=SECONDS")]
+    TimeoutSyntax(String),
+    #[error("timeout {name}={secs} out of range 1-{max}", max = MAX_TIMEOUT_SECS)]
+    TimeoutRange { name: &'static str, secs: u32 },
+    #[error("backend {0} is also a VIP of this network; a VIP cannot be a backend")]
+    BackendIsVip(Ipv4Addr),
+    #[error("{n} {what} once composed; the dataplane holds at most {max}")]
+    TooManySets {
+        what: &'static str,
+        n: usize,
+        max: u32,
+    },
+}
+
+/// A validation failure: where (`network "web" service "api" generation "2"`) and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: {reason}")]
+pub struct ValidationError {
+    pub path: String,
+    pub reason: Invalid,
+}
+
+impl DesiredState {
+    /// Checks every rule of [`Network::validate`] for each network, and what networks must not
+    /// share: their name; in one namespace, an interface (two writers of one attachment would
+    /// undo each other) and overlapping published ports (the node has one port space per
+    /// namespace: the same packet would match both networks). A VIP may be in two networks:
+    /// each translates it on its own interfaces.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let mut names = BTreeSet::new();
+        let mut interfaces: BTreeMap<(Option<&str>, &str), &str> = BTreeMap::new();
+        // (netns, protocol, port) → every key on it and the network publishing it.
+        type PortOwners<'a> = BTreeMap<(Option<&'a str>, Proto, u16), Vec<(PortKey, &'a str)>>;
+        let mut ports: PortOwners = BTreeMap::new();
+        let in_ns = |netns: Option<&str>| {
+            netns.map_or_else(
+                || "the daemon's netns".to_owned(),
+                |ns| format!("netns {ns:?}"),
+            )
+        };
+        for network in &self.networks {
+            network.validate()?;
+            let at = at_path(network.path());
+            if !names.insert(network.name.as_str()) {
+                return Err(at(Invalid::NetworkTwice));
+            }
+            let netns = network.netns_key();
+            for service in &network.services {
+                let at = at_path(network.service_path(service));
+                for port in &service.ports {
+                    let key = port.key();
+                    let owners = ports.entry((netns, key.proto, key.port)).or_default();
+                    if let Some((other_key, other)) =
+                        (owners.iter()).find(|(k, n)| *n != network.name && k.overlaps(&key))
+                    {
+                        return Err(at(Invalid::PortInOtherNetwork {
+                            key,
+                            other_key: *other_key,
+                            netns: in_ns(netns),
+                            other: (*other).to_owned(),
+                        }));
+                    }
+                    owners.push((key, &network.name));
+                }
+            }
+            for name in &network.interfaces {
+                if let Some(other) = interfaces.insert((netns, name), &network.name) {
+                    return Err(at(Invalid::InterfaceTaken {
+                        name: name.clone(),
+                        netns: in_ns(netns),
+                        other: other.to_owned(),
+                    }));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Network {
+    /// Checks the network on its own: its names, its interfaces, each contribution, who owns
+    /// each VIP and published port, and that every composed set fits the bucket space.
+    ///
+    /// Generations of one service may share a VIP and a port key (that is the rolling update
+    /// compose exists for); different services may not, because their traffic would be split
+    /// over each other's backends.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let at = at_path(self.path());
+        check_name("network name", &self.name, MAX_NETWORK_NAME).map_err(&at)?;
+        if let Some(netns) = &self.netns {
+            check_netns(netns).map_err(&at)?;
+        }
+        if self.interfaces.is_empty() {
+            return Err(at(Invalid::NoInterface));
+        }
+        self.timeouts.validate().map_err(&at)?;
+        let mut interfaces = BTreeSet::new();
+        for name in &self.interfaces {
+            check_interface(name).map_err(&at)?;
+            if !interfaces.insert(name) {
+                return Err(at(Invalid::InterfaceTwice(name.clone())));
+            }
+        }
+
+        let mut keys = BTreeSet::new();
+        let mut vip_owner: BTreeMap<Ipv4Addr, &str> = BTreeMap::new();
+        let mut port_owners: BTreeMap<(Proto, u16), Vec<(PortKey, &str)>> = BTreeMap::new();
+        for service in &self.services {
+            let at = at_path(self.service_path(service));
+            service.validate().map_err(&at)?;
+            if !keys.insert(service.key()) {
+                return Err(at(Invalid::ServiceTwice));
+            }
+            if let (Mode::Dsr, Some(port)) = (self.mode, service.ports.first()) {
+                return Err(at(Invalid::DsrPorts(port.key())));
+            }
+            match vip_owner.get(&service.vip) {
+                Some(other) if *other != service.id => {
+                    return Err(at(Invalid::VipTaken {
+                        vip: service.vip,
+                        other: (*other).to_owned(),
+                    }));
+                }
+                Some(_) => {}
+                None => {
+                    vip_owner.insert(service.vip, &service.id);
+                }
+            }
+            for port in &service.ports {
+                let key = port.key();
+                let owners = port_owners.entry((key.proto, key.port)).or_default();
+                // Only one service may have ports that overlap: the same packet would match both.
+                let clash = (owners.iter()).find(|(k, id)| *id != service.id && k.overlaps(&key));
+                if let Some((other_key, other)) = clash {
+                    let other = (*other).to_owned();
+                    return Err(at(if *other_key == key {
+                        Invalid::PortTaken { key, other }
+                    } else {
+                        Invalid::PortOverlaps {
+                            key,
+                            other_key: *other_key,
+                            other,
+                        }
+                    }));
+                }
+                owners.push((key, &service.id));
+            }
+        }
+
+        // A packet translated to a backend must not be a service's packet again (it would be
+        // translated twice, by XDP and then TC, or by two hooks).
+        for service in &self.services {
+            if let Some(b) = service
+                .backends
+                .iter()
+                .find(|b| vip_owner.contains_key(&b.ip))
+            {
+                return Err(at_path(self.service_path(service))(Invalid::BackendIsVip(
+                    b.ip,
+                )));
+            }
+        }
+
+        let composed = compose(self);
+        let max = lb_common::MAX_BACKENDS_PER_SET;
+        let fits = |n: usize| n <= max as usize;
+        let oversized = (composed.vips.iter())
+            .find(|(_, b)| !fits(b.len()))
+            .map(|(vip, b)| (format!("VIP {vip}"), b.len()))
+            .or_else(|| {
+                (composed.ports.iter())
+                    .find(|(_, b)| !fits(b.len()))
+                    .map(|(key, b)| (format!("port {key}"), b.len()))
+            });
+        if let Some((set, n)) = oversized {
+            return Err(at(Invalid::TooManyBackends { set, n, max }));
+        }
+        let max = lb_common::MAX_SERVICES;
+        for (what, n) in [
+            ("VIPs", composed.vips.len()),
+            ("published ports", composed.ports.len()),
+        ] {
+            if n > max as usize {
+                return Err(at(Invalid::TooManySets { what, n, max }));
+            }
+        }
+        Ok(())
+    }
+
+    fn path(&self) -> String {
+        format!("network {:?}", self.name)
+    }
+
+    fn service_path(&self, service: &Service) -> String {
+        format!(
+            "network {:?} service {:?} generation {:?}",
+            self.name, service.id, service.generation
+        )
+    }
+}
+
+impl Service {
+    /// What one contribution must satisfy on its own.
+    fn validate(&self) -> Result<(), Invalid> {
+        check_name("service id", &self.id, MAX_SERVICE_NAME)?;
+        check_name("generation", &self.generation, MAX_SERVICE_NAME)?;
+        check_unicast("VIP", self.vip, false)?;
+        let mut backends = BTreeSet::new();
+        for backend in &self.backends {
+            // A loopback backend is never reachable by DNAT (the kernel drops it as martian)
+            // nor by DSR (no MAC), so it is refused rather than programmed as a black hole.
+            check_unicast("backend", backend.ip, false)?;
+            if backend.ip == self.vip {
+                return Err(Invalid::VipIsBackend(self.vip));
+            }
+            if !backends.insert(backend.ip) {
+                return Err(Invalid::BackendTwice(backend.ip));
+            }
+        }
+        let mut ports = BTreeSet::new();
+        for port in &self.ports {
+            port.validate()?;
+            if !ports.insert(port.key()) {
+                return Err(Invalid::PortTwice(port.key()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl PortConfig {
+    /// Parsing already enforces these; a port built in code is held to the same rules.
+    fn validate(&self) -> Result<(), Invalid> {
+        port_number("published", self.published.into())?;
+        if let Some(target) = self.target {
+            port_number("target", target.into())?;
+        }
+        match self.host_ip {
+            Some(ip) if ip.is_unspecified() => Err(Invalid::HostIpUnspecified),
+            // Loopback is a legitimate node address to publish on (local clients only).
+            Some(ip) => check_unicast("host_ip", ip, true),
+            None => Ok(()),
+        }
+    }
+}
+
+fn at_path(path: String) -> impl Fn(Invalid) -> ValidationError {
+    move |reason| ValidationError {
+        path: path.clone(),
+        reason,
+    }
+}
+
+/// Names that become nftables table names, bpffs directory names and map pin paths: a
+/// conservative character set that needs no quoting anywhere, and never `.` or `..`, which
+/// would be path traversal once joined to a directory.
+fn check_name(what: &'static str, value: &str, max: usize) -> Result<(), Invalid> {
+    if value.is_empty() {
+        return Err(Invalid::NameEmpty { what });
+    }
+    if let Some(c) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-')))
+    {
+        return Err(Invalid::NameChar {
+            what,
+            value: value.to_owned(),
+            c,
+        });
+    }
+    if value.len() > max {
+        return Err(Invalid::NameLength {
+            what,
+            value: value.to_owned(),
+            len: value.len(),
+            max,
+        });
+    }
+    if value == "." || value == ".." {
+        return Err(Invalid::NameDots { what });
+    }
+    Ok(())
+}
+
+/// The kernel's `dev_valid_name`: what `ip link` would accept, so that a name that passes here
+/// cannot fail at attach time for its spelling. Control characters are refused as well.
+fn check_interface(name: &str) -> Result<(), Invalid> {
+    let why = if name.is_empty() {
+        "it is empty".to_owned()
+    } else if name.len() >= IFNAMSIZ {
+        format!(
+            "it is {} bytes long; at most {} fit IFNAMSIZ",
+            name.len(),
+            IFNAMSIZ - 1
+        )
+    } else if name == "." || name == ".." {
+        "\".\" and \"..\" are reserved".to_owned()
+    } else if let Some(c) = name
+        .chars()
+        .find(|c| matches!(c, '/' | ':') || c.is_whitespace() || c.is_control())
+    {
+        format!("it contains {c:?}")
+    } else {
+        return Ok(());
+    };
+    Err(Invalid::Interface {
+        name: name.to_owned(),
+        why,
+    })
+}
+
+/// A netns is a name under /run/netns (no `/`) or an absolute path to a namespace file.
+fn check_netns(value: &str) -> Result<(), Invalid> {
+    let why = if value.is_empty() {
+        "it is empty"
+    } else if value.contains('\0') {
+        "it contains a NUL byte"
+    } else if value.contains('/') && !value.starts_with('/') {
+        "a path must be absolute; a bare name is looked up under /run/netns"
+    } else if value == "." || value == ".." {
+        "\".\" and \"..\" are not namespace names"
+    } else {
+        return Ok(());
+    };
+    Err(Invalid::Netns {
+        value: value.to_owned(),
+        why,
+    })
+}
+
+/// Addresses that cannot stand for one host: traffic to them is never a single flow to a
+/// single endpoint, so they cannot be a VIP, a backend or a host address.
+fn check_unicast(role: &'static str, ip: Ipv4Addr, allow_loopback: bool) -> Result<(), Invalid> {
+    let class = if ip.is_unspecified() {
+        "the unspecified address"
+    } else if ip.is_broadcast() {
+        "the broadcast address"
+    } else if ip.is_multicast() {
+        "a multicast address"
+    } else if ip.is_loopback() && !allow_loopback {
+        "a loopback address"
+    } else {
+        return Ok(());
+    };
+    Err(Invalid::NotUnicast { role, ip, class })
+}
