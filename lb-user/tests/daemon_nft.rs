@@ -11,7 +11,11 @@ use lb_tests::{
     require_root,
     traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
 };
-use lb_user::dataplane::nft::{listed_elements, table_name};
+use lb_user::{
+    api,
+    core::model::{Backend, DesiredState, PortConfig, Service},
+    dataplane::nft::{listed_elements, table_name},
+};
 use serde_json::Value;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
@@ -203,6 +207,35 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
     assert_eq!(answering(&topo, 5), BTreeSet::from(["b0".to_owned()]));
 
     std::fs::write(&marker, "").unwrap();
+    // The API says so distinctly: 500 with `saved: true`, and the state holds the change.
+    let service = Service {
+        id: "api".into(),
+        generation: "1".into(),
+        vip: VIP,
+        backends: (topo.backend_ips.iter())
+            .map(|&ip| Backend {
+                ip,
+                disabled: false,
+            })
+            .collect(),
+        ports: vec![port().parse::<PortConfig>().unwrap()],
+    };
+    let (method, path, body) = api::Request::ServiceSet {
+        network: "heal".into(),
+        service: service.clone(),
+    }
+    .to_http();
+    let (code, reply) = (api::Client::new(&d.socket()))
+        .send(method, &path, body.unwrap())
+        .unwrap();
+    let reply: api::ErrorReply = serde_json::from_slice(&reply).unwrap();
+    println!("the API while nft fails: {code}: {reply:?}");
+    assert!(
+        code == 500 && reply.saved && reply.error.contains("injected failure"),
+        "{code}: {reply:?}"
+    );
+    let saved: DesiredState = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
+    assert_eq!(saved.network("heal").unwrap().services, vec![service]);
     let r = d.cli(&service_set(
         "heal",
         "api",

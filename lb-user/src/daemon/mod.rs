@@ -323,9 +323,10 @@ impl Daemon {
         }
     }
 
-    /// [`Daemon::commit`] with its outcome as the API says it: `rejected` (the context
-    /// commit puts on every refusal of the new state) is a 400; anything after saving is a
-    /// 500 that says whether the change is on disk.
+    /// [`Daemon::commit`] with its outcome as the API says it. The contract with commit's
+    /// errors: every refusal of the new state has the context `rejected` (a 400, nothing
+    /// saved); a failure after saving says `WHAT: saved, but …` (a 500 with `saved: true`,
+    /// tested through the nftables dataplane); anything else failed before saving (a 500).
     fn commit_reply(&mut self, new: DesiredState, what: String) -> Result<Reply, ApiError> {
         match self.commit(new, what.clone()) {
             Ok(_) => Ok(Reply::Done(Done { done: what })),
