@@ -613,7 +613,11 @@ fn fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse() {
         .map(|(_, n)| n)
         .sum();
     assert!(refused >= n / 2, "most mutants are refused: {by_status:?}");
-    assert!(validated >= n / 20, "{validated} refused by validation");
+    // Reached, not a rate: about 6-9% of the requests are refused there.
+    assert!(
+        validated >= (n / 100).max(1),
+        "{validated} refused by validation"
+    );
     for status in [400, 404, 405, 413] {
         assert!(
             by_status.contains_key(&status),
