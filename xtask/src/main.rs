@@ -22,6 +22,7 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 const DEBIAN_PACKAGES: &[&str] = &[
     "bpftool",     // map and program inspection (README, tests)
     "conntrack",   // kernel conntrack of the nftables fallback
+    "curl",        // the API over the unix socket, as the README shows it (tests)
     "ethtool",     // checksum offload on/off in the netns tests
     "iperf",       // iperf 2: TCP throughput through a namespace path (tests)
     "iproute2",    // ip netns, veth, tc
