@@ -28,6 +28,7 @@ use lb_user::{
     core::model::{
         Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
     },
+    dataplane::nft::table_name,
 };
 use serde_json::Value;
 
@@ -271,7 +272,8 @@ fn pointers(v: &Value, at: String, out: &mut Vec<String>) {
 }
 
 /// A mutation of the body's JSON: a value replaced by a bad one (wrong type, huge number,
-/// invalid address or name), a field added or removed.
+/// invalid address or name) or by one of the right type that validation refuses, a field
+/// removed, an unknown one added. None when the body is not JSON.
 fn mutate_json(rng: &mut Rng, body: &[u8]) -> Option<Vec<u8>> {
     let mut v: Value = serde_json::from_slice(body).ok()?;
     let mut at = Vec::new();
@@ -380,7 +382,7 @@ fn mutate(rng: &mut Rng, bases: &[Raw], kinds: &mut Vec<&'static str>) -> Raw {
                     r.body = body;
                 }
                 None => {
-                    kinds.push("body on a bodiless request");
+                    kinds.push("body replaced");
                     r.body = br#"{"networks":[]}"#.to_vec();
                 }
             },
@@ -456,9 +458,14 @@ fn fuzzed_requests_are_read_without_panic_and_refused_with_their_status() {
     }
 }
 
-/// The maps of network `name` under `bpffs` that a change writes, as bpftool dumps them (one
-/// bpftool run for all).
-fn maps(bpffs: &Path, name: &str) -> String {
+/// What a change of network `fz` writes into the dataplane: on eBPF its maps, as bpftool
+/// dumps them (one bpftool run for all); on nftables its table, as nft lists it.
+fn dataplane_of(dp: &str, topo: &Topology, bpffs: &Path) -> String {
+    if dp == "nftables" {
+        return (topo.node)
+            .exec(["nft", "list", "table", "ip", &table_name("fz")])
+            .unwrap();
+    }
     let script: String = [
         "lb_vips",
         "lb_ports",
@@ -467,7 +474,7 @@ fn maps(bpffs: &Path, name: &str) -> String {
         "lb_local_addrs",
     ]
     .iter()
-    .map(|m| format!("map dump pinned {}\n", bpffs.join(name).join(m).display()))
+    .map(|m| format!("map dump pinned {}\n", bpffs.join("fz").join(m).display()))
     .collect();
     let mut child = Command::new("bpftool")
         .args(["batch", "file", "-"])
@@ -493,10 +500,10 @@ fn get_state(client: &api::Client) -> Vec<u8> {
     body.to_vec()
 }
 
-/// A daemon serving network `fz` on `topo`: service `web` (VIP, a published port, both
-/// backends) and `db` (a second VIP).
-fn serving(topo: &Topology, bpffs: &Bpffs) -> LbDaemon {
-    let d = LbDaemon::start(lb(), bpffs.path(), &[]).expect("lb daemon starts");
+/// A daemon on dataplane `dp` serving network `fz` on `topo`: service `web` (VIP, a
+/// published port, both backends) and `db` (a second VIP).
+fn serving(dp: &str, topo: &Topology, bpffs: &Bpffs) -> LbDaemon {
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dp]).expect("lb daemon starts");
     d.ok(&network_add(topo, "fz"));
     let port = format!("tcp/{PUBLISHED}:{PORT}");
     d.ok(&service_set(
@@ -521,20 +528,31 @@ fn serving(topo: &Topology, bpffs: &Bpffs) -> LbDaemon {
 
 #[test]
 fn fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse() {
-    if !require_root("fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse") {
-        return;
+    if require_root("fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse") {
+        fuzz_live("ebpf");
     }
+}
+
+#[test]
+fn nftables_fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse() {
+    if require_root("nftables_fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse") {
+        fuzz_live("nftables");
+    }
+}
+
+fn fuzz_live(dp: &str) {
     let seed = seed_from_env("LB_API_FUZZ_SEED");
-    let n = count_from_env("LB_API_FUZZ_REQUESTS", 300);
-    println!("seed {seed:#x} (LB_API_FUZZ_SEED={seed:#x} repeats this run), {n} requests");
+    let n = count_from_env("LB_API_FUZZ_REQUESTS", 200);
+    println!("{dp}: seed {seed:#x} (LB_API_FUZZ_SEED={seed:#x} repeats this run), {n} requests");
     let mut rng = Rng::new(seed);
     let topo = Topology::new(2).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = serving(&topo, &bpffs);
+    let d = serving(dp, &topo, &bpffs);
+    let maps = || dataplane_of(dp, &topo, bpffs.path());
     let client = api::Client::new(&d.socket());
     let state: DesiredState = serde_json::from_slice(&get_state(&client)).unwrap();
     let bases: Vec<Raw> = corpus(&state).iter().map(Raw::of).collect();
-    let mut before = (get_state(&client), maps(bpffs.path(), "fz"));
+    let mut before = (get_state(&client), maps());
     let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
     let mut validated = 0;
     for i in 0..n {
@@ -559,7 +577,7 @@ fn fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse() {
                     .send(Method::PUT, "/v1/state", before.0.clone())
                     .unwrap();
                 assert_eq!(status, StatusCode::OK, "restoring: {body:?}");
-                before = (get_state(&client), maps(bpffs.path(), "fz"));
+                before = (get_state(&client), maps());
             }
             continue;
         }
@@ -574,8 +592,8 @@ fn fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse() {
         );
         if sent.writes() {
             assert!(
-                maps(bpffs.path(), "fz") == before.1,
-                "{sent:?} ({kinds:?}): refused with {status} but the maps changed"
+                maps() == before.1,
+                "{sent:?} ({kinds:?}): refused with {status} but the dataplane changed"
             );
         }
     }
@@ -606,7 +624,7 @@ fn fuzzed_requests_to_a_live_daemon_change_nothing_they_refuse() {
         );
     }
     assert!(get_state(&client) == before.0, "the state changed");
-    assert!(maps(bpffs.path(), "fz") == before.1, "the maps changed");
+    assert!(maps() == before.1, "the dataplane changed");
     println!("answered: {by_status:?}; {validated} refused by the state's validation");
     let refused: usize = (by_status.iter())
         .filter(|(s, _)| **s >= 400)
