@@ -477,6 +477,23 @@ fn a_second_daemon_is_refused_before_it_touches_anything() {
             "{what}: the change after it"
         );
     }
+    // A live socket without the lock file (a daemon that predates it) is not taken over
+    // either.
+    std::fs::create_dir_all(&work).unwrap();
+    let old_socket = work.join("old.sock");
+    let _old = std::os::unix::net::UnixListener::bind(&old_socket).unwrap();
+    let run = d.another(&other_state, &old_socket, other_bpffs.path());
+    println!(
+        "a live socket without its lock: {:?}: {}",
+        run.code,
+        run.stderr.trim()
+    );
+    assert!(
+        run.code.is_some_and(|c| c != 0)
+            && run.stderr.contains("another lb daemon is listening on")
+            && old_socket.exists(),
+        "{run:?}"
+    );
     println!(
         "a second daemon on any of the first's state dir, bpffs or socket is refused; the first untouched"
     );
