@@ -21,9 +21,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use hyper::StatusCode;
-use serde_json::{Value, json};
 
 use crate::{
     api::{
@@ -276,9 +275,14 @@ impl Daemon {
         }
     }
 
-    /// Validates `new` whole, checks that its interfaces exist, saves it, then applies it.
-    fn commit(&mut self, new: DesiredState, what: String) -> Result<Value> {
-        new.validate().context("rejected")?;
+    /// Validates `new` whole and checks it against the node, saves it, then applies it. The
+    /// answer says which of the three it got to: a refusal (400, nothing saved), a failure to
+    /// save (500, nothing changed), or saved but a network it touched not applied yet (500
+    /// with `saved`: the retry applies it).
+    fn commit(&mut self, new: DesiredState, what: String) -> Result<Reply, ApiError> {
+        let rejected = |e: anyhow::Error| ApiError::bad_request(format!("rejected: {e:#}"));
+        new.validate()
+            .map_err(|e| rejected(anyhow::Error::new(e)))?;
         // Every VIP lb has or had an alias for: such an address on the node is lb's own.
         let lb_vips: BTreeSet<_> = (self.desired.networks.iter())
             .chain(self.applied.values())
@@ -286,13 +290,14 @@ impl Daemon {
             .collect();
         for net in &new.networks {
             if self.desired.network(&net.name) != Some(net) {
-                self.dp.supports(net).context("rejected")?;
+                self.dp.supports(net).map_err(rejected)?;
                 check::check(net, self.desired.network(&net.name), lb_vips.clone())
-                    .context("rejected")?;
+                    .map_err(rejected)?;
             }
         }
         crate::write_atomically(&self.state_dir.join(STATE), new.to_json().as_bytes())
-            .context("saving the desired state (nothing was changed)")?;
+            .context("saving the desired state (nothing was changed)")
+            .map_err(|e| ApiError::internal(&e, false))?;
         // A network that was failing before this change and is not part of it keeps its own
         // error (in `lb status`, and retried); it does not make this change's answer an error.
         let touched: BTreeSet<String> = (new.networks.iter())
@@ -303,11 +308,12 @@ impl Daemon {
         self.desired = new;
         let failed = self.reconcile();
         if let Some((network, error)) = (failed.into_iter()).find(|(n, _)| touched.contains(n)) {
-            bail!(
+            let e = anyhow::anyhow!(
                 "{what}: saved, but network {network} is not applied yet (its last good dataplane stays; retrying every few seconds): {error}"
             );
+            return Err(ApiError::internal(&e, true));
         }
-        Ok(json!({ "done": what }))
+        Ok(Reply::Done(Done { done: what }))
     }
 
     fn network(&self, name: &str) -> Result<&Network, ApiError> {
@@ -320,21 +326,6 @@ impl Daemon {
         match network {
             Some(n) => Ok(vec![self.network(n)?.clone()]),
             None => Ok(self.desired.networks.clone()),
-        }
-    }
-
-    /// [`Daemon::commit`] with its outcome as the API says it. The contract with commit's
-    /// errors: every refusal of the new state has the context `rejected` (a 400, nothing
-    /// saved); a failure after saving says `WHAT: saved, but …` (a 500 with `saved: true`,
-    /// tested through the nftables dataplane); anything else failed before saving (a 500).
-    fn commit_reply(&mut self, new: DesiredState, what: String) -> Result<Reply, ApiError> {
-        match self.commit(new, what.clone()) {
-            Ok(_) => Ok(Reply::Done(Done { done: what })),
-            Err(e) if e.to_string() == "rejected" => Err(ApiError::bad_request(format!("{e:#}"))),
-            Err(e) => {
-                let saved = format!("{e}").starts_with(&format!("{what}: saved, but"));
-                Err(ApiError::internal(&e, saved))
-            }
         }
     }
 
@@ -359,13 +350,13 @@ impl Daemon {
                 let what = format!("network {} added", network.name);
                 let mut new = self.desired.clone();
                 new.networks.push(network);
-                self.commit_reply(new, what)
+                self.commit(new, what)
             }
             Request::NetworkRm { name } => {
                 self.network(&name)?;
                 let mut new = self.desired.clone();
                 new.networks.retain(|n| n.name != name);
-                self.commit_reply(new, format!("network {name} removed"))
+                self.commit(new, format!("network {name} removed"))
             }
             Request::NetworkList => Ok(Reply::Networks(
                 (self.desired.networks.iter())
@@ -390,7 +381,7 @@ impl Daemon {
                 new.network_mut(&network)
                     .expect("checked above")
                     .upsert_service(service);
-                self.commit_reply(new, what)
+                self.commit(new, what)
             }
             Request::ServiceRm {
                 network,
@@ -411,7 +402,7 @@ impl Daemon {
                         None => format!("network {network} has no service {id:?}"),
                     }));
                 }
-                self.commit_reply(
+                self.commit(
                     new,
                     format!("{n} contribution(s) of service {id} removed from {network}"),
                 )
@@ -429,7 +420,7 @@ impl Daemon {
             )),
             Request::Apply { state } => {
                 let what = format!("{} network(s) applied", state.networks.len());
-                self.commit_reply(state, what)
+                self.commit(state, what)
             }
             Request::State => Ok(Reply::State(self.desired.clone())),
             Request::Elements { network } => Ok(Reply::Elements(
