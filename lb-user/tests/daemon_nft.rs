@@ -334,3 +334,82 @@ fn nftables_says_the_networks_timeouts_are_the_kernels() {
         "{flows:?}"
     );
 }
+
+/// Sum of the kernel's counters of `vip`'s elements (one per new connection: a nat chain sees
+/// a connection's first packet only).
+fn vip_counted(topo: &Topology, network: &str, vip: Ipv4Addr) -> u64 {
+    let json = topo
+        .node
+        .exec(["nft", "-j", "list", "table", "ip", &table_name(network)])
+        .unwrap();
+    let prefix = format!("{vip} . ");
+    (listed_elements(&json).unwrap().iter())
+        .filter(|l| l.element.key.starts_with(&prefix))
+        .map(|l| l.packets)
+        .sum()
+}
+
+/// A sync sends the difference from the last one, so the elements of a service that did not
+/// change keep their counters: traffic counted, an unrelated service changed and another
+/// added, the count goes on from where it was.
+#[test]
+fn nftables_counters_keep_counting_across_syncs() {
+    if !require_root("nftables_counters_keep_counting_across_syncs") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    add_network(&d, &topo, "cnt");
+    set_service(&d, "cnt", "1", &topo.backend_ips);
+    let other = Ipv4Addr::new(10, 99, 0, 20);
+    d.ok(&service_set(
+        "cnt",
+        "other",
+        "1",
+        other,
+        "tcp/18081:8080",
+        &topo.backend_ips[..1],
+    ));
+    for _ in 0..10 {
+        tcp_request(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    }
+    assert_eq!(
+        vip_counted(&topo, "cnt", VIP),
+        10,
+        "one count per connection"
+    );
+
+    // Unrelated changes: another service's backend, and a service added.
+    d.ok(&service_set(
+        "cnt",
+        "other",
+        "1",
+        other,
+        "tcp/18081:8080",
+        &topo.backend_ips[1..],
+    ));
+    d.ok(&service_set(
+        "cnt",
+        "third",
+        "1",
+        Ipv4Addr::new(10, 99, 0, 30),
+        "tcp/18082:8080",
+        &topo.backend_ips,
+    ));
+    assert_eq!(
+        vip_counted(&topo, "cnt", VIP),
+        10,
+        "the counts of an unchanged service survive a sync"
+    );
+    for _ in 0..5 {
+        tcp_request(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    }
+    assert_eq!(vip_counted(&topo, "cnt", VIP), 15, "and go on counting");
+    assert_eq!(
+        nft_elements(&topo, "cnt"),
+        sorted_lines(&d.ok(&["elements", "cnt"])),
+        "the differences add up to exactly lb elements"
+    );
+}
