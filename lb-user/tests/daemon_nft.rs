@@ -21,6 +21,10 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const PORT: u16 = 8080;
 const PUBLISHED: u16 = 18080;
 
+/// What the daemon logs when a difference could not be applied and it declares the table
+/// whole instead.
+const WHOLE: &str = "declaring it whole";
+
 fn lb() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lb"))
 }
@@ -410,6 +414,11 @@ fn nftables_counters_keep_counting_across_syncs() {
         tcp_request(&topo.client, VIP, PORT, TIMEOUT).unwrap();
     }
     assert_eq!(vip_counted(&topo, "cnt", VIP), 15, "and go on counting");
+    assert!(
+        !d.log().contains(WHOLE),
+        "every sync after the first was a difference: {}",
+        d.log()
+    );
     assert_eq!(
         nft_elements(&topo, "cnt"),
         sorted_lines(&d.ok(&["elements", "cnt"])),
@@ -435,6 +444,7 @@ fn nftables_a_table_deleted_by_hand_is_declared_whole_by_the_next_sync() {
         .unwrap();
     set_service(&d, "hand", "1", &topo.backend_ips[1..]);
     assert_eq!(status(&d)["networks"][0]["applied"], true, "{}", status(&d));
+    assert!(d.log().contains(WHOLE), "{}", d.log());
     assert_eq!(answering(&topo, 5), BTreeSet::from(["b1".to_owned()]));
     assert_eq!(
         nft_elements(&topo, "hand"),
@@ -546,4 +556,9 @@ fn nftables_node_scale_apply_and_one_change() {
         "the new backend has its interval in lb elements"
     );
     assert_eq!(nft_elements(&topo, "big"), sorted_lines(&elements));
+    assert!(
+        !d.log().contains(WHOLE),
+        "the change was a difference: {}",
+        d.log()
+    );
 }

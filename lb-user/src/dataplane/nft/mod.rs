@@ -66,7 +66,7 @@ pub mod ruleset;
 
 pub use exec::delete_table;
 pub use listing::{Listed, listed_elements};
-pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name, update};
+pub use ruleset::{Layout, Subnets, TABLE_PREFIX, Update, ruleset, table_name, update};
 
 /// The nftables dataplane. It holds no state of its own: the kernel's tables are the record.
 #[derive(Default)]
@@ -101,15 +101,13 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     let alias_if = &network.interfaces[0];
     let want = network.vips();
     nl.add_aliases(alias_if, &want)?;
-    let layout = Layout::of(network);
     let mut stats = SyncStats::default();
     let applied = match previous {
         Some(prev) => {
-            let script = update(prev, network, &subnets)?;
-            match exec::transaction(&script) {
+            let diff = update(prev, network, &subnets)?;
+            match exec::transaction(&diff.script) {
                 Ok(()) => {
-                    let old = Layout::of(prev);
-                    (stats.written, stats.deleted) = changed_elements(&old, &layout);
+                    (stats.written, stats.deleted) = (diff.written, diff.deleted);
                     true
                 }
                 Err(e) => {
@@ -122,30 +120,15 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
         None => false,
     };
     if !applied {
-        exec::transaction(&ruleset(network, &subnets)?)?;
-        stats.written = layout.element_count();
+        let (script, elements) = ruleset::declare(network, &subnets)?;
+        exec::transaction(&script)?;
+        stats.written = elements;
     }
     if let Some(prev) = previous {
         nl.remove_aliases(alias_if, &prev.vips().difference(&want).copied().collect())?;
         stats.flows_flushed = conntrack::flush_removed_backends(prev, network)?;
     }
     Ok(stats)
-}
-
-/// Moby's elements a difference from `old` to `new` adds and deletes (a changed element
-/// counts in both).
-fn changed_elements(old: &Layout, new: &Layout) -> (usize, usize) {
-    let count = |a: &Layout, b: &Layout| -> usize {
-        (a.slots.iter())
-            .map(|(id, items)| {
-                let other = b.slots.get(id);
-                (items.iter())
-                    .filter(|(k, v)| other.and_then(|o| o.get(*k)) != Some(v))
-                    .count()
-            })
-            .sum()
-    };
-    (count(new, old), count(old, new))
 }
 
 /// Where br_netfilter hands the IP hooks a bridge's frames (a node running Docker or
