@@ -1182,10 +1182,11 @@ fn service_edits() {
     assert_eq!(net.services.len(), 1);
 }
 
-/// The nftables dataplane's whole transaction for the shared-port state, pinned: the seed's
-/// maps and chains, elements exactly as `lb elements` renders them (host-bound ports in their
-/// own map), hairpin masquerade per interface. `nft_ruleset_is_accepted_by_nft` in the netns
-/// suite feeds the same text to a real `nft`.
+/// The nftables dataplane's whole transaction for the shared-port state, pinned: moby's
+/// elements grouped by partition shape (a numgen interval vmap per shape, a slot map per
+/// interval holding `set key : translation`), verdict-map dispatch with host-bound ports first
+/// and off the VIPs, hairpin masquerade per interface. `daemon_nft` feeds the same rendering to
+/// a real `nft` and reads it back as `lb elements`.
 #[test]
 fn golden_nft_ruleset() {
     let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();

@@ -13,7 +13,7 @@ use lb_tests::{
 };
 use lb_user::{
     api,
-    core::model::{Backend, DesiredState, PortConfig, Service},
+    core::model::{Backend, DEFAULT_GENERATION, DesiredState, PortConfig, Service},
     dataplane::nft::{listed_elements, table_name},
 };
 use serde_json::Value;
@@ -21,6 +21,10 @@ use serde_json::Value;
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const PORT: u16 = 8080;
 const PUBLISHED: u16 = 18080;
+
+/// What the daemon logs when a difference could not be applied and it declares the table
+/// whole instead.
+const WHOLE: &str = "declaring it whole";
 
 fn lb() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lb"))
@@ -365,5 +369,226 @@ fn nftables_says_the_networks_timeouts_are_the_kernels() {
     assert!(
         flows[0]["expires_secs"].as_u64().unwrap() > 3600,
         "{flows:?}"
+    );
+}
+
+/// Sum of the kernel's counters of `vip`'s elements (one per new connection: a nat chain sees
+/// a connection's first packet only).
+fn vip_counted(topo: &Topology, network: &str, vip: Ipv4Addr) -> u64 {
+    let json = topo
+        .node
+        .exec(["nft", "-j", "list", "table", "ip", &table_name(network)])
+        .unwrap();
+    let prefix = format!("{vip} . ");
+    (listed_elements(&json).unwrap().iter())
+        .filter(|l| l.element.key.starts_with(&prefix))
+        .map(|l| l.packets)
+        .sum()
+}
+
+/// A sync sends the difference from the last one, so the elements of a service that did not
+/// change keep their counters: traffic counted, an unrelated service changed and another
+/// added, the count goes on from where it was.
+#[test]
+fn nftables_counters_keep_counting_across_syncs() {
+    if !require_root("nftables_counters_keep_counting_across_syncs") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    add_network(&d, &topo, "cnt");
+    set_service(&d, "cnt", "1", &topo.backend_ips);
+    let other = Ipv4Addr::new(10, 99, 0, 20);
+    d.ok(&service_set(
+        "cnt",
+        "other",
+        "1",
+        other,
+        "tcp/18081:8080",
+        &topo.backend_ips[..1],
+    ));
+    for _ in 0..10 {
+        tcp_request(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    }
+    assert_eq!(
+        vip_counted(&topo, "cnt", VIP),
+        10,
+        "one count per connection"
+    );
+
+    // Unrelated changes: another service's backend, and a service added.
+    d.ok(&service_set(
+        "cnt",
+        "other",
+        "1",
+        other,
+        "tcp/18081:8080",
+        &topo.backend_ips[1..],
+    ));
+    d.ok(&service_set(
+        "cnt",
+        "third",
+        "1",
+        Ipv4Addr::new(10, 99, 0, 30),
+        "tcp/18082:8080",
+        &topo.backend_ips,
+    ));
+    assert_eq!(
+        vip_counted(&topo, "cnt", VIP),
+        10,
+        "the counts of an unchanged service survive a sync"
+    );
+    for _ in 0..5 {
+        tcp_request(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    }
+    assert_eq!(vip_counted(&topo, "cnt", VIP), 15, "and go on counting");
+    assert!(
+        !d.log().contains(WHOLE),
+        "every sync after the first was a difference: {}",
+        d.log()
+    );
+    assert_eq!(
+        nft_elements(&topo, "cnt"),
+        sorted_lines(&d.ok(&["elements", "cnt"])),
+        "the differences add up to exactly lb elements"
+    );
+}
+
+/// A table that is not the one lb last wrote (here deleted by hand) fails the difference,
+/// and the same sync declares it whole: the change is applied and served.
+#[test]
+fn nftables_a_table_deleted_by_hand_is_declared_whole_by_the_next_sync() {
+    if !require_root("nftables_a_table_deleted_by_hand_is_declared_whole_by_the_next_sync") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    add_network(&d, &topo, "hand");
+    set_service(&d, "hand", "1", &topo.backend_ips[..1]);
+    topo.node
+        .exec(["nft", "delete", "table", "ip", &table_name("hand")])
+        .unwrap();
+    set_service(&d, "hand", "1", &topo.backend_ips[1..]);
+    assert_eq!(status(&d)["networks"][0]["applied"], true, "{}", status(&d));
+    assert!(d.log().contains(WHOLE), "{}", d.log());
+    assert_eq!(answering(&topo, 5), BTreeSet::from(["b1".to_owned()]));
+    assert_eq!(
+        nft_elements(&topo, "hand"),
+        sorted_lines(&d.ok(&["elements", "hand"]))
+    );
+}
+
+/// Services of the node-scale test: `n` VIPs 10.100.x.y with 10 backends each and one
+/// published TCP port each (20000 + i → 80); service 0 is the topology's own backends, the
+/// only one traffic is sent to.
+fn node_scale_state(topo: &Topology, network: &str, n: usize) -> Value {
+    let vip = |i: usize| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i as u32);
+    let services: Vec<Value> = (0..n)
+        .map(|i| {
+            let backends: Vec<Value> = if i == 0 {
+                (topo.backend_ips.iter())
+                    .map(|b| serde_json::json!({ "ip": b.to_string() }))
+                    .collect()
+            } else {
+                (0..10)
+                    .map(|k| {
+                        let b = u32::from(Ipv4Addr::new(10, 200, 0, 0)) + (i * 10 + k) as u32;
+                        serde_json::json!({ "ip": Ipv4Addr::from(b).to_string() })
+                    })
+                    .collect()
+            };
+            serde_json::json!({
+                "id": format!("svc{i}"),
+                "vip": vip(i).to_string(),
+                "backends": backends,
+                "ports": [{ "proto": "tcp", "published": 20000 + i, "target": PORT }],
+            })
+        })
+        .collect();
+    serde_json::json!({ "networks": [{
+        "name": network,
+        "netns": topo.node.name(),
+        "interfaces": topo.node_ifaces,
+        "services": services,
+    }]})
+}
+
+/// Node scale on nftables (issue #10): 10,000 services × 10 backends with a published port
+/// each (200,000 elements) applied from scratch with `lb apply -f`, then one backend of one
+/// service changed with `lb service set`; both applied, the kernel's table read back equal to
+/// `lb elements`, and the VIP and the published port of service 0 answer real traffic.
+/// Timings are printed, not asserted.
+#[test]
+fn nftables_node_scale_apply_and_one_change() {
+    if !require_root("nftables_node_scale_apply_and_one_change") {
+        return;
+    }
+    let n: usize = std::env::var("LB_NFT_SCALE").map_or(10_000, |v| v.parse().unwrap());
+    let topo = Topology::new(3).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    let file = d.state_dir().with_file_name("scale.json");
+    std::fs::write(&file, node_scale_state(&topo, "big", n).to_string()).unwrap();
+
+    let t = std::time::Instant::now();
+    d.ok(&["apply", "-f", file.to_str().unwrap()]);
+    let full = t.elapsed();
+    assert_eq!(status(&d)["networks"][0]["applied"], true, "{}", status(&d));
+
+    // One backend of service 1 replaced.
+    let vip1 = Ipv4Addr::new(10, 100, 0, 1);
+    let mut backends: Vec<Ipv4Addr> = (0..10)
+        .map(|k| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 200, 0, 0)) + 10 + k))
+        .collect();
+    backends[3] = Ipv4Addr::new(10, 201, 0, 1);
+    let t = std::time::Instant::now();
+    d.ok(&service_set(
+        "big",
+        "svc1",
+        DEFAULT_GENERATION,
+        vip1,
+        &format!("tcp/20001:{PORT}"),
+        &backends,
+    ));
+    let one = t.elapsed();
+    assert_eq!(status(&d)["networks"][0]["applied"], true, "{}", status(&d));
+    println!(
+        "nftables, {n} services × 10 backends + one port each: apply -f {full:?}, one backend changed {one:?}"
+    );
+
+    let vip0 = Ipv4Addr::new(10, 100, 0, 0);
+    let mut seen = BTreeSet::new();
+    for (addr, port) in [(vip0, PORT), (topo.node_ip, 20000)] {
+        for _ in 0..20 {
+            let r: Reply = tcp_request(&topo.client, addr, port, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{addr}:{port}: {e:#}"))
+                .parse()
+                .unwrap();
+            seen.insert(r.backend);
+        }
+    }
+    assert_eq!(
+        seen.len(),
+        3,
+        "every backend of service 0 answers: {seen:?}"
+    );
+    let elements = d.ok(&["elements", "big"]);
+    let changed = (elements.lines())
+        .filter(|l| l.starts_with("nat-service-vip 10.100.0.1 . ") && l.ends_with(" : 10.201.0.1"))
+        .count();
+    assert_eq!(
+        changed, 1,
+        "the new backend has its interval in lb elements"
+    );
+    assert_eq!(nft_elements(&topo, "big"), sorted_lines(&elements));
+    assert!(
+        !d.log().contains(WHOLE),
+        "the change was a difference: {}",
+        d.log()
     );
 }

@@ -1,0 +1,632 @@
+//! The table of one network, rendered (pure: the golden tests read it): the whole declaration
+//! for a first sync, or the difference between two networks for the next ones.
+//!
+//! Layout. Moby's elements `VIP . I : backend` (and the port ones) are grouped by their set's
+//! *shape*, the list of bucket intervals its partition has (moby's equal partition of n
+//! backends gives every set of n backends the same shape). Per kind of set (`v` VIPs, `p`
+//! published ports, `h` ports bound to a `host_ip`) and shape `S`:
+//! - chain `K-S` draws `numgen random mod 65536` once and jumps through the interval vmap
+//!   `K-S` (`I_k : goto K-S-k`): moby's partition, bucket for bucket;
+//! - chain `K-S-k` translates by the map `K-S-k` (set key → backend of interval `I_k`), whose
+//!   element `VIP : backend` *is* moby's element `VIP . I_k : backend`, with its counter.
+//!
+//! The prerouting chain dispatches by verdict maps: `vip-dispatch` (VIP → `goto v-S`), then,
+//! off the VIPs, `port-host-dispatch` (`host . proto . port`, the more specific binding) and
+//! `port-dispatch` (`proto . port`, on the node's own addresses only).
+//!
+//! Why this shape and not moby's three concatenated interval maps: see the module doc of
+//! `dataplane::nft` (pipapo refuses them past ~1,365 elements per netlink message; a map and
+//! a chain per set is refused by nothing but costs 30 s at 10,000 services because the kernel
+//! finds a set by name in a list). Here the number of sets is the number of shapes, not of
+//! services, and each map is a hash (or a one-field interval map of a few elements).
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::Ipv4Addr,
+};
+
+use anyhow::{Result, bail};
+
+use lb_common::BUCKETS;
+
+use crate::core::{
+    compose::{PortKey, compose},
+    elements::{SetKey, equal_weight_intervals, placed_elements},
+    model::{Masquerade, Mode, Network, Service},
+};
+
+/// Tables of this dataplane start with this: `lb` owns no other tables.
+pub const TABLE_PREFIX: &str = "lb-";
+/// Every VIP of the network: published ports never apply to a VIP's own address.
+pub const VIP_SET: &str = "service-vips";
+/// One element, a hash of the network the table was last written for: a difference is only
+/// applied on top of the network it was computed from (see [`update`]).
+pub const SYNC_SET: &str = "lb-sync";
+const NUMGEN: &str = "numgen random mod 65536";
+/// The version of this layout, part of the sync hash: a table of another layout is never
+/// taken for this one.
+const LAYOUT: &str = "lb-nft-2";
+
+pub fn table_name(network: &str) -> String {
+    format!("{TABLE_PREFIX}{network}")
+}
+
+/// The three kinds of sets, each with its own dispatch map and key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Vip,
+    Port,
+    HostPort,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Vip, Kind::Port, Kind::HostPort];
+
+    /// The prefix of the chains and maps of this kind.
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Kind::Vip => "v",
+            Kind::Port => "p",
+            Kind::HostPort => "h",
+        }
+    }
+
+    pub fn dispatch(self) -> &'static str {
+        match self {
+            Kind::Vip => "vip-dispatch",
+            Kind::Port => "port-dispatch",
+            Kind::HostPort => "port-host-dispatch",
+        }
+    }
+
+    fn key_type(self) -> &'static str {
+        match self {
+            Kind::Vip => "ipv4_addr",
+            Kind::Port => "inet_proto . inet_service",
+            Kind::HostPort => "ipv4_addr . inet_proto . inet_service",
+        }
+    }
+
+    /// The slot map's declaration: the set key to the translation.
+    fn slot_typeof(self) -> &'static str {
+        match self {
+            Kind::Vip => "ip daddr : ip daddr",
+            Kind::Port => "meta l4proto . th dport : ip daddr . th dport",
+            Kind::HostPort => "ip daddr . meta l4proto . th dport : ip daddr . th dport",
+        }
+    }
+
+    /// The slot chain's rule, translating by map `map`.
+    fn slot_rule(self, map: &str) -> String {
+        let l4 = "meta l4proto { tcp, udp, sctp }";
+        match self {
+            Kind::Vip => format!("dnat ip to ip daddr map @{map}"),
+            Kind::Port => format!("{l4} dnat ip to meta l4proto . th dport map @{map}"),
+            Kind::HostPort => {
+                format!("{l4} dnat ip to ip daddr . meta l4proto . th dport map @{map}")
+            }
+        }
+    }
+}
+
+fn kind(set: &SetKey) -> Kind {
+    match set {
+        SetKey::Vip(_) => Kind::Vip,
+        SetKey::Port(PortKey { host_ip: None, .. }) => Kind::Port,
+        SetKey::Port(PortKey {
+            host_ip: Some(_), ..
+        }) => Kind::HostPort,
+    }
+}
+
+/// A set's key in nft's notation (`10.0.0.5`, `tcp . 80`, `192.168.1.10 . tcp . 5432`).
+fn nft_key(set: &SetKey) -> String {
+    match set {
+        SetKey::Vip(vip) => vip.to_string(),
+        SetKey::Port(PortKey {
+            host_ip: None,
+            proto,
+            port,
+        }) => format!("{proto} . {port}"),
+        SetKey::Port(PortKey {
+            host_ip: Some(h),
+            proto,
+            port,
+        }) => format!("{h} . {proto} . {port}"),
+    }
+}
+
+/// A shape's name: its interval count and a hash of the intervals, so the same partition has
+/// the same chains in every sync and after a restart.
+fn shape_name(intervals: &[String]) -> String {
+    format!(
+        "s{}-{:016x}",
+        intervals.len(),
+        fnv1a(intervals.join(",").as_bytes())
+    )
+}
+
+/// 64-bit FNV-1a: stable across builds and machines, unlike std's hasher.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The hash [`SYNC_SET`] holds for `network`.
+pub fn sync_token(network: &Network) -> u32 {
+    let json = serde_json::to_string(network).unwrap_or_default();
+    let h = fnv1a(format!("{LAYOUT}\n{json}").as_bytes());
+    (h ^ (h >> 32)) as u32
+}
+
+/// One kind's chains for one shape.
+pub type Unit = (Kind, String);
+
+/// What the table holds for a network, by object.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    pub vips: BTreeSet<Ipv4Addr>,
+    /// Set → shape.
+    pub dispatch: BTreeMap<SetKey, String>,
+    /// Every (kind, shape) in use → its intervals in slot order.
+    pub units: BTreeMap<Unit, Vec<String>>,
+    /// (kind, shape, slot) → set key → translation.
+    pub slots: BTreeMap<(Kind, String, usize), BTreeMap<SetKey, String>>,
+}
+
+impl Layout {
+    /// From the core's elements (`placed_elements`, the source of `lb elements`).
+    pub fn of(network: &Network) -> Layout {
+        // Per set, its elements in interval order (placed_elements' order).
+        let mut sets: BTreeMap<SetKey, Vec<(String, String)>> = BTreeMap::new();
+        for p in placed_elements(network) {
+            let (_, interval) = (p.element.key.rsplit_once(" . "))
+                .expect("an element key ends in its bucket interval");
+            sets.entry(p.set)
+                .or_default()
+                .push((interval.to_owned(), p.element.value));
+        }
+        let mut layout = Layout {
+            vips: network.vips(),
+            ..Layout::default()
+        };
+        for (key, elements) in sets {
+            let kind = kind(&key);
+            let intervals: Vec<String> = elements.iter().map(|(i, _)| i.clone()).collect();
+            let shape = shape_name(&intervals);
+            for (k, (_, value)) in elements.into_iter().enumerate() {
+                (layout.slots.entry((kind, shape.clone(), k)).or_default()).insert(key, value);
+            }
+            layout
+                .units
+                .entry((kind, shape.clone()))
+                .or_insert(intervals);
+            layout.dispatch.insert(key, shape);
+        }
+        layout
+    }
+
+    /// Moby's elements in this layout.
+    pub fn element_count(&self) -> usize {
+        self.slots.values().map(BTreeMap::len).sum()
+    }
+}
+
+fn chain(kind: Kind, shape: &str) -> String {
+    format!("{}-{shape}", kind.prefix())
+}
+
+fn slot(kind: Kind, shape: &str, k: usize) -> String {
+    format!("{}-{shape}-{k}", kind.prefix())
+}
+
+/// The IPv4 subnets on each of a network's interfaces (aliases excluded): what hairpin
+/// masquerade needs to know.
+pub type Subnets = [(String, Ipv4Addr, u8)];
+
+fn check(network: &Network) -> Result<()> {
+    if network.mode == Mode::Dsr {
+        bail!(
+            "network {}: mode dsr is not available on the nftables dataplane",
+            network.name
+        );
+    }
+    Ok(())
+}
+
+fn quoted_set(names: &[String]) -> String {
+    let q: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
+    format!("{{ {} }}", q.join(", "))
+}
+
+/// `{ a, b }`, or nothing for no items (nft refuses an empty element list).
+fn elements<I: IntoIterator<Item = String>>(items: I) -> Option<String> {
+    let v: Vec<String> = items.into_iter().collect();
+    (!v.is_empty()).then(|| format!("{{ {} }}", v.join(", ")))
+}
+
+/// The rules of the two base chains, one per line.
+fn base_rules(network: &Network, subnets: &Subnets) -> (Vec<String>, Vec<String>) {
+    let ifaces = quoted_set(&network.interfaces);
+    let l4 = "meta l4proto { tcp, udp, sctp }";
+    // A verdict map that misses ends its rule, so each rule only dispatches what its map
+    // holds; the host-bound ports go first, as a more specific binding does on eBPF.
+    let pre = vec![
+        format!("iifname {ifaces} ip daddr vmap @{}", Kind::Vip.dispatch()),
+        format!(
+            "iifname {ifaces} {l4} ip daddr != @{VIP_SET} ip daddr . meta l4proto . th dport vmap @{}",
+            Kind::HostPort.dispatch()
+        ),
+        format!(
+            "iifname {ifaces} {l4} ip daddr != @{VIP_SET} fib daddr type local meta l4proto . th dport vmap @{}",
+            Kind::Port.dispatch()
+        ),
+    ];
+    let post = match network.masquerade {
+        // The seed's rule, limited to what leaves by this network's interfaces.
+        Masquerade::Always => vec![format!(
+            "ct status dnat oifname {ifaces} counter masquerade"
+        )],
+        // Hairpin: a translated flow from a client on the segment it is sent back to would be
+        // answered around the node, so it takes the node's address. (The eBPF dataplane asks
+        // "does it leave by the interface it came in on"; postrouting has no input interface,
+        // so the equivalent here is the client's address being on the output's subnet.)
+        Masquerade::Auto => (subnets.iter())
+            .map(|(ifname, addr, prefix)| {
+                let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
+                let net = Ipv4Addr::from(u32::from(*addr) & mask);
+                format!(
+                    "ct status dnat oifname \"{ifname}\" ip saddr {net}/{prefix} counter masquerade"
+                )
+            })
+            .collect(),
+        Masquerade::Never => Vec::new(),
+    };
+    (pre, post)
+}
+
+/// `add` commands declaring one unit's maps and chains (its slot maps empty).
+fn add_unit(s: &mut String, t: &str, (kind, shape): &Unit, intervals: &[String]) {
+    for k in 0..intervals.len() {
+        let m = slot(*kind, shape, k);
+        let _ = writeln!(
+            s,
+            "add map ip {t} {m} {{ typeof {}; counter; }}\nadd chain ip {t} {m}\nadd rule ip {t} {m} {}",
+            kind.slot_typeof(),
+            kind.slot_rule(&m)
+        );
+    }
+    let c = chain(*kind, shape);
+    let jumps = (intervals.iter().enumerate())
+        .map(|(k, i)| format!("{i} : goto {}", slot(*kind, shape, k)));
+    let _ = writeln!(
+        s,
+        "add map ip {t} {c} {{ typeof {NUMGEN} : verdict; flags interval; elements = {}; }}\nadd chain ip {t} {c}\nadd rule ip {t} {c} {NUMGEN} vmap @{c}",
+        elements(jumps).expect("a shape has an interval")
+    );
+}
+
+/// `delete` commands for one unit, whose chains nothing jumps to any more.
+fn delete_unit(s: &mut String, t: &str, (kind, shape): &Unit, slots: usize) {
+    let c = chain(*kind, shape);
+    // A chain is deleted empty, and only once no rule or verdict refers to it: the shape's
+    // chain (its rule refers to the vmap), the vmap (it refers to the slot chains), then each
+    // slot chain (its rule refers to its map) and map.
+    let _ = writeln!(
+        s,
+        "flush chain ip {t} {c}\ndelete chain ip {t} {c}\ndelete map ip {t} {c}"
+    );
+    for k in 0..slots {
+        let m = slot(*kind, shape, k);
+        let _ = writeln!(
+            s,
+            "flush chain ip {t} {m}\ndelete chain ip {t} {m}\ndelete map ip {t} {m}"
+        );
+    }
+}
+
+fn add_elements(s: &mut String, t: &str, map: &str, items: Vec<String>) {
+    if let Some(e) = elements(items) {
+        let _ = writeln!(s, "add element ip {t} {map} {e}");
+    }
+}
+
+fn delete_elements(s: &mut String, t: &str, map: &str, items: Vec<String>) {
+    if let Some(e) = elements(items) {
+        let _ = writeln!(s, "delete element ip {t} {map} {e}");
+    }
+}
+
+/// The base chains and sets, emptied and declared again (small, so always rewritten: the
+/// interfaces, masquerade and subnets they depend on are not all in the network).
+fn base(s: &mut String, t: &str, network: &Network, subnets: &Subnets) {
+    let (pre, post) = base_rules(network, subnets);
+    for (name, hook, prio, rules) in [
+        ("prerouting", "prerouting", "dstnat", pre),
+        ("postrouting", "postrouting", "srcnat", post),
+    ] {
+        let _ = writeln!(
+            s,
+            "add chain ip {t} {name} {{ type nat hook {hook} priority {prio}; policy accept; }}\nflush chain ip {t} {name}"
+        );
+        for r in rules {
+            let _ = writeln!(s, "add rule ip {t} {name} {r}");
+        }
+    }
+}
+
+/// The whole `nft -f` transaction of a first sync of `network`, given the `subnets` on its
+/// interfaces: the table deleted if it exists and declared again with every element.
+pub fn ruleset(network: &Network, subnets: &Subnets) -> Result<String> {
+    declare(network, subnets).map(|(s, _)| s)
+}
+
+/// [`ruleset`], and how many of moby's elements it writes.
+pub fn declare(network: &Network, subnets: &Subnets) -> Result<(String, usize)> {
+    check(network)?;
+    let t = table_name(&network.name);
+    let layout = Layout::of(network);
+    let mut s = String::new();
+    // `add` then `delete` makes the delete valid whether or not the table exists; both and the
+    // new declaration are one transaction.
+    let _ = writeln!(s, "add table ip {t}\ndelete table ip {t}\nadd table ip {t}");
+    let _ = writeln!(
+        s,
+        "add set ip {t} {SYNC_SET} {{ type mark; elements = {{ {} }}; }}\nadd set ip {t} {VIP_SET} {{ type ipv4_addr; }}",
+        sync_token(network)
+    );
+    add_elements(
+        &mut s,
+        &t,
+        VIP_SET,
+        layout.vips.iter().map(|v| v.to_string()).collect(),
+    );
+    for kind in Kind::ALL {
+        let _ = writeln!(
+            s,
+            "add map ip {t} {} {{ type {} : verdict; }}",
+            kind.dispatch(),
+            kind.key_type()
+        );
+    }
+    for (unit, intervals) in &layout.units {
+        add_unit(&mut s, &t, unit, intervals);
+    }
+    for ((kind, shape, k), items) in &layout.slots {
+        let items = (items.iter())
+            .map(|(key, v)| format!("{} : {v}", nft_key(key)))
+            .collect();
+        add_elements(&mut s, &t, &slot(*kind, shape, *k), items);
+    }
+    dispatch_elements(&mut s, &t, &layout.dispatch, |_| true);
+    base(&mut s, &t, network, subnets);
+    Ok((s, layout.element_count()))
+}
+
+/// Adds the dispatch entries that `keep` selects, one command per kind.
+fn dispatch_elements(
+    s: &mut String,
+    t: &str,
+    dispatch: &BTreeMap<SetKey, String>,
+    keep: impl Fn(&SetKey) -> bool,
+) {
+    for k in Kind::ALL {
+        let items = (dispatch.iter())
+            .filter(|(set, _)| kind(set) == k && keep(set))
+            .map(|(set, shape)| format!("{} : goto {}", nft_key(set), chain(k, shape)))
+            .collect();
+        add_elements(s, t, k.dispatch(), items);
+    }
+}
+
+/// The sets a service claims (its VIP and its published ports).
+fn claims(service: &Service) -> impl Iterator<Item = SetKey> + '_ {
+    std::iter::once(SetKey::Vip(service.vip))
+        .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
+}
+
+type ById<'a> = BTreeMap<(&'a str, &'a str), &'a Service>;
+
+fn by_id(n: &Network) -> ById<'_> {
+    (n.services.iter())
+        .map(|s| ((s.id.as_str(), s.generation.as_str()), s))
+        .collect()
+}
+
+/// `previous` and `network` cut down to the services that claim a set whose elements may
+/// differ between them: every contribution that changed, and every contribution sharing a
+/// set with one of those (compose unions the contributions of a set, so a set is only
+/// rendered right with all of them), to a fixed point. Every other set is the same in both,
+/// so the difference of the cut networks is the difference of the whole ones, at the cost of
+/// what changed (one service, or the generations of one service).
+fn changed_parts(previous: &Network, network: &Network) -> (Network, Network) {
+    let (old, new) = (by_id(previous), by_id(network));
+    let mut sets: BTreeSet<SetKey> = BTreeSet::new();
+    for (a, b) in [(&old, &new), (&new, &old)] {
+        for (id, s) in a {
+            if b.get(id) != Some(s) {
+                sets.extend(claims(s));
+            }
+        }
+    }
+    loop {
+        let before = sets.len();
+        for s in old.values().chain(new.values()) {
+            if claims(s).any(|k| sets.contains(&k)) {
+                sets.extend(claims(s));
+            }
+        }
+        if sets.len() == before {
+            break;
+        }
+    }
+    let cut = |n: &Network| Network {
+        services: (n.services.iter())
+            .filter(|s| claims(s).any(|k| sets.contains(&k)))
+            .cloned()
+            .collect(),
+        ..n.clone()
+    };
+    (cut(previous), cut(network))
+}
+
+/// The units a whole network's table holds, without rendering its elements: a set's shape
+/// is its partition, which depends on its number of backends only (the same function
+/// `placed_elements` partitions by), so one shape per count.
+fn units_in_use(network: &Network) -> BTreeSet<Unit> {
+    let composed = compose(network);
+    let mut shapes: BTreeMap<usize, String> = BTreeMap::new();
+    let mut shape = |n: usize| -> String {
+        (shapes.entry(n))
+            .or_insert_with(|| {
+                let slots = vec![(); n];
+                let intervals: Vec<String> = equal_weight_intervals(&slots, BUCKETS)
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                shape_name(&intervals)
+            })
+            .clone()
+    };
+    let vips = (composed.vips.values()).map(|b| (Kind::Vip, b.len()));
+    let ports = (composed.ports.iter()).map(|(key, b)| {
+        let kind = if key.host_ip.is_some() {
+            Kind::HostPort
+        } else {
+            Kind::Port
+        };
+        (kind, b.len())
+    });
+    (vips.chain(ports))
+        .filter(|(_, n)| *n > 0)
+        .map(|(kind, n)| (kind, shape(n)))
+        .collect()
+}
+
+/// A difference between two networks' tables.
+#[derive(Debug)]
+pub struct Update {
+    /// The `nft -f` transaction.
+    pub script: String,
+    /// Moby's elements it adds and deletes (a changed element counts in both).
+    pub written: usize,
+    pub deleted: usize,
+}
+
+/// The `nft -f` transaction that turns the table written for `previous` into `network`'s:
+/// sets of a new shape get their chains, elements that changed are deleted and added again,
+/// dispatch entries follow, chains no set uses any more go. Elements that did not change are
+/// not touched, so their counters keep counting. It starts by replacing [`SYNC_SET`]'s
+/// element `sync_token(previous)`, so a table that is not the one written for `previous`
+/// (deleted, flushed, declared by someone else) fails the whole transaction, which changes
+/// nothing; the caller then declares the table whole.
+pub fn update(previous: &Network, network: &Network, subnets: &Subnets) -> Result<Update> {
+    check(network)?;
+    let t = table_name(&network.name);
+    let (old, new) = changed_parts(previous, network);
+    let (old, new) = (Layout::of(&old), Layout::of(&new));
+    // The cut networks show the units their sets use; whether the table has a unit depends
+    // on every set.
+    let (had, has) = (units_in_use(previous), units_in_use(network));
+    let (mut written, mut deleted) = (0, 0);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "delete element ip {t} {SYNC_SET} {{ {} }}\nadd element ip {t} {SYNC_SET} {{ {} }}",
+        sync_token(previous),
+        sync_token(network)
+    );
+    delete_elements(
+        &mut s,
+        &t,
+        VIP_SET,
+        old.vips
+            .difference(&new.vips)
+            .map(|v| v.to_string())
+            .collect(),
+    );
+    add_elements(
+        &mut s,
+        &t,
+        VIP_SET,
+        new.vips
+            .difference(&old.vips)
+            .map(|v| v.to_string())
+            .collect(),
+    );
+    for (unit, intervals) in &new.units {
+        if !had.contains(unit) {
+            add_unit(&mut s, &t, unit, intervals);
+        }
+    }
+    // Slot elements: those gone or changed leave, those new or changed come; a unit that
+    // goes takes its maps whole.
+    let empty = BTreeMap::new();
+    for slot_id in old
+        .slots
+        .keys()
+        .chain(new.slots.keys())
+        .collect::<BTreeSet<_>>()
+    {
+        let (kind, shape, k) = slot_id;
+        let was = old.slots.get(slot_id).unwrap_or(&empty);
+        let now = new.slots.get(slot_id).unwrap_or(&empty);
+        let map = slot(*kind, shape, *k);
+        if has.contains(&(*kind, shape.clone())) {
+            let gone: Vec<String> = (was.iter())
+                .filter(|(key, v)| now.get(*key) != Some(v))
+                .map(|(key, _)| nft_key(key))
+                .collect();
+            deleted += gone.len();
+            delete_elements(&mut s, &t, &map, gone);
+        } else {
+            deleted += was.len();
+        }
+        let come: Vec<String> = (now.iter())
+            .filter(|(key, v)| was.get(*key) != Some(v))
+            .map(|(key, v)| format!("{} : {v}", nft_key(key)))
+            .collect();
+        written += come.len();
+        add_elements(&mut s, &t, &map, come);
+    }
+    // Dispatch entries that changed are deleted and added again (an add never replaces).
+    for k in Kind::ALL {
+        let gone = (old.dispatch.iter())
+            .filter(|(set, shape)| kind(set) == k && new.dispatch.get(*set) != Some(shape))
+            .map(|(set, _)| nft_key(set))
+            .collect();
+        delete_elements(&mut s, &t, k.dispatch(), gone);
+    }
+    dispatch_elements(&mut s, &t, &new.dispatch, |k| {
+        old.dispatch.get(k) != new.dispatch.get(k)
+    });
+    for (unit, intervals) in &old.units {
+        if !has.contains(unit) {
+            delete_unit(&mut s, &t, unit, intervals.len());
+        }
+    }
+    base(&mut s, &t, network, subnets);
+    Ok(Update {
+        script: s,
+        written,
+        deleted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::DesiredState;
+
+    /// `update` decides which chains to add and delete from `units_in_use`, which names
+    /// shapes without rendering elements: it must name them as `Layout::of` does.
+    #[test]
+    fn units_in_use_names_the_shapes_the_layout_has() {
+        let state = DesiredState::from_json(include_str!("../../../tests/golden/shared_port.json"))
+            .expect("golden state");
+        for network in state.networks.iter().filter(|n| n.mode == Mode::Nat) {
+            let layout: BTreeSet<Unit> = Layout::of(network).units.into_keys().collect();
+            assert_eq!(units_in_use(network), layout, "network {}", network.name);
+        }
+    }
+}
