@@ -7,7 +7,7 @@ use crate::maps::{COUNTERS, REASON_COUNTS};
 
 #[inline(always)]
 fn add(slot: u32, bytes: u16) {
-    if let Some(c) = COUNTERS.get_ptr_mut(slot) {
+    if let Some(c) = COUNTERS.get_ptr_mut(&slot) {
         // SAFETY: a per-CPU slot is only ever touched by this CPU's program run.
         unsafe {
             let c: *mut Counters = c;

@@ -9,7 +9,7 @@ use lb_user::{
     core::elements,
     core::model::{self, Backend, DEFAULT_GENERATION, FlowTimeouts, Network, PortConfig, Service},
     daemon::{self, DataplaneChoice},
-    dataplane::ebpf::{DEFAULT_BPFFS, TcMode},
+    dataplane::ebpf::{DEFAULT_BPFFS, MapSizes, TcMode},
     oneshot,
 };
 use serde_json::Value;
@@ -83,6 +83,20 @@ enum Cmd {
         /// metrics.
         #[arg(long, default_value_t = 10)]
         gc_secs: u64,
+        /// Entries of a network's VIP map, and of its published-port map. Sizes apply to maps
+        /// created after they are set (a network added, or removed and added again); a state
+        /// that does not fit its network's maps is refused before it is saved.
+        #[arg(long, default_value_t = lb_common::MAX_SERVICES, value_parser = clap::value_parser!(u32).range(1..))]
+        max_services: u32,
+        /// Backend slots of a network: every backend of every VIP and published port, twice
+        /// for a set being replaced. With the service maps, also bounds the per-CPU counters
+        /// (one per service and backend, allocated only for those that exist).
+        #[arg(long, default_value_t = lb_common::MAX_BACKEND_SLOTS, value_parser = clap::value_parser!(u32).range(1..))]
+        max_backends: u32,
+        /// Entries of a network's flow table (an LRU, preallocated): a flow takes two, four
+        /// when masqueraded.
+        #[arg(long, default_value_t = lb_common::MAX_FLOWS, value_parser = clap::value_parser!(u32).range(1..))]
+        max_flows: u32,
     },
     /// Networks: a set of interfaces the programs attach to, and their services.
     Network {
@@ -292,6 +306,9 @@ fn run(cli: Cli) -> Result<()> {
             tc,
             retry_secs,
             gc_secs,
+            max_services,
+            max_backends,
+            max_flows,
         } => daemon::run(daemon::Options {
             state_dir,
             socket,
@@ -305,6 +322,7 @@ fn run(cli: Cli) -> Result<()> {
             metrics,
             retry: Duration::from_secs(retry_secs.max(1)),
             gc: Duration::from_secs(gc_secs.max(1)),
+            map_sizes: MapSizes::new(max_services, max_backends, max_flows),
         }),
         Cmd::Network { cmd, client } => match cmd {
             NetworkCmd::Add {

@@ -810,6 +810,86 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
     assert!(refused >= 30);
 }
 
+/// A state that would not fit a network's maps is refused before it is saved, with the map,
+/// its size and the flag that raises it; the desired state and the maps stay as they were.
+/// Maps pinned with another size than the daemon's flags now give are adopted with their size,
+/// logged, and the refusal says how to resize them.
+#[test]
+fn a_state_over_a_map_size_is_refused_before_saving_and_changes_nothing() {
+    if !require_root("a_state_over_a_map_size_is_refused_before_saving_and_changes_nothing") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let small = ["--max-services", "2", "--max-backends", "8"];
+    let mut d = LbDaemon::start(lb(), bpffs.path(), &small).unwrap();
+    add_network(&d, &topo, "cap");
+    // A VIP and a published port of two backends each: 4 of the 8 backend slots.
+    set_service(&d, "cap", "1", &topo.backend_ips);
+    let before = snapshot(&d, &bpffs, "cap");
+    let three: Vec<Ipv4Addr> = (1..=3).map(|i| Ipv4Addr::new(10, 20, 9, i)).collect();
+    let vip2 = Ipv4Addr::new(10, 99, 0, 20);
+    // Two sets of three: 4 held + 6 = 10 slots.
+    let over_backends = service_set("cap", "b", "1", vip2, "tcp/9090", &three);
+    let refused = |d: &LbDaemon, args: &[String], needles: &[&str]| {
+        let r = d.cli(args);
+        assert!(!r.ok(), "{args:?} accepted");
+        for n in needles {
+            assert!(r.stderr.contains(n), "{n:?} missing: {}", r.stderr);
+        }
+        println!("refused: {}", r.stderr.trim());
+        assert_eq!(snapshot(d, &bpffs, "cap"), before, "state or maps changed");
+    };
+    refused(
+        &d,
+        &over_backends,
+        &[
+            "needs 10 backend slots",
+            "lb_backends holds 8",
+            "raise it with lb daemon --max-backends",
+        ],
+    );
+    // Three VIPs where lb_vips holds two, by lb apply.
+    let mut state: DesiredState = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
+    for i in 1..=2u8 {
+        let mut s = state.networks[0].services[0].clone();
+        (s.id, s.vip, s.ports) = (format!("v{i}"), Ipv4Addr::new(10, 99, 1, i), vec![]);
+        s.backends.truncate(1);
+        state.networks[0].services.push(s);
+    }
+    let file = d.state_dir().with_file_name("over.json");
+    std::fs::write(&file, state.to_json()).unwrap();
+    let apply = ["apply", "-f", file.to_str().unwrap()].map(String::from);
+    refused(
+        &d,
+        &apply,
+        &["needs 3 VIP entries but lb_vips holds 2", "--max-services"],
+    );
+
+    // Larger sizes for maps created from now on; this network's stay as they were made.
+    d.set_extra(&["--max-services", "2", "--max-backends", "100"]);
+    d.restart().unwrap();
+    assert!(
+        d.log().contains("adopted a pinned map of another size"),
+        "{}",
+        d.log()
+    );
+    refused(
+        &d,
+        &over_backends,
+        &[
+            "lb_backends holds 8",
+            "created with 8 entries and lb daemon --max-backends now gives 100",
+            "remove the network and add it again",
+        ],
+    );
+    // Removed and added again, the network's maps take the new size.
+    d.ok(&["network", "rm", "cap"]);
+    add_network(&d, &topo, "cap");
+    set_service(&d, "cap", "1", &topo.backend_ips);
+    d.ok(&over_backends);
+}
+
 #[test]
 fn one_backend_change_at_10000_services_touches_o1_map_entries() {
     if !require_root("one_backend_change_at_10000_services_touches_o1_map_entries") {

@@ -14,8 +14,8 @@ use lb_common::{
 };
 use lb_tests::{
     fixture::{
-        CLIENT, CLIENT2, DB, EMPTY_VIP, Fixture, HOST_IP, LOOPBACK_PORT, NODE, NOT_LOCAL, Prog,
-        TC_ACT_OK, VIP, WEB,
+        CLIENT, CLIENT2, DB, DB_VIP, EMPTY_VIP, Fixture, HOST_IP, LOOPBACK_PORT, NODE, NOT_LOCAL,
+        Prog, TC_ACT_OK, VIP, WEB, service,
     },
     packet::{
         Ipv4Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, arp_request, icmp_error, ip_of,
@@ -1125,4 +1125,73 @@ fn an_old_backend_set_is_deleted_one_sync_after_the_switch() {
         live(&f),
         "deleted by the next sync"
     );
+}
+
+/// The counter ids named by what the maps hold, after checking that the sync's mirror of them
+/// is exactly what a fresh read of the maps finds.
+fn named_counters(f: &mut Fixture) -> BTreeSet<u32> {
+    let held = f.dp.held().unwrap().clone();
+    assert_eq!(
+        held,
+        f.dp.current_services().unwrap(),
+        "the mirror is the maps"
+    );
+    (held.values())
+        .flat_map(|(s, set)| std::iter::once(s.counter).chain(set.iter().map(|b| b.counter)))
+        .collect()
+}
+
+/// A sync writes from its mirror of the maps, never reading them: across a backend replaced,
+/// a service removed and one added the mirror stays what the maps hold; a counter exists only
+/// for a service or backend that exists (one more sync for one given up), and one handed out
+/// again starts at zero.
+#[test]
+fn the_mirror_is_the_maps_and_counters_exist_only_for_what_exists() {
+    let Some(mut f) = fixture() else { return };
+    let first = named_counters(&mut f);
+    assert_eq!(f.dp.counter_ids().unwrap(), first, "a counter per entry");
+    // Traffic to db, whose counters are then given up.
+    let syn = tcp(40500, DB_VIP, 5432, TCP_SYN);
+    expect_dnat(&mut f, Prog::TcIngress, &syn, &[DB], 5432);
+    let db = f.dp.held().unwrap().clone();
+    let db_counters: BTreeSet<u32> = (db.iter())
+        .filter(|(_, (_, set))| set.iter().any(|b| b.addr == be(DB)))
+        .flat_map(|(_, (s, set))| std::iter::once(s.counter).chain(set.iter().map(|b| b.counter)))
+        .collect();
+    assert!(
+        db_counters
+            .iter()
+            .any(|c| f.dp.counter(*c).unwrap().packets > 0)
+    );
+
+    f.net.services.retain(|s| s.id != "db");
+    f.net.services[0].backends[0].ip = Ipv4Addr::new(10, 20, 0, 99);
+    f.sync();
+    let now = named_counters(&mut f);
+    let ids = f.dp.counter_ids().unwrap();
+    assert!(
+        ids.is_superset(&now) && ids.is_superset(&db_counters),
+        "kept one more sync"
+    );
+    f.sync();
+    assert_eq!(
+        f.dp.counter_ids().unwrap(),
+        named_counters(&mut f),
+        "then deleted"
+    );
+
+    // A new service takes the lowest free ids, db's among them, at zero.
+    f.net.services.push(service("new", DB_VIP, &[DB], vec![]));
+    f.sync();
+    let after = named_counters(&mut f);
+    assert_eq!(f.dp.counter_ids().unwrap(), after);
+    let reused: Vec<u32> = after.intersection(&db_counters).copied().collect();
+    assert!(!reused.is_empty(), "freed ids are handed out again");
+    for c in reused {
+        assert_eq!(
+            f.dp.counter(c).unwrap().packets,
+            0,
+            "counter {c} starts at zero"
+        );
+    }
 }

@@ -30,7 +30,10 @@ use crate::{
         elements::network_elements,
         model::{DesiredState, Network},
     },
-    dataplane::{Dataplane, STATES, SyncStats, ebpf::TcMode},
+    dataplane::{
+        Dataplane, STATES, SyncStats,
+        ebpf::{MapSizes, TcMode},
+    },
     netlink::{Netlink, in_netns},
 };
 
@@ -62,6 +65,8 @@ pub struct Options {
     pub retry: Duration,
     /// How often the eBPF dataplane's flow collector runs.
     pub gc: Duration,
+    /// The sizes the eBPF dataplane creates a network's maps with.
+    pub map_sizes: MapSizes,
 }
 
 /// Upper bounds (seconds) of the reconcile duration histogram.
@@ -242,6 +247,7 @@ impl Daemon {
         for net in &new.networks {
             if self.desired.network(&net.name) != Some(net) {
                 self.dp.supports(net).context("rejected")?;
+                self.dp.check_capacity(net).context("rejected")?;
                 check_interfaces(net).context("rejected")?;
             }
         }

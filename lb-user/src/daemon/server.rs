@@ -57,7 +57,7 @@ fn actor(mut daemon: Daemon, jobs: mpsc::Receiver<Job>, retry: Duration) {
 /// Picks the dataplane: `auto` probes the kernel and falls back to nftables, saying why.
 fn dataplane(opts: &Options) -> Result<(Box<dyn Dataplane>, String)> {
     let ebpf = || -> Result<Box<dyn Dataplane>> {
-        let mut dp = EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?;
+        let mut dp = EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?.with_sizes(opts.map_sizes);
         dp.collect_every(opts.gc)?;
         Ok(Box::new(dp))
     };

@@ -15,7 +15,9 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{self as ebpf, EbpfNetwork, NodeAddrs, ServiceKey, SyncStats, TcMode, gc, ip};
+use super::{
+    self as ebpf, EbpfNetwork, Held, MapSizes, NodeAddrs, ServiceKey, SyncStats, TcMode, gc, ip,
+};
 use crate::{
     core::compose::{PortKey, compose},
     core::elements::SetKey,
@@ -27,6 +29,8 @@ use crate::{
 pub struct EbpfDataplane {
     bpffs: PathBuf,
     tc_mode: TcMode,
+    /// What a network's maps are created with.
+    sizes: MapSizes,
     nets: BTreeMap<String, EbpfNetwork>,
     /// The flow collector's findings, when one runs (the daemon's; `lb load` has none, and
     /// needs none: the programs expire flows themselves).
@@ -40,9 +44,16 @@ impl EbpfDataplane {
         Ok(Self {
             bpffs: bpffs.to_path_buf(),
             tc_mode,
+            sizes: MapSizes::default(),
             nets: BTreeMap::new(),
             collector: None,
         })
+    }
+
+    /// Maps created from now on get `sizes`; maps already pinned keep theirs (reported).
+    pub fn with_sizes(mut self, sizes: MapSizes) -> Self {
+        self.sizes = sizes;
+        self
     }
 
     /// Starts the flow collector over this dataplane's pins, every `interval`.
@@ -60,7 +71,13 @@ impl EbpfDataplane {
             Some(dp) => Ok(dp),
             None => {
                 let dir = ebpf::pin_dir(&self.bpffs, name);
-                EbpfNetwork::open(&dir).with_context(|| format!("network {name}: opening its maps"))
+                let net = EbpfNetwork::open_sized(&dir, &self.sizes)
+                    .with_context(|| format!("network {name}: opening its maps"))?;
+                for (map, have, want, flag) in net.sizes().differences(&self.sizes) {
+                    tracing::warn!(network = %name, map, pinned = have, configured = want, flag,
+                        "adopted a pinned map of another size; it keeps its size until the network is removed and added again");
+                }
+                Ok(net)
             }
         }
     }
@@ -139,6 +156,24 @@ impl Dataplane for EbpfDataplane {
             );
         }
         Ok(())
+    }
+
+    /// The plan's need against what the network's maps hold and their real sizes; a network
+    /// with no maps yet against the sizes its maps will be created with.
+    fn check_capacity(&mut self, network: &Network) -> Result<()> {
+        let plan = ebpf::plan(network, &compose(network));
+        let configured = self.sizes;
+        let exists = self.nets.contains_key(&network.name)
+            || ebpf::pin_dir(&self.bpffs, &network.name).exists();
+        let empty = Held::new();
+        let (held, sizes) = if exists {
+            let dp = self.net(&network.name)?;
+            let sizes = dp.sizes();
+            (dp.held()?, sizes)
+        } else {
+            (&empty, configured)
+        };
+        ebpf::need(&plan, held, network.interfaces.len()).check(&network.name, &sizes, &configured)
     }
 
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
@@ -273,7 +308,8 @@ impl Dataplane for EbpfDataplane {
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
         let dp = self.net(&network.name)?;
         let mut out = Vec::new();
-        for (key, (svc, backends)) in dp.current_services()? {
+        let held = dp.held()?.clone();
+        for (key, (svc, backends)) in held {
             let service = service_label(&key);
             let c = dp.counter(svc.counter)?;
             out.push(Count {

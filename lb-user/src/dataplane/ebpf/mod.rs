@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
     Backend, BackendKey, Config, Counters, Flow, FlowKey, Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey,
@@ -35,7 +35,7 @@ mod plan;
 mod sync;
 
 pub use attach::detach_all;
-pub use plan::{NodeAddrs, Plan, ServiceKey, be, ip, plan};
+pub use plan::{Held, MapSizes, Need, NodeAddrs, Plan, ServiceKey, be, ip, need, plan};
 pub use sync::SyncStats;
 
 /// Names of the programs in the object, as `bpftool prog show` lists them.
@@ -82,13 +82,13 @@ pub struct EbpfNetwork {
     local: HashMap<MapData, u32, u32>,
     ifaces: HashMap<MapData, u32, Iface>,
     config: Array<MapData, Config>,
-    counters: PerCpuArray<MapData, Counters>,
+    counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
-    /// Backend sets a service stopped pointing at in the last sync (set id, slot count):
-    /// deleted by the next one. After adoption, every set no service points at.
-    retired: Vec<(u32, u32)>,
-    /// Whether `retired` has been filled from the maps (once, at the first sync).
-    adopted: bool,
+    /// The capacities of the maps as the kernel has them (a pinned map adopted keeps the size
+    /// it was created with, whatever this process was configured with).
+    sizes: MapSizes,
+    /// What the maps hold (`None` until the first sync reads them).
+    mirror: Option<sync::Mirror>,
 }
 
 /// The pin directory of `network` under `bpffs`.
@@ -138,6 +138,12 @@ impl EbpfNetwork {
     /// bpffs). Maps already pinned there in this binary's layouts are adopted with their
     /// contents; others are replaced (logged), with the programs attached by them.
     pub fn open(dir: &Path) -> Result<Self> {
+        Self::open_sized(dir, &MapSizes::default())
+    }
+
+    /// [`EbpfNetwork::open`], creating missing maps with `sizes` (maps already pinned keep
+    /// theirs: see [`EbpfNetwork::sizes`]).
+    pub fn open_sized(dir: &Path, sizes: &MapSizes) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating pin directory {}", dir.display()))?;
         let replaced = retire_old_layouts(dir)?;
@@ -149,6 +155,15 @@ impl EbpfNetwork {
             );
         }
         let mut loader = EbpfLoader::new();
+        for (map, n) in [
+            ("lb_vips", sizes.services),
+            ("lb_ports", sizes.services),
+            ("lb_backends", sizes.backends),
+            ("lb_flows", sizes.flows),
+            ("lb_counters", sizes.counters),
+        ] {
+            loader.map_max_entries(map, n);
+        }
         let paths: Vec<(&str, PathBuf)> = (MAP_LAYOUTS.iter().map(|(m, _)| *m))
             .chain([LAYOUT_MAP])
             .map(|m| (m, dir.join(m)))
@@ -178,21 +193,38 @@ impl EbpfNetwork {
             ebpf.take_map(name)
                 .with_context(|| format!("map {name} missing from the object"))
         }
+        let (vips, backends, flows, counters) = (
+            take(&mut ebpf, "lb_vips")?,
+            take(&mut ebpf, "lb_backends")?,
+            take(&mut ebpf, "lb_flows")?,
+            take(&mut ebpf, "lb_counters")?,
+        );
+        let sizes = MapSizes {
+            services: max_entries(&vips)?,
+            backends: max_entries(&backends)?,
+            flows: max_entries(&flows)?,
+            counters: max_entries(&counters)?,
+        };
         Ok(Self {
-            vips: HashMap::try_from(take(&mut ebpf, "lb_vips")?)?,
+            vips: HashMap::try_from(vips)?,
             ports: HashMap::try_from(take(&mut ebpf, "lb_ports")?)?,
-            backends: HashMap::try_from(take(&mut ebpf, "lb_backends")?)?,
-            flows: HashMap::try_from(take(&mut ebpf, "lb_flows")?)?,
+            backends: HashMap::try_from(backends)?,
+            flows: HashMap::try_from(flows)?,
             local: HashMap::try_from(take(&mut ebpf, "lb_local_addrs")?)?,
             ifaces: HashMap::try_from(take(&mut ebpf, "lb_ifaces")?)?,
             config: Array::try_from(take(&mut ebpf, "lb_config")?)?,
-            counters: PerCpuArray::try_from(take(&mut ebpf, "lb_counters")?)?,
+            counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
             ebpf,
             dir,
-            retired: Vec::new(),
-            adopted: false,
+            sizes,
+            mirror: None,
         })
+    }
+
+    /// The capacities of this network's maps.
+    pub fn sizes(&self) -> MapSizes {
+        self.sizes
     }
 
     fn record_layouts(&mut self) -> Result<()> {
@@ -249,6 +281,15 @@ impl EbpfNetwork {
         }
         Ok(out)
     }
+}
+
+/// A map's capacity as the kernel has it.
+fn max_entries(map: &Map) -> Result<u32> {
+    let data = match map {
+        Map::HashMap(m) | Map::LruHashMap(m) | Map::PerCpuHashMap(m) => m,
+        _ => bail!("reading a map's size: not a hash map"),
+    };
+    Ok(data.info().context("reading a map's size")?.max_entries())
 }
 
 /// The system's bpffs mount point, which systemd mounts at boot on most distributions.
