@@ -125,6 +125,11 @@ impl LbDaemon {
             .collect();
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.join("lb.sock")
     }

@@ -308,10 +308,13 @@ impl Dataplane for EbpfDataplane {
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
         let dp = self.net(&network.name)?;
         let mut out = Vec::new();
-        let held = dp.held()?.clone();
-        for (key, (svc, backends)) in held {
-            let service = service_label(&key);
-            let c = dp.counter(svc.counter)?;
+        // What the mirror says is named, with what the counters map holds: no map is walked
+        // but the counters, and only those that counted a packet.
+        let counted = dp.counters()?;
+        let of = |id: u32| counted.get(&id).copied().unwrap_or_default();
+        for (key, (svc, backends)) in dp.held()? {
+            let service = service_label(key);
+            let c = of(svc.counter);
             out.push(Count {
                 service: service.clone(),
                 backend: None,
@@ -319,7 +322,7 @@ impl Dataplane for EbpfDataplane {
                 bytes: c.bytes,
             });
             for b in backends {
-                let c = dp.counter(b.counter)?;
+                let c = of(b.counter);
                 out.push(Count {
                     service: service.clone(),
                     backend: Some(ip(b.addr)),

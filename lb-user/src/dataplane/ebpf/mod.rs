@@ -3,8 +3,13 @@
 //!
 //! Contracts that make it safe:
 //! - The maps are the record. A pinned map that already exists is adopted, not recreated, and
-//!   a sync reads what the maps hold and writes only the difference, so a restarted (or
-//!   re-run) controller picks up where the last one stopped without flushing a flow.
+//!   the first sync reads what the maps hold (kept as a mirror, see [`sync`]) and writes only
+//!   the difference, so a restarted (or re-run) controller picks up where the last one stopped
+//!   without flushing a flow.
+//! - Capacity: a network's maps are created with the daemon's sizes ([`MapSizes`]:
+//!   `--max-services`, `--max-backends`, `--max-flows`); a pinned map keeps the size it was
+//!   created with, which is read back ([`EbpfNetwork::sizes`]) and is what a change is checked
+//!   against ([`Need`]) before the daemon saves it.
 //! - A pinned map is adopted only in the layout this binary's programs read: `lb_layout`
 //!   records each map's layout version (`lb_common::MAP_LAYOUTS`), and a map pinned in another
 //!   (or before versions were recorded) is replaced, with the programs that used it, logged
@@ -16,7 +21,10 @@
 //!   to a dead backend); a disabled backend is not gone, and its flows drain.
 //! - Expired flow entries are deleted by the collector ([`gc`]) off the hot path; the programs
 //!   already treat them as absent.
-use std::path::{Path, PathBuf};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use anyhow::{Context as _, Result, bail};
 use aya::{
@@ -260,13 +268,24 @@ impl EbpfNetwork {
         self.config.get(&0, 0).context("reading lb_config")
     }
 
-    /// Packets and bytes of a counter slot, summed over CPUs.
-    pub fn counter(&self, slot: u32) -> Result<Counters> {
-        let per_cpu = self.counters.get(&slot, 0).context("reading lb_counters")?;
-        Ok(per_cpu.iter().fold(Counters::default(), |acc, c| Counters {
-            packets: acc.packets + c.packets,
-            bytes: acc.bytes + c.bytes,
-        }))
+    /// Packets and bytes of a counter, summed over CPUs (zero before its first packet).
+    pub fn counter(&self, id: u32) -> Result<Counters> {
+        match self.counters.get(&id, 0) {
+            Ok(per_cpu) => Ok(sum_cpus(&per_cpu)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(Counters::default()),
+            Err(e) => Err(e).context("reading lb_counters"),
+        }
+    }
+
+    /// Every counter that has counted a packet, summed over CPUs: one walk of `lb_counters`,
+    /// whose entries are only those of services and backends that carried traffic.
+    pub fn counters(&self) -> Result<BTreeMap<u32, Counters>> {
+        (self.counters.iter())
+            .map(|e| {
+                let (id, per_cpu) = e.context("reading lb_counters")?;
+                Ok((id, sum_cpus(&per_cpu)))
+            })
+            .collect()
     }
 
     /// Every program's outcome counts, summed over CPUs: `(hook, reason, count)`.
@@ -281,6 +300,13 @@ impl EbpfNetwork {
         }
         Ok(out)
     }
+}
+
+fn sum_cpus(per_cpu: &[Counters]) -> Counters {
+    per_cpu.iter().fold(Counters::default(), |acc, c| Counters {
+        packets: acc.packets + c.packets,
+        bytes: acc.bytes + c.bytes,
+    })
 }
 
 /// A map's capacity as the kernel has it.

@@ -11,10 +11,10 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use aya::maps::{HashMap, MapData, PerCpuValues};
+use aya::maps::{HashMap, MapData, MapError};
 use lb_common::{
-    Backend, BackendKey, Config, Counters, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN,
-    MAX_LOCAL_ADDRS, PortKey, Service, VipKey,
+    Backend, BackendKey, Config, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN, MAX_LOCAL_ADDRS,
+    PortKey, Service, VipKey,
 };
 
 use super::{
@@ -231,7 +231,9 @@ impl EbpfNetwork {
         }
         for id in std::mem::take(&mut m.retired_counters) {
             match self.counters.remove(&id) {
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Ok(()) => stats.deleted += 1,
+                // Never counted a packet.
+                Err(e) if not_found(&e) => {}
                 Err(e) => return Err(e).context("deleting from lb_counters"),
             }
             m.counter_ids.release(id);
@@ -260,7 +262,6 @@ impl EbpfNetwork {
             m.retired_counters.extend(set.iter().map(|b| b.counter));
         }
 
-        let ncpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
         for (key, want) in &plan.services {
             let old = m.services.get(key);
             if old.is_some_and(|(_, have)| same_set(have, want)) {
@@ -276,7 +277,7 @@ impl EbpfNetwork {
                 // A backend keeps its counter across set changes of its service.
                 let counter = match kept {
                     Some(c) => c,
-                    None => self.new_counter(&mut m.counter_ids, ncpus, &mut stats)?,
+                    None => self.new_counter(&mut m.counter_ids)?,
                 };
                 let b = Backend {
                     addr: *addr,
@@ -296,7 +297,7 @@ impl EbpfNetwork {
             }
             let counter = match old {
                 Some((s, _)) => s.counter,
-                None => self.new_counter(&mut m.counter_ids, ncpus, &mut stats)?,
+                None => self.new_counter(&mut m.counter_ids)?,
             };
             let svc = Service {
                 set_id,
@@ -346,33 +347,22 @@ impl EbpfNetwork {
             match self.backends.remove(&BackendKey { set_id, slot }) {
                 Ok(()) => stats.deleted += 1,
                 // An orphan set may have lost slots with the process that was writing it.
-                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) if not_found(&e) => {}
                 Err(e) => return Err(e).context("deleting from lb_backends"),
             }
         }
         Ok(())
     }
 
-    /// A counter id of its own, inserted zeroed before any entry names it (a freed id's
-    /// entry was deleted, so the new owner starts at zero).
-    fn new_counter(
-        &mut self,
-        ids: &mut IdPool,
-        ncpus: usize,
-        stats: &mut SyncStats,
-    ) -> Result<u32> {
-        let id = ids.take().with_context(|| {
+    /// A counter id of its own. Its entry is created by the datapath with its first packet;
+    /// a freed id's entry was deleted before it was released, so the new owner starts at zero.
+    fn new_counter(&self, ids: &mut IdPool) -> Result<u32> {
+        ids.take().with_context(|| {
             format!(
                 "no free counter id (lb_counters holds {})",
                 self.sizes.counters
             )
-        })?;
-        let zero = PerCpuValues::try_from(vec![Counters::default(); ncpus])?;
-        self.counters
-            .insert(id, zero, 0)
-            .context("writing lb_counters")?;
-        stats.written += 1;
-        Ok(id)
+        })
     }
 
     /// The ids of every backend set in `lb_backends`, live or retired.
@@ -382,7 +372,8 @@ impl EbpfNetwork {
             .collect()
     }
 
-    /// The ids of every counter in `lb_counters`, named or retired.
+    /// The ids of every counter in `lb_counters` (those that counted a packet), named or
+    /// retired.
     pub fn counter_ids(&self) -> Result<BTreeSet<u32>> {
         (self.counters.keys())
             .map(|k| k.context("reading lb_counters"))
@@ -413,6 +404,16 @@ impl EbpfNetwork {
             let _ = self.flows.remove(k);
         }
         Ok(doomed.len())
+    }
+}
+
+/// Whether a map call failed because its key is not there (aya reports a delete's ENOENT as
+/// a plain syscall error).
+fn not_found(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound => true,
+        MapError::SyscallError(e) => e.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
     }
 }
 
