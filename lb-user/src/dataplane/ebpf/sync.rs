@@ -321,7 +321,9 @@ impl EbpfNetwork {
         if m.kept.as_ref().is_none_or(|k| !k.is_subset(keep)) {
             stats.flows_flushed = self.flush_flows(keep)?;
         }
-        m.kept = Some(keep.clone());
+        if m.kept.as_ref() != Some(keep) {
+            m.kept = Some(keep.clone());
+        }
         Ok(stats)
     }
 
