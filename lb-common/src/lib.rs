@@ -22,22 +22,37 @@ pub const BUCKETS: u32 = 65536;
 /// controller rejects larger sets instead of silently never using their tail.
 pub const MAX_BACKENDS_PER_SET: u32 = BUCKETS;
 
-/// Capacity of the VIP and published-port service maps (entries per network).
+// Map capacities. These are the defaults compiled into the object; `lb daemon` sets the first
+// three per daemon (`--max-services`, `--max-backends`, `--max-flows`) when it creates a
+// network's maps, and refuses, before saving, a desired state that would not fit the maps as
+// they are (lb-user's `dataplane::ebpf::plan::Need`). The service, backend and counter maps
+// are allocated per entry (BPF_F_NO_PREALLOC): their memory follows what exists, and the
+// capacity is only a bound.
+
+/// Capacity of the VIP map and, separately, of the published-port map (entries per network).
 pub const MAX_SERVICES: u32 = 65536;
 /// Capacity of the backend-slot map: every slot of every live set plus the sets being swapped
-/// in, and the retired sets kept for one more sync.
-pub const MAX_BACKEND_SLOTS: u32 = 1 << 18;
-/// Capacity of the flow table. A flow takes two entries (one per direction) and two more when
-/// it is masqueraded; at 2^18 a node holds 65k masqueraded or 131k plain flows before the LRU
-/// starts evicting (which the flow hash survives, see [`flow`]).
+/// in, and the retired sets kept for one more sync. 2^19 holds 10,000 services of 10 backends
+/// with a published port each (200,000 slots) even while every one of their sets changes.
+pub const MAX_BACKEND_SLOTS: u32 = 1 << 19;
+/// Capacity of the flow table (preallocated: an LRU). A flow takes two entries (one per
+/// direction) and two more when it is masqueraded; at 2^18 a node holds 65k masqueraded or
+/// 131k plain flows before the LRU starts evicting (which the flow hash survives, see [`flow`]).
 pub const MAX_FLOWS: u32 = 1 << 18;
 /// Capacity of the fragment map: IPv4 datagrams whose later fragments are still expected.
 /// Fragments of one datagram arrive within microseconds of each other, so a small LRU is ample.
 pub const MAX_FRAGS: u32 = 8192;
 /// Capacity of the node-local address set (what a published port answers on).
 pub const MAX_LOCAL_ADDRS: u32 = 1024;
-/// Slots in the per-CPU counter array: one per service and one per backend.
-pub const MAX_COUNTERS: u32 = 1 << 17;
+/// Capacity of the per-CPU counter map: one counter per service entry and one per backend
+/// slot of a live set, so it never needs more than the two service maps and the backend
+/// map hold together. Entries exist only for what exists (a counter is inserted when its
+/// service or backend is written and deleted a sync after it is gone): each costs 16 bytes
+/// per possible CPU, so its memory follows the state, not this bound.
+pub const fn max_counters(services: u32, backend_slots: u32) -> u32 {
+    services.saturating_mul(2).saturating_add(backend_slots)
+}
+pub const MAX_COUNTERS: u32 = max_counters(MAX_SERVICES, MAX_BACKEND_SLOTS);
 /// Capacity of the interface map (the network's interfaces, by ifindex).
 pub const MAX_IFACES: u32 = 64;
 
@@ -107,8 +122,9 @@ macro_rules! map_layout {
     };
 }
 
-/// Every pinned map with the version of its layout (key and value types, map type and
-/// capacity). A version changes whenever its layout does; the controller records the versions
+/// Every pinned map with the version of its layout (key and value types, map type). A version
+/// changes whenever its layout does (a capacity is not a layout: a pinned map of another size
+/// is adopted with its size, which the controller reads and reports); the controller records the versions
 /// it pinned in `lb_layout` and replaces, instead of adopting, a pinned map whose recorded
 /// version differs (or that predates the record, version 1), so a program never reads a map
 /// written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
@@ -121,7 +137,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 10] = [
     ("lb_local_addrs", 1),
     ("lb_ifaces", 1),
     ("lb_config", 2),
-    ("lb_counters", 1),
+    ("lb_counters", 2),
     ("lb_frags", 1),
     ("lb_reasons", 1),
 ];

@@ -9,7 +9,7 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
     Backend, BackendKey, Config, Counters, Flow, FlowKey, FragKey, FragPorts, HOOKS, Iface,
@@ -54,9 +54,13 @@ pub static IFACES: HashMap<u32, Iface> = HashMap::with_max_entries(MAX_IFACES, 0
 #[map(name = "lb_config")]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
-/// Packets and bytes per service and per backend (slots assigned by the controller).
+/// Packets and bytes per service and per backend, by a counter id the controller assigns; an
+/// entry is created by the first packet counted to it (`stats`). A hash allocated per entry,
+/// not an array: per-CPU memory is spent only on counters in use (an array of the capacity
+/// takes 16 bytes per slot per CPU up front: 128 MiB at 131,072 slots and 64 CPUs).
 #[map(name = "lb_counters")]
-pub static COUNTERS: PerCpuArray<Counters> = PerCpuArray::with_max_entries(MAX_COUNTERS, 0);
+pub static COUNTERS: PerCpuHashMap<u32, Counters> =
+    PerCpuHashMap::with_max_entries(MAX_COUNTERS, BPF_F_NO_PREALLOC);
 
 /// Packets per program and outcome: slot `hook * REASONS + reason` (see `stats`).
 #[map(name = "lb_reasons")]

@@ -1208,3 +1208,157 @@ fn golden_nft_ruleset() {
     let err = lb_user::dataplane::nft::ruleset(edge, &[]).unwrap_err();
     assert!(err.to_string().contains("dsr"), "{err}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Capacity: what a sync needs of each map, from the plan and what the maps hold
+
+mod capacity {
+    use super::*;
+    use lb_user::dataplane::ebpf::{Held, MapSizes, Need, ServiceKey, need, plan};
+
+    /// What the maps would hold after a sync of `net` from nothing (ids as a sync gives them).
+    fn held_of(net: &Network) -> Held {
+        let mut counter = 0;
+        let mut next = || {
+            counter += 1;
+            counter
+        };
+        let p = plan(net, &compose(net));
+        (p.services.into_iter().enumerate())
+            .map(|(i, (key, set))| {
+                let svc = lb_common::Service {
+                    set_id: i as u32 + 1,
+                    count: set.len() as u32,
+                    counter: next(),
+                    flags: 0,
+                };
+                let backends = (set.into_iter())
+                    .map(|(addr, port)| lb_common::Backend {
+                        addr,
+                        port,
+                        _pad: 0,
+                        counter: next(),
+                    })
+                    .collect();
+                (key, (svc, backends))
+            })
+            .collect()
+    }
+
+    fn two_services() -> Network {
+        nat(vec![
+            service(
+                "a",
+                "1",
+                "10.99.0.1",
+                "10.0.0.1 10.0.0.2 10.0.0.3",
+                "tcp/8080:80",
+            ),
+            service(
+                "b",
+                "1",
+                "10.99.0.2",
+                "10.0.0.4 10.0.0.5 10.0.0.6",
+                "tcp/8081:80",
+            ),
+        ])
+    }
+
+    fn need_of(net: &Network, held: &Held) -> Need {
+        need(&plan(net, &compose(net)), held, net.interfaces.len())
+    }
+
+    #[test]
+    fn a_sync_from_nothing_needs_every_entry_once() {
+        let net = two_services();
+        let n = need_of(&net, &Held::new());
+        let want = Need {
+            vips: 2,
+            ports: 2,
+            backend_slots: 12,
+            counters: 4 + 12,
+            ifaces: 1,
+        };
+        assert_eq!(n, want);
+        // What the maps hold afterwards is exactly that.
+        let held = held_of(&net);
+        assert_eq!(held.len(), 4);
+        assert_eq!(
+            need_of(&net, &held),
+            want,
+            "an unchanged plan needs nothing more"
+        );
+    }
+
+    #[test]
+    fn a_changed_set_counts_twice_and_only_a_new_backend_takes_a_counter() {
+        let net = two_services();
+        let held = held_of(&net);
+        let mut changed = net.clone();
+        changed.services[0].backends[2].ip = ip("10.0.0.9");
+        let n = need_of(&changed, &held);
+        // Both the VIP's set and the port's set of "a" change: 3 + 3 fresh slots beside the
+        // 12 held; one new backend in each set takes a fresh counter.
+        assert_eq!(n.backend_slots, 12 + 6);
+        assert_eq!(n.counters, 16 + 2);
+        assert_eq!((n.vips, n.ports), (2, 2));
+    }
+
+    #[test]
+    fn removed_services_leave_the_service_maps_before_new_ones_come() {
+        let net = two_services();
+        let held = held_of(&net);
+        let mut other = net.clone();
+        other.services[1] = service("c", "1", "10.99.0.3", "10.0.0.7", "");
+        let n = need_of(&other, &held);
+        assert_eq!((n.vips, n.ports), (2, 1));
+        assert_eq!(n.backend_slots, 12 + 1, "b's sets stay until the next sync");
+        assert!(held.contains_key(&ServiceKey::Vip(u32::from_ne_bytes([10, 99, 0, 2]))));
+    }
+
+    #[test]
+    fn a_need_over_a_size_names_the_map_the_size_and_the_flag() {
+        let n = need_of(&two_services(), &Held::new());
+        let sizes = MapSizes::new(2, 11, 1024);
+        let err = n.check("web", &sizes, &sizes).unwrap_err().to_string();
+        assert!(err.contains("network web: needs 12 backend slots"), "{err}");
+        assert!(err.contains("lb_backends holds 11"), "{err}");
+        assert!(err.contains("lb daemon --max-backends"), "{err}");
+        let err = (n.check(
+            "web",
+            &MapSizes::new(1, 100, 1024),
+            &MapSizes::new(1, 100, 1024),
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("needs 2 VIP entries but lb_vips holds 1"),
+            "{err}"
+        );
+        assert!(err.contains("--max-services"), "{err}");
+        // Counters are bounded by the service and backend maps together.
+        let tight = MapSizes {
+            counters: 15,
+            ..MapSizes::new(2, 12, 1024)
+        };
+        let err = n.check("web", &tight, &tight).unwrap_err().to_string();
+        assert!(
+            err.contains("needs 16 counters (one per VIP, published port and backend slot) but lb_counters holds 15"),
+            "{err}"
+        );
+        assert!(
+            n.check("web", &MapSizes::new(2, 12, 1024), &MapSizes::default())
+                .is_ok()
+        );
+        // Maps created with other sizes than the daemon's flags give now: raising the flag
+        // does not resize them, and the message says what does.
+        let err = (n.check("web", &sizes, &MapSizes::new(2, 1000, 1024)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("created with 11 entries and lb daemon --max-backends now gives 1000"),
+            "{err}"
+        );
+        assert!(err.contains("remove the network and add it again"), "{err}");
+    }
+}

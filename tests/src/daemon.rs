@@ -125,6 +125,11 @@ impl LbDaemon {
             .collect();
     }
 
+    /// The daemon's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.join("lb.sock")
     }
@@ -194,11 +199,6 @@ impl LbDaemon {
             self.log()
         );
         r.stdout
-    }
-
-    /// The daemon's pid (while it runs).
-    pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
     }
 
     /// Runs another `lb daemon` on `state_dir`, `socket` and `bpffs` (some of them this

@@ -24,6 +24,7 @@ pub mod fuzz;
 pub mod netns;
 pub mod packet;
 pub mod plane;
+pub mod scale;
 pub mod tools;
 pub mod traffic;
 

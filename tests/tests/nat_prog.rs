@@ -14,8 +14,8 @@ use lb_common::{
 };
 use lb_tests::{
     fixture::{
-        CLIENT, CLIENT2, DB, EMPTY_VIP, Fixture, HOST_IP, LOOPBACK_PORT, NODE, NOT_LOCAL, Prog,
-        TC_ACT_OK, VIP, WEB,
+        CLIENT, CLIENT2, DB, DB_VIP, EMPTY_VIP, Fixture, HOST_IP, LOOPBACK_PORT, NODE, NOT_LOCAL,
+        Prog, TC_ACT_OK, VIP, WEB, service,
     },
     packet::{
         Ipv4Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, arp_request, icmp_error, ip_of,
@@ -1124,5 +1124,81 @@ fn an_old_backend_set_is_deleted_one_sync_after_the_switch() {
         f.dp.backend_set_ids().unwrap(),
         live(&f),
         "deleted by the next sync"
+    );
+}
+
+/// The counter ids named by what the maps hold, after checking that the sync's mirror of them
+/// is exactly what a fresh read of the maps finds.
+fn named_counters(f: &mut Fixture) -> BTreeSet<u32> {
+    let held = f.dp.held().unwrap().clone();
+    assert_eq!(
+        held,
+        f.dp.current_services().unwrap(),
+        "the mirror is the maps"
+    );
+    (held.values())
+        .flat_map(|(s, set)| std::iter::once(s.counter).chain(set.iter().map(|b| b.counter)))
+        .collect()
+}
+
+/// A sync writes from its mirror of the maps, never reading them: across a backend replaced,
+/// a service removed and one added the mirror stays what the maps hold. A counter exists only
+/// once its service or backend carried a packet, goes one sync after its owner, and an id
+/// handed out again starts at zero.
+#[test]
+fn the_mirror_is_the_maps_and_counters_exist_only_for_what_exists() {
+    let Some(mut f) = fixture() else { return };
+    named_counters(&mut f);
+    assert!(
+        f.dp.counter_ids().unwrap().is_empty(),
+        "no counter before a packet"
+    );
+    let syn = tcp(40500, DB_VIP, 5432, TCP_SYN);
+    expect_dnat(&mut f, Prog::TcIngress, &syn, &[DB], 5432);
+    let fwd = f.flow(&key(&syn)).unwrap();
+    let db_counters = BTreeSet::from([fwd.counter, fwd.service_counter]);
+    assert_eq!(
+        f.dp.counter_ids().unwrap(),
+        db_counters,
+        "created by the first packet"
+    );
+    assert!(named_counters(&mut f).is_superset(&db_counters));
+
+    f.net.services.retain(|s| s.id != "db");
+    f.net.services[0].backends[0].ip = Ipv4Addr::new(10, 20, 0, 99);
+    f.sync();
+    let now = named_counters(&mut f);
+    assert!(now.is_disjoint(&db_counters), "db's counters are given up");
+    assert_eq!(
+        f.dp.counter_ids().unwrap(),
+        db_counters,
+        "kept one more sync"
+    );
+    f.sync();
+    named_counters(&mut f);
+    assert!(f.dp.counter_ids().unwrap().is_empty(), "then deleted");
+
+    // A new service takes the lowest free ids, db's among them, at zero.
+    f.net.services.push(service("new", DB_VIP, &[DB], vec![]));
+    f.sync();
+    let reused: Vec<u32> = named_counters(&mut f)
+        .intersection(&db_counters)
+        .copied()
+        .collect();
+    assert!(!reused.is_empty(), "freed ids are handed out again");
+    for c in reused {
+        assert_eq!(
+            f.dp.counter(c).unwrap().packets,
+            0,
+            "counter {c} starts at zero"
+        );
+    }
+    let syn = tcp(40501, DB_VIP, 5432, TCP_SYN);
+    expect_dnat(&mut f, Prog::TcIngress, &syn, &[DB], 5432);
+    let fwd = f.flow(&key(&syn)).unwrap();
+    assert_eq!(
+        f.dp.counter(fwd.counter).unwrap().packets,
+        1,
+        "counts from one"
     );
 }

@@ -119,8 +119,12 @@ fn published(proto: Proto, published: u16, target: u16) -> PortConfig {
 
 /// The network's pinned maps, adopted as `lb` adopts them (no program is loaded by this).
 fn maps(bpffs: &Bpffs, net: &Network) -> EbpfNetwork {
-    EbpfNetwork::open(&pin_dir(bpffs.path(), &net.name), Default::default())
-        .expect("open the pinned maps")
+    EbpfNetwork::open(
+        &pin_dir(bpffs.path(), &net.name),
+        &Default::default(),
+        Default::default(),
+    )
+    .expect("open the pinned maps")
 }
 
 /// Every non-zero outcome count of the network's programs, `hook/reason=n`: what each hook

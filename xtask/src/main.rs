@@ -70,8 +70,18 @@ enum Cmd {
     },
     /// The main job on an embedded default: build, topology, daemon, traffic, where it went.
     Demo,
-    /// Interleaved dataplane benchmarks, reported as ratios.
-    Bench,
+    /// Interleaved dataplane benchmarks, reported as ratios; then the control plane's cost
+    /// end to end through the CLI on each dataplane (apply from scratch, one-backend changes,
+    /// daemon RSS and map memory).
+    Bench {
+        /// Fewer rounds, and the control plane at 100 and 1,000 services instead of 1,000 and
+        /// 10,000.
+        #[arg(long)]
+        quick: bool,
+        /// The control plane's dataplanes (both unless given).
+        #[arg(long, value_parser = ["ebpf", "nftables"])]
+        dataplane: Vec<String>,
+    },
 }
 
 fn main() -> Result<()> {
@@ -108,7 +118,7 @@ fn main() -> Result<()> {
             let target = root().join("target/debug");
             run(Command::new(target.join("lb-demo")).arg(target.join("lb")))
         }
-        Cmd::Bench => {
+        Cmd::Bench { quick, dataplane } => {
             if !is_root() {
                 bail!("the benchmark loads eBPF programs: run it as root");
             }
@@ -121,8 +131,21 @@ fn main() -> Result<()> {
                 "lb-tests",
                 "--bin",
                 "lb-bench",
+                "-p",
+                "lb-user",
+                "--bin",
+                "lb",
             ]))?;
-            run(&mut Command::new(root().join("target/release/lb-bench")))
+            let release = root().join("target/release");
+            let mut bench = Command::new(release.join("lb-bench"));
+            bench.arg("--lb").arg(release.join("lb"));
+            if quick {
+                bench.arg("--quick");
+            }
+            for dp in dataplane {
+                bench.args(["--dataplane", &dp]);
+            }
+            run(&mut bench)
         }
     }
 }

@@ -6,7 +6,7 @@ use lb_user::{
     api::DEFAULT_SOCKET,
     core::model::DEFAULT_GENERATION,
     daemon::{self, DataplaneChoice},
-    dataplane::ebpf::{DEFAULT_BPFFS, OnIncompatible, TcMode},
+    dataplane::ebpf::{DEFAULT_BPFFS, MapSizes, OnIncompatible, TcMode},
     oneshot,
 };
 
@@ -81,6 +81,8 @@ pub enum Cmd {
         gc_secs: u64,
         #[command(flatten)]
         layouts: Layouts,
+        #[command(flatten)]
+        sizes: Sizes,
     },
     /// Networks: a set of interfaces the programs attach to, and their services.
     Network {
@@ -206,6 +208,31 @@ pub enum ServiceCmd {
     List {
         network: Option<String>,
     },
+}
+
+/// The sizes `lb daemon` creates a network's maps with.
+#[derive(Args, Clone, Copy)]
+pub struct Sizes {
+    /// Entries of a network's VIP map, and of its published-port map. Sizes apply to maps
+    /// created after they are set (a network added, or removed and added again); a state
+    /// that does not fit its network's maps is refused before it is saved.
+    #[arg(long, default_value_t = lb_common::MAX_SERVICES, value_parser = clap::value_parser!(u32).range(1..))]
+    max_services: u32,
+    /// Backend slots of a network: every backend of every VIP and published port, twice
+    /// for a set being replaced. With the service maps, also bounds the per-CPU counters
+    /// (one per service and backend, allocated only for those that exist).
+    #[arg(long, default_value_t = lb_common::MAX_BACKEND_SLOTS, value_parser = clap::value_parser!(u32).range(1..))]
+    max_backends: u32,
+    /// Entries of a network's flow table (an LRU, preallocated): a flow takes two, four
+    /// when masqueraded.
+    #[arg(long, default_value_t = lb_common::MAX_FLOWS, value_parser = clap::value_parser!(u32).range(1..))]
+    max_flows: u32,
+}
+
+impl Sizes {
+    pub fn map_sizes(self) -> MapSizes {
+        MapSizes::new(self.max_services, self.max_backends, self.max_flows)
+    }
 }
 
 /// What `lb daemon` and `lb load` do with pinned maps of another layout.

@@ -66,6 +66,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
             retry_secs,
             gc_secs,
             layouts,
+            sizes,
         } => daemon::run(daemon::Options {
             state_dir,
             socket,
@@ -76,6 +77,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
             metrics,
             retry: Duration::from_secs(retry_secs.max(1)),
             gc: Duration::from_secs(gc_secs.max(1)),
+            map_sizes: sizes.map_sizes(),
         }),
         Cmd::Network { cmd, client } => match cmd {
             NetworkCmd::Add {

@@ -111,12 +111,6 @@ pub enum Invalid {
     TimeoutRange { name: &'static str, secs: u32 },
     #[error("backend {0} is also a VIP of this network; a VIP cannot be a backend")]
     BackendIsVip(Ipv4Addr),
-    #[error("{n} {what} once composed; the dataplane holds at most {max}")]
-    TooManySets {
-        what: &'static str,
-        n: usize,
-        max: u32,
-    },
 }
 
 /// A validation failure: where (`network "web" service "api" generation "2"`) and why.
@@ -281,15 +275,6 @@ impl Network {
             });
         if let Some((set, n)) = oversized {
             return Err(at(Invalid::TooManyBackends { set, n, max }));
-        }
-        let max = lb_common::MAX_SERVICES;
-        for (what, n) in [
-            ("VIPs", composed.vips.len()),
-            ("published ports", composed.ports.len()),
-        ] {
-            if n > max as usize {
-                return Err(at(Invalid::TooManySets { what, n, max }));
-            }
         }
         Ok(())
     }

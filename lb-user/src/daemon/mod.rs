@@ -35,7 +35,7 @@ use crate::{
     },
     dataplane::{
         Dataplane, STATES, SyncStats,
-        ebpf::{OnIncompatible, TcMode},
+        ebpf::{MapSizes, OnIncompatible, TcMode},
     },
     node::{check, watch::NetnsKey},
 };
@@ -70,6 +70,8 @@ pub struct Options {
     pub retry: Duration,
     /// How often the eBPF dataplane's flow collector runs.
     pub gc: Duration,
+    /// The sizes the eBPF dataplane creates a network's maps with.
+    pub map_sizes: MapSizes,
 }
 
 /// Upper bounds (seconds) of the reconcile duration histogram.
@@ -291,6 +293,7 @@ impl Daemon {
         for net in &new.networks {
             if self.desired.network(&net.name) != Some(net) {
                 self.dp.supports(net).map_err(rejected)?;
+                self.dp.check_capacity(net).map_err(rejected)?;
                 check::check(net, self.desired.network(&net.name), lb_vips.clone())
                     .map_err(rejected)?;
             }

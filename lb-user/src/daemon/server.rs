@@ -81,8 +81,9 @@ fn actor(
 /// Picks the dataplane: `auto` probes the kernel and falls back to nftables, saying why.
 fn dataplane(opts: &Options) -> Result<(Box<dyn Dataplane>, String)> {
     let ebpf = || -> Result<Box<dyn Dataplane>> {
-        let mut dp =
-            EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?.on_incompatible(opts.on_incompatible);
+        let mut dp = EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?
+            .on_incompatible(opts.on_incompatible)
+            .with_sizes(opts.map_sizes);
         dp.collect_every(opts.gc)?;
         Ok(Box::new(dp))
     };

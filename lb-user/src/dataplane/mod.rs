@@ -80,6 +80,13 @@ pub trait Dataplane: Send {
     /// Whether this dataplane can serve `network` at all (checked before a change is saved,
     /// so that a network it cannot serve is refused instead of retried forever).
     fn supports(&self, network: &Network) -> Result<()>;
+    /// Whether `network` fits what this dataplane can hold (map capacities, counted against
+    /// what it holds for the network now), checked before a change is saved: a state that
+    /// cannot be applied is refused with the limit and how to raise it, instead of saved and
+    /// retried forever.
+    fn check_capacity(&mut self, _network: &Network) -> Result<()> {
+        Ok(())
+    }
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats>;
     fn remove(&mut self, network: &Network) -> Result<()>;
     /// Removes whatever this dataplane holds for networks that are not in `keep` (left by a

@@ -1,5 +1,11 @@
 //! `cargo xtask bench`: the programs' per-packet cost under BPF_PROG_TEST_RUN, on one private
-//! (unpinned) instance of the object with 1,000 services in its maps.
+//! (unpinned) instance of the object with 1,000 services in its maps; then the control plane's
+//! cost end to end through the CLI, on each dataplane (`lb_tests::scale`).
+//!
+//! `lb-bench [--quick] [--dataplane ebpf|nftables]... [--lb PATH] [--no-packets]`: `--quick`
+//! runs fewer rounds and the control plane at 100 and 1,000 services instead of 1,000 and
+//! 10,000; `--dataplane` picks the control plane's dataplanes (both by default); without
+//! `--lb` (the `lb` binary to drive) the control plane is left out.
 //!
 //! Every run is a single run (`repeat` 1): a repeated test run feeds each iteration the buffer
 //! the previous one rewrote, so after the first iteration a translated packet would be timed on
@@ -11,11 +17,11 @@
 //! and the report gives each case's median and its ratio to the baseline of the same hook —
 //! a packet that is not for any service, which only pays for parsing and the lookups that
 //! decide so. No timing is asserted anywhere; this is a report.
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::Ipv4Addr, path::PathBuf};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp};
-use lb_tests::packet::Ipv4Packet;
+use lb_tests::{packet::Ipv4Packet, scale};
 use lb_user::{
     core::compose::compose,
     core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
@@ -24,6 +30,13 @@ use lb_user::{
 
 const SERVICES: u32 = 1000;
 const ROUNDS: usize = 15;
+const QUICK_ROUNDS: usize = 3;
+/// Control-plane sizes (services of `PER` backends with a published port each).
+const SIZES: [u32; 2] = [1000, 10_000];
+const QUICK_SIZES: [u32; 2] = [100, 1000];
+const PER: u32 = 10;
+/// One-backend changes timed at each size.
+const CHANGES: u32 = 20;
 /// Single runs per case per round.
 const BATCH: u16 = 400;
 const NODE: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -175,11 +188,91 @@ fn round(dp: &mut EbpfNetwork, c: &Case, next_port: &mut u16) -> Result<f64> {
     Ok(total / f64::from(BATCH))
 }
 
+struct Args {
+    quick: bool,
+    dataplanes: Vec<String>,
+    lb: Option<PathBuf>,
+    packets: bool,
+}
+
+fn args() -> Result<Args> {
+    let mut a = Args {
+        quick: false,
+        dataplanes: Vec::new(),
+        lb: None,
+        packets: true,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => a.quick = true,
+            "--no-packets" => a.packets = false,
+            "--dataplane" => {
+                let dp = it.next().context("--dataplane takes ebpf or nftables")?;
+                ensure!(
+                    dp == "ebpf" || dp == "nftables",
+                    "--dataplane {dp}: ebpf or nftables"
+                );
+                a.dataplanes.push(dp);
+            }
+            "--lb" => a.lb = Some(it.next().context("--lb takes a path")?.into()),
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    if a.dataplanes.is_empty() {
+        a.dataplanes = vec!["ebpf".into(), "nftables".into()];
+    }
+    Ok(a)
+}
+
 fn main() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("the benchmark loads eBPF programs: run it as root");
     }
+    let a = args()?;
+    if a.packets {
+        packets(if a.quick { QUICK_ROUNDS } else { ROUNDS })?;
+    }
+    if let Some(lb) = &a.lb {
+        control_plane(
+            lb,
+            &a.dataplanes,
+            if a.quick { &QUICK_SIZES } else { &SIZES },
+        )?;
+    }
+    Ok(())
+}
+
+/// Each size on each dataplane, from scratch (a fresh daemon, namespace and bpffs each); a
+/// failure of `lb` is reported in its row, not raised: the report says what does not work.
+fn control_plane(lb: &std::path::Path, dataplanes: &[String], sizes: &[u32]) -> Result<()> {
+    println!(
+        "\ncontrol plane: N services of {PER} backends and one published TCP port each, applied from scratch with `lb apply -f`, then {CHANGES} one-backend changes with `lb service set`, each timed end to end (CLI start to exit); the daemon's network is one veth in its own netns"
+    );
+    let mut rows = Vec::new();
+    for dp in dataplanes {
+        for &n in sizes {
+            let row = scale::control_plane(lb, dp, n, PER, CHANGES)
+                .with_context(|| format!("{dp} at {n} services"))?;
+            println!(
+                "{}",
+                scale::report(std::slice::from_ref(&row))
+                    .lines()
+                    .nth(1)
+                    .unwrap_or("")
+            );
+            rows.push(row);
+        }
+    }
+    println!("\n{}", scale::report(&rows));
+    println!(
+        "map memory: the memlock the kernel charges for the daemon's maps (per-CPU maps: every possible CPU); RSS: the daemon's, after the changes"
+    );
+    Ok(())
+}
+
+fn packets(rounds: usize) -> Result<()> {
     let mut dp = EbpfNetwork::unpinned().context("loading the eBPF object")?;
     {
         let ebpf = dp.ebpf_mut();
@@ -268,10 +361,10 @@ fn main() -> Result<()> {
     }
 
     println!(
-        "lb bench: BPF_PROG_TEST_RUN, {SERVICES} services x 3 backends, {ROUNDS} interleaved rounds of {BATCH} single runs per case"
+        "lb bench: BPF_PROG_TEST_RUN, {SERVICES} services x 3 backends, {rounds} interleaved rounds of {BATCH} single runs per case"
     );
     let mut next_port = 1024u16;
-    for r in 0..ROUNDS {
+    for r in 0..rounds {
         let n = cases.len();
         for k in 0..n {
             let i = (r + k) % n;

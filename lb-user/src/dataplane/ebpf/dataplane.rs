@@ -22,8 +22,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use super::{
-    self as ebpf, EbpfNetwork, NodeAddrs, OnIncompatible, ServiceKey, SyncStats, TcMode,
-    attach::Wanted, gc, ip,
+    self as ebpf, EbpfNetwork, Held, MapSizes, NodeAddrs, OnIncompatible, ServiceKey, SyncStats,
+    TcMode, attach::Wanted, gc, ip,
 };
 use crate::{
     core::compose::{PortKey, compose},
@@ -37,6 +37,8 @@ pub struct EbpfDataplane {
     bpffs: PathBuf,
     tc_mode: TcMode,
     on_incompatible: OnIncompatible,
+    /// What a network's maps are created with.
+    sizes: MapSizes,
     nets: BTreeMap<String, EbpfNetwork>,
     /// The flow collector's findings, when one runs (the daemon's; `lb load` has none, and
     /// needs none: the programs expire flows themselves).
@@ -51,6 +53,7 @@ impl EbpfDataplane {
             bpffs: bpffs.to_path_buf(),
             tc_mode,
             on_incompatible: OnIncompatible::Refuse,
+            sizes: MapSizes::default(),
             nets: BTreeMap::new(),
             collector: None,
         })
@@ -59,6 +62,12 @@ impl EbpfDataplane {
     /// What opening a network does with pinned maps of another layout (refused by default).
     pub fn on_incompatible(mut self, on: OnIncompatible) -> Self {
         self.on_incompatible = on;
+        self
+    }
+
+    /// Maps created from now on get `sizes`; maps already pinned keep theirs (reported).
+    pub fn with_sizes(mut self, sizes: MapSizes) -> Self {
+        self.sizes = sizes;
         self
     }
 
@@ -77,8 +86,13 @@ impl EbpfDataplane {
             Some(dp) => Ok(dp),
             None => {
                 let dir = ebpf::pin_dir(&self.bpffs, name);
-                EbpfNetwork::open(&dir, self.on_incompatible)
-                    .with_context(|| format!("network {name}: opening its maps"))
+                let net = EbpfNetwork::open(&dir, &self.sizes, self.on_incompatible)
+                    .with_context(|| format!("network {name}: opening its maps"))?;
+                for (map, have, want, flag) in net.sizes().differences(&self.sizes) {
+                    tracing::warn!(network = %name, map, pinned = have, configured = want, flag,
+                        "adopted a pinned map of another size; it keeps its size until the network is removed and added again");
+                }
+                Ok(net)
             }
         }
     }
@@ -185,6 +199,24 @@ impl Dataplane for EbpfDataplane {
             );
         }
         Ok(())
+    }
+
+    /// The plan's need against what the network's maps hold and their real sizes; a network
+    /// with no maps yet against the sizes its maps will be created with.
+    fn check_capacity(&mut self, network: &Network) -> Result<()> {
+        let plan = ebpf::plan(network, &compose(network));
+        let configured = self.sizes;
+        let exists = self.nets.contains_key(&network.name)
+            || ebpf::pin_dir(&self.bpffs, &network.name).exists();
+        let empty = Held::new();
+        let (held, sizes) = if exists {
+            let dp = self.net(&network.name)?;
+            let sizes = dp.sizes();
+            (dp.held()?, sizes)
+        } else {
+            (&empty, configured)
+        };
+        ebpf::need(&plan, held, network.interfaces.len()).check(&network.name, &sizes, &configured)
     }
 
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
@@ -327,9 +359,13 @@ impl Dataplane for EbpfDataplane {
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
         let dp = self.net(&network.name)?;
         let mut out = Vec::new();
-        for (key, (svc, backends)) in dp.current_services()? {
-            let service = service_label(&key);
-            let c = dp.counter(svc.counter)?;
+        // What the mirror says is named, with what the counters map holds: no map is walked
+        // but the counters, and only those that counted a packet.
+        let counted = dp.counters()?;
+        let of = |id: u32| counted.get(&id).copied().unwrap_or_default();
+        for (key, (svc, backends)) in dp.held()? {
+            let service = service_label(key);
+            let c = of(svc.counter);
             out.push(Count {
                 service: service.clone(),
                 backend: None,
@@ -337,7 +373,7 @@ impl Dataplane for EbpfDataplane {
                 bytes: c.bytes,
             });
             for b in backends {
-                let c = dp.counter(b.counter)?;
+                let c = of(b.counter);
                 out.push(Count {
                     service: service.clone(),
                     backend: Some(ip(b.addr)),

@@ -3,8 +3,13 @@
 //!
 //! Contracts that make it safe:
 //! - The maps are the record. A pinned map that already exists is adopted, not recreated, and
-//!   a sync reads what the maps hold and writes only the difference, so a restarted (or
-//!   re-run) controller picks up where the last one stopped without flushing a flow.
+//!   the first sync reads what the maps hold (kept as a mirror, see [`sync`]) and writes only
+//!   the difference, so a restarted (or re-run) controller picks up where the last one stopped
+//!   without flushing a flow.
+//! - Capacity: a network's maps are created with the daemon's sizes ([`MapSizes`]:
+//!   `--max-services`, `--max-backends`, `--max-flows`); a pinned map keeps the size it was
+//!   created with, which is read back ([`EbpfNetwork::sizes`]) and is what a change is checked
+//!   against ([`Need`]) before the daemon saves it.
 //! - A pinned map is adopted only in the layout this binary's programs read: `lb_layout`
 //!   records each map's layout version (`lb_common::MAP_LAYOUTS`). A network whose pins hold
 //!   a map of another version (or predate the record: version 1) is refused, and nothing of
@@ -33,7 +38,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
     Backend, BackendKey, Config, Counters, Flow, FlowKey, Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey,
@@ -47,7 +52,7 @@ mod plan;
 mod sync;
 
 pub use attach::detach_all;
-pub use plan::{NodeAddrs, Plan, ServiceKey, be, ip, plan};
+pub use plan::{Held, MapSizes, Need, NodeAddrs, Plan, ServiceKey, be, ip, need, plan};
 pub use sync::SyncStats;
 
 /// Names of the programs in the object, as `bpftool prog show` lists them.
@@ -122,17 +127,17 @@ pub struct EbpfNetwork {
     local: HashMap<MapData, u32, u32>,
     ifaces: HashMap<MapData, u32, Iface>,
     config: Array<MapData, Config>,
-    counters: PerCpuArray<MapData, Counters>,
+    counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
-    /// Backend sets a service stopped pointing at in the last sync (set id, slot count):
-    /// deleted by the next one. After adoption, every set no service points at.
-    retired: Vec<(u32, u32)>,
-    /// Whether `retired` has been filled from the maps (once, at the first sync).
-    adopted: bool,
     /// The hooks (`attach::hook_name`) found running, or made to run, this object's programs,
     /// with the index of the interface they were checked on: an interface deleted and created
     /// again under its name has a new index, so its hooks are checked again.
     hooks: BTreeMap<String, u32>,
+    /// The capacities of the maps as the kernel has them (a pinned map adopted keeps the size
+    /// it was created with, whatever this process was configured with).
+    sizes: MapSizes,
+    /// What the maps hold (`None` until the first sync reads them).
+    mirror: Option<sync::Mirror>,
 }
 
 /// The pin directory of `network` under `bpffs`.
@@ -195,7 +200,9 @@ impl EbpfNetwork {
     /// Loads the object with every map pinned under `dir` (created if missing; it must be on a
     /// bpffs). Maps already pinned there in this binary's layouts are adopted with their
     /// contents; a map of another layout is refused or replaced as `on_incompatible` says.
-    pub fn open(dir: &Path, on_incompatible: OnIncompatible) -> Result<Self> {
+    /// Missing maps are created with `sizes`; maps already pinned keep theirs (see
+    /// [`EbpfNetwork::sizes`]).
+    pub fn open(dir: &Path, sizes: &MapSizes, on_incompatible: OnIncompatible) -> Result<Self> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating pin directory {}", dir.display()))?;
         let incompatible = incompatible_layouts(dir)?;
@@ -220,6 +227,15 @@ impl EbpfNetwork {
             );
         }
         let mut loader = EbpfLoader::new();
+        for (map, n) in [
+            ("lb_vips", sizes.services),
+            ("lb_ports", sizes.services),
+            ("lb_backends", sizes.backends),
+            ("lb_flows", sizes.flows),
+            ("lb_counters", sizes.counters),
+        ] {
+            loader.map_max_entries(map, n);
+        }
         let paths: Vec<(&str, PathBuf)> = (MAP_LAYOUTS.iter().map(|(m, _)| *m))
             .chain([LAYOUT_MAP])
             .map(|m| (m, dir.join(m)))
@@ -249,22 +265,39 @@ impl EbpfNetwork {
             ebpf.take_map(name)
                 .with_context(|| format!("map {name} missing from the object"))
         }
+        let (vips, backends, flows, counters) = (
+            take(&mut ebpf, "lb_vips")?,
+            take(&mut ebpf, "lb_backends")?,
+            take(&mut ebpf, "lb_flows")?,
+            take(&mut ebpf, "lb_counters")?,
+        );
+        let sizes = MapSizes {
+            services: max_entries(&vips)?,
+            backends: max_entries(&backends)?,
+            flows: max_entries(&flows)?,
+            counters: max_entries(&counters)?,
+        };
         Ok(Self {
-            vips: HashMap::try_from(take(&mut ebpf, "lb_vips")?)?,
+            vips: HashMap::try_from(vips)?,
             ports: HashMap::try_from(take(&mut ebpf, "lb_ports")?)?,
-            backends: HashMap::try_from(take(&mut ebpf, "lb_backends")?)?,
-            flows: HashMap::try_from(take(&mut ebpf, "lb_flows")?)?,
+            backends: HashMap::try_from(backends)?,
+            flows: HashMap::try_from(flows)?,
             local: HashMap::try_from(take(&mut ebpf, "lb_local_addrs")?)?,
             ifaces: HashMap::try_from(take(&mut ebpf, "lb_ifaces")?)?,
             config: Array::try_from(take(&mut ebpf, "lb_config")?)?,
-            counters: PerCpuArray::try_from(take(&mut ebpf, "lb_counters")?)?,
+            counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
             ebpf,
             dir,
-            retired: Vec::new(),
-            adopted: false,
             hooks: BTreeMap::new(),
+            sizes,
+            mirror: None,
         })
+    }
+
+    /// The capacities of this network's maps.
+    pub fn sizes(&self) -> MapSizes {
+        self.sizes
     }
 
     fn record_layouts(&mut self) -> Result<()> {
@@ -300,13 +333,24 @@ impl EbpfNetwork {
         self.config.get(&0, 0).context("reading lb_config")
     }
 
-    /// Packets and bytes of a counter slot, summed over CPUs.
-    pub fn counter(&self, slot: u32) -> Result<Counters> {
-        let per_cpu = self.counters.get(&slot, 0).context("reading lb_counters")?;
-        Ok(per_cpu.iter().fold(Counters::default(), |acc, c| Counters {
-            packets: acc.packets + c.packets,
-            bytes: acc.bytes + c.bytes,
-        }))
+    /// Packets and bytes of a counter, summed over CPUs (zero before its first packet).
+    pub fn counter(&self, id: u32) -> Result<Counters> {
+        match self.counters.get(&id, 0) {
+            Ok(per_cpu) => Ok(sum_cpus(&per_cpu)),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(Counters::default()),
+            Err(e) => Err(e).context("reading lb_counters"),
+        }
+    }
+
+    /// Every counter that has counted a packet, summed over CPUs: one walk of `lb_counters`,
+    /// whose entries are only those of services and backends that carried traffic.
+    pub fn counters(&self) -> Result<BTreeMap<u32, Counters>> {
+        (self.counters.iter())
+            .map(|e| {
+                let (id, per_cpu) = e.context("reading lb_counters")?;
+                Ok((id, sum_cpus(&per_cpu)))
+            })
+            .collect()
     }
 
     /// Every program's outcome counts, summed over CPUs: `(hook, reason, count)`.
@@ -321,6 +365,22 @@ impl EbpfNetwork {
         }
         Ok(out)
     }
+}
+
+fn sum_cpus(per_cpu: &[Counters]) -> Counters {
+    per_cpu.iter().fold(Counters::default(), |acc, c| Counters {
+        packets: acc.packets + c.packets,
+        bytes: acc.bytes + c.bytes,
+    })
+}
+
+/// A map's capacity as the kernel has it.
+fn max_entries(map: &Map) -> Result<u32> {
+    let data = match map {
+        Map::HashMap(m) | Map::LruHashMap(m) | Map::PerCpuHashMap(m) => m,
+        _ => bail!("reading a map's size: not a hash map"),
+    };
+    Ok(data.info().context("reading a map's size")?.max_entries())
 }
 
 /// The system's bpffs mount point, which systemd mounts at boot on most distributions.

@@ -1,7 +1,8 @@
 //! What one network's maps must hold, computed from the composed state alone (pure).
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
-use lb_common::{MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, Timeouts};
+use anyhow::{Result, bail};
+use lb_common::{Backend, MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_IFACES, Service, Timeouts};
 
 use crate::{
     core::compose::Composed,
@@ -87,5 +88,194 @@ impl NodeAddrs {
         let s = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
         let mut it = s.split_whitespace().map(|w| w.parse::<u16>().ok());
         Some((it.next()??, it.next()??))
+    }
+}
+
+/// What one network's service maps hold: every service entry with its backend set in slot
+/// order.
+pub type Held = BTreeMap<ServiceKey, (Service, Vec<Backend>)>;
+
+/// The capacities of one network's maps that depend on the state (entries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MapSizes {
+    /// `lb_vips`, and separately `lb_ports` (`--max-services`).
+    pub services: u32,
+    /// `lb_backends` (`--max-backends`).
+    pub backends: u32,
+    /// `lb_flows` (`--max-flows`).
+    pub flows: u32,
+    /// `lb_counters`: derived, [`lb_common::max_counters`] of the two above.
+    pub counters: u32,
+}
+
+impl Default for MapSizes {
+    fn default() -> Self {
+        Self::new(
+            lb_common::MAX_SERVICES,
+            lb_common::MAX_BACKEND_SLOTS,
+            lb_common::MAX_FLOWS,
+        )
+    }
+}
+
+impl MapSizes {
+    pub fn new(services: u32, backends: u32, flows: u32) -> Self {
+        Self {
+            services,
+            backends,
+            flows,
+            counters: lb_common::max_counters(services, backends),
+        }
+    }
+
+    /// `(map, size here, size in other, flag)` for every map whose size differs.
+    pub fn differences(&self, other: &MapSizes) -> Vec<(&'static str, u32, u32, &'static str)> {
+        [
+            ("lb_vips", self.services, other.services, "--max-services"),
+            (
+                "lb_backends",
+                self.backends,
+                other.backends,
+                "--max-backends",
+            ),
+            ("lb_flows", self.flows, other.flows, "--max-flows"),
+            (
+                "lb_counters",
+                self.counters,
+                other.counters,
+                "--max-services/--max-backends",
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, a, b, _)| a != b)
+        .collect()
+    }
+}
+
+/// What a sync of a plan over what the maps hold needs of each map at its peak, entry for
+/// entry as [`super::EbpfNetwork::sync`] writes: removed service entries go first; a changed
+/// set is written whole under a fresh set id before its service entry switches to it, and the
+/// old set stays until the next sync (so both count); a backend keeps its counter across set
+/// changes of its service, a new service or backend takes a fresh one, and counters given up
+/// stay until the next sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Need {
+    pub vips: usize,
+    pub ports: usize,
+    pub backend_slots: usize,
+    pub counters: usize,
+    pub ifaces: usize,
+}
+
+pub fn need(plan: &Plan, held: &Held, ifaces: usize) -> Need {
+    let mut n = Need {
+        ifaces,
+        backend_slots: held.values().map(|(_, set)| set.len()).sum(),
+        counters: held.values().map(|(_, set)| 1 + set.len()).sum(),
+        ..Need::default()
+    };
+    for (key, want) in &plan.services {
+        match key {
+            ServiceKey::Vip(_) => n.vips += 1,
+            ServiceKey::Port { .. } => n.ports += 1,
+        }
+        match held.get(key) {
+            Some((_, have)) if same_set(have, want) => {}
+            Some((_, have)) => {
+                n.backend_slots += want.len();
+                n.counters += matching_backends(have, want)
+                    .filter(Option::is_none)
+                    .count();
+            }
+            None => {
+                n.backend_slots += want.len();
+                n.counters += 1 + want.len();
+            }
+        }
+    }
+    n
+}
+
+/// Whether a held backend set is the wanted one, slot for slot.
+pub fn same_set(have: &[Backend], want: &[(u32, u16)]) -> bool {
+    have.iter()
+        .map(|b| (b.addr, b.port))
+        .eq(want.iter().copied())
+}
+
+/// For each wanted backend, the held backend of the same address whose counter it keeps (each
+/// held backend matched once), or `None`: it takes a fresh counter.
+pub fn matching_backends<'a>(
+    have: &'a [Backend],
+    want: &'a [(u32, u16)],
+) -> impl Iterator<Item = Option<&'a Backend>> + 'a {
+    let mut taken = vec![false; have.len()];
+    want.iter().map(move |(addr, _)| {
+        let i = (0..have.len()).find(|&i| !taken[i] && have[i].addr == *addr)?;
+        taken[i] = true;
+        Some(&have[i])
+    })
+}
+
+impl Need {
+    /// Refuses a need that does not fit `sizes`, naming the map, its size and the flag that
+    /// sets it. `configured` is what the daemon would create a network's maps with now: when
+    /// the network's maps were created with other sizes, the message says so, since a flag
+    /// changes only maps created after it.
+    pub fn check(&self, network: &str, sizes: &MapSizes, configured: &MapSizes) -> Result<()> {
+        let rows = [
+            (
+                "VIP entries",
+                "lb_vips",
+                self.vips,
+                sizes.services,
+                configured.services,
+                "--max-services",
+            ),
+            (
+                "published-port entries",
+                "lb_ports",
+                self.ports,
+                sizes.services,
+                configured.services,
+                "--max-services",
+            ),
+            (
+                "backend slots (every backend of every VIP and published port; a set being replaced counts twice)",
+                "lb_backends",
+                self.backend_slots,
+                sizes.backends,
+                configured.backends,
+                "--max-backends",
+            ),
+            (
+                "counters (one per VIP, published port and backend slot)",
+                "lb_counters",
+                self.counters,
+                sizes.counters,
+                configured.counters,
+                "--max-services or --max-backends",
+            ),
+        ];
+        for (what, map, need, have, conf, flag) in rows {
+            if need <= have as usize {
+                continue;
+            }
+            let how = if have == conf {
+                format!("raise it with lb daemon {flag}")
+            } else {
+                format!(
+                    "this network's maps were created with {have} entries and lb daemon {flag} now gives {conf}: a changed size applies to maps created after it, so remove the network and add it again to resize"
+                )
+            };
+            bail!("network {network}: needs {need} {what} but {map} holds {have} ({how})");
+        }
+        if self.ifaces > MAX_IFACES as usize {
+            bail!(
+                "network {network}: {} interfaces, lb_ifaces holds {MAX_IFACES} (a fixed limit)",
+                self.ifaces
+            );
+        }
+        Ok(())
     }
 }

@@ -1,17 +1,26 @@
 //! Writing a [`Plan`] into a network's maps, touching only what differs.
+//!
+//! The maps are the record, and a [`Mirror`] of them is kept beside: read from the maps once,
+//! when a sync first finds none (a network opened or adopted, or a sync that failed half-way
+//! and may have left the maps differing from it), then updated with every write. A sync
+//! compares the plan with the mirror and makes one map call per entry that differs; it
+//! reads no map, so a one-backend change costs a handful of syscalls at any size.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::Ipv4Addr,
 };
 
-use anyhow::{Context as _, Result};
-use aya::maps::{HashMap, MapData, PerCpuValues};
+use anyhow::{Context as _, Result, bail};
+use aya::maps::{HashMap, MapData, MapError};
 use lb_common::{
-    Backend, BackendKey, Config, Counters, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN,
-    MAX_COUNTERS, PortKey, Service, VipKey,
+    Backend, BackendKey, Config, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN, MAX_LOCAL_ADDRS,
+    PortKey, Service, VipKey,
 };
 
-use super::{EbpfNetwork, NodeAddrs, Plan, ServiceKey, be, gc, ip};
+use super::{
+    EbpfNetwork, Held, NodeAddrs, Plan, ServiceKey, be, gc, ip,
+    plan::{matching_backends, same_set},
+};
 
 /// What a sync changed, in map entries written or deleted (the cost a one-backend change must
 /// keep O(1)).
@@ -41,23 +50,143 @@ fn random_key() -> Result<u32> {
     }
 }
 
+/// What the maps hold, as the last sync left them.
+pub struct Mirror {
+    config: Option<Config>,
+    local: BTreeMap<u32, u32>,
+    ifaces: BTreeMap<u32, Iface>,
+    services: Held,
+    /// Backend sets (id, slot count) and counters that no service entry names any more:
+    /// deleted by the next sync, when no program run that read the entry before it changed can
+    /// still be using them. After a read, everything in the maps that nothing names.
+    retired_sets: Vec<(u32, u32)>,
+    retired_counters: Vec<u32>,
+    set_ids: IdPool,
+    counter_ids: IdPool,
+    /// The backends whose flows the last sync kept (`None`: not known, after a read): the flow
+    /// table is walked only when one of them is gone.
+    kept: Option<BTreeSet<Ipv4Addr>>,
+}
+
+impl Mirror {
+    /// Reads everything a sync compares with from the maps: each map walked once.
+    fn read(net: &EbpfNetwork) -> Result<Self> {
+        let mut sets: BTreeMap<u32, BTreeMap<u32, Backend>> = BTreeMap::new();
+        for e in net.backends.iter() {
+            let (k, b) = e.context("reading lb_backends")?;
+            sets.entry(k.set_id).or_default().insert(k.slot, b);
+        }
+        let mut entries = Vec::new();
+        for e in net.vips.iter() {
+            let (k, s) = e.context("reading lb_vips")?;
+            entries.push((ServiceKey::Vip(k.addr), s));
+        }
+        for e in net.ports.iter() {
+            let (k, s) = e.context("reading lb_ports")?;
+            let key = ServiceKey::Port {
+                addr: k.addr,
+                port: k.port,
+                proto: k.proto,
+            };
+            entries.push((key, s));
+        }
+        let mut services = Held::new();
+        let mut named_counters = BTreeSet::new();
+        for (key, s) in entries {
+            let slots = sets.get(&s.set_id);
+            let set = (0..s.count)
+                .map(|slot| {
+                    slots
+                        .and_then(|m| m.get(&slot))
+                        .copied()
+                        .with_context(|| format!("backend set {} slot {slot} missing", s.set_id))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            named_counters.insert(s.counter);
+            named_counters.extend(set.iter().map(|b| b.counter));
+            services.insert(key, (s, set));
+        }
+        let live: BTreeSet<u32> = services.values().map(|(s, _)| s.set_id).collect();
+        let retired_sets = (sets.iter())
+            .filter(|(id, _)| !live.contains(id))
+            .map(|(id, slots)| (*id, slots.keys().max().map_or(0, |m| m + 1)))
+            .collect();
+        let mut counters = BTreeSet::new();
+        for k in net.counters.keys() {
+            counters.insert(k.context("reading lb_counters")?);
+        }
+        let retired_counters = counters.difference(&named_counters).copied().collect();
+        Ok(Self {
+            config: net.config.get(&0, 0).ok(),
+            local: net
+                .local
+                .iter()
+                .collect::<Result<_, _>>()
+                .context("reading lb_local_addrs")?,
+            ifaces: net
+                .ifaces
+                .iter()
+                .collect::<Result<_, _>>()
+                .context("reading lb_ifaces")?,
+            // Set ids start at 1, so that a zeroed service entry never names a live set.
+            set_ids: IdPool::new(sets.keys().copied(), 1, u32::MAX),
+            counter_ids: IdPool::new(
+                counters.union(&named_counters).copied(),
+                0,
+                net.sizes.counters,
+            ),
+            services,
+            retired_sets,
+            retired_counters,
+            kept: None,
+        })
+    }
+}
+
 impl EbpfNetwork {
     /// Writes `plan` and `node` into the maps, touching only what differs. `keep` is every
     /// backend of the network, enabled or disabled: flows to any other backend are flushed.
+    /// When it fails the mirror is dropped: the maps may hold part of the change, and the
+    /// next sync reads them again.
     pub fn sync(
         &mut self,
         plan: &Plan,
         node: &NodeAddrs,
         keep: &BTreeSet<Ipv4Addr>,
     ) -> Result<SyncStats> {
+        let mut m = match self.mirror.take() {
+            Some(m) => m,
+            None => Mirror::read(self)?,
+        };
+        let result = self.sync_with(&mut m, plan, node, keep);
+        if result.is_ok() {
+            self.mirror = Some(m);
+        }
+        result
+    }
+
+    /// What the service maps hold (read from the maps once per open).
+    pub fn held(&mut self) -> Result<&Held> {
+        if self.mirror.is_none() {
+            self.mirror = Some(Mirror::read(self)?);
+        }
+        Ok(&self.mirror.as_ref().expect("read above").services)
+    }
+
+    fn sync_with(
+        &mut self,
+        m: &mut Mirror,
+        plan: &Plan,
+        node: &NodeAddrs,
+        keep: &BTreeSet<Ipv4Addr>,
+    ) -> Result<SyncStats> {
         let mut stats = SyncStats::default();
-        let current_cfg = self.config.get(&0, 0).ok();
         let (hole_min, hole_max) = node.ephemeral.unwrap_or(DEFAULT_EPHEMERAL);
         let cfg = Config {
             masquerade: plan.masquerade,
             // The key a network was first given stays: flows keep their backends across
             // restarts and changes.
-            hash_key: match current_cfg {
+            hash_key: match m.config {
                 Some(c) if c.hash_key != 0 => c.hash_key,
                 _ => random_key()?,
             },
@@ -68,72 +197,87 @@ impl EbpfNetwork {
             timeouts: plan.timeouts,
             _pad: 0,
         };
-        if current_cfg != Some(cfg) {
+        if m.config != Some(cfg) {
             self.config.set(0, cfg, 0).context("writing lb_config")?;
+            m.config = Some(cfg);
             stats.written += 1;
         }
-        sync_set(
-            &mut self.local,
-            node.local.iter().map(|a| (be(*a), 1)).collect(),
-            &mut stats,
-        )
-        .context("writing lb_local_addrs")?;
-        sync_set(
-            &mut self.ifaces,
-            node.ifaces
-                .iter()
-                .map(|(i, a)| {
-                    (
-                        *i,
-                        Iface {
-                            addr: be(*a),
-                            flags: 0,
-                        },
-                    )
-                })
-                .collect(),
-            &mut stats,
-        )
-        .context("writing lb_ifaces")?;
+        if node.local.len() > MAX_LOCAL_ADDRS as usize {
+            bail!(
+                "the node has {} IPv4 addresses, lb_local_addrs holds {MAX_LOCAL_ADDRS} (a fixed limit)",
+                node.local.len()
+            );
+        }
+        let local = node.local.iter().map(|a| (be(*a), 1)).collect();
+        sync_set(&mut self.local, &mut m.local, local, &mut stats)
+            .context("writing lb_local_addrs")?;
+        let ifaces = (node.ifaces.iter())
+            .map(|(i, a)| {
+                let iface = Iface {
+                    addr: be(*a),
+                    flags: 0,
+                };
+                (*i, iface)
+            })
+            .collect();
+        sync_set(&mut self.ifaces, &mut m.ifaces, ifaces, &mut stats)
+            .context("writing lb_ifaces")?;
 
-        let current = self.current_services()?;
-        if !self.adopted {
-            self.retired = self.orphan_sets(&current)?;
-            self.adopted = true;
-        }
-        // Sets retired by the previous sync: no program run that read their service entry
-        // before it switched can still be going.
-        for (set_id, count) in std::mem::take(&mut self.retired) {
+        // What the previous sync retired: no program run that read a service entry before it
+        // switched can still be going.
+        for (set_id, count) in std::mem::take(&mut m.retired_sets) {
             self.delete_set(set_id, count, &mut stats)?;
+            m.set_ids.release(set_id);
         }
-        // Set ids start at 1, so that a zeroed service entry never names a live set.
-        let mut set_ids = IdPool::new(current.values().map(|(s, _)| s.set_id), 1, u32::MAX);
-        let mut counter_ids = IdPool::new(
-            current.values().flat_map(|(s, set)| {
-                std::iter::once(s.counter).chain(set.iter().map(|b| b.counter))
-            }),
-            0,
-            MAX_COUNTERS,
-        );
-        let ncpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+        for id in std::mem::take(&mut m.retired_counters) {
+            match self.counters.remove(&id) {
+                Ok(()) => stats.deleted += 1,
+                // Never counted a packet.
+                Err(e) if not_found(&e) => {}
+                Err(e) => return Err(e).context("deleting from lb_counters"),
+            }
+            m.counter_ids.release(id);
+        }
+
+        // Removed entries first, so that the service maps never hold more than the plan.
+        let gone: Vec<ServiceKey> = (m.services.keys())
+            .filter(|k| !plan.services.contains_key(k))
+            .copied()
+            .collect();
+        for key in gone {
+            match key {
+                ServiceKey::Vip(addr) => self.vips.remove(&VipKey { addr }),
+                ServiceKey::Port { addr, port, proto } => self.ports.remove(&PortKey {
+                    addr,
+                    port,
+                    proto,
+                    _pad: 0,
+                }),
+            }
+            .context("deleting a service entry")?;
+            stats.deleted += 1;
+            let (s, set) = m.services.remove(&key).expect("listed above");
+            m.retired_sets.push((s.set_id, s.count));
+            m.retired_counters.push(s.counter);
+            m.retired_counters.extend(set.iter().map(|b| b.counter));
+        }
 
         for (key, want) in &plan.services {
-            let old = current.get(key);
-            if let Some((_, have)) = old
-                && have
-                    .iter()
-                    .map(|b| (b.addr, b.port))
-                    .eq(want.iter().copied())
-            {
+            let old = m.services.get(key);
+            if old.is_some_and(|(_, have)| same_set(have, want)) {
                 continue;
             }
-            let set_id = set_ids.take().context("no free backend set id")?;
-            for (slot, (addr, port)) in want.iter().enumerate() {
-                // A backend keeps its counter slot across set changes of its service.
-                let counter = match old.and_then(|(_, have)| have.iter().find(|b| b.addr == *addr))
-                {
-                    Some(b) => b.counter,
-                    None => self.alloc_counter(&mut counter_ids, ncpus)?,
+            let set_id = m.set_ids.take().context("no free backend set id")?;
+            let have: &[Backend] = old.map_or(&[], |(_, have)| have);
+            let kept: Vec<Option<u32>> = matching_backends(have, want)
+                .map(|b| b.map(|b| b.counter))
+                .collect();
+            let mut set = Vec::with_capacity(want.len());
+            for (slot, ((addr, port), kept)) in want.iter().zip(kept).enumerate() {
+                // A backend keeps its counter across set changes of its service.
+                let counter = match kept {
+                    Some(c) => c,
+                    None => self.new_counter(&mut m.counter_ids)?,
                 };
                 let b = Backend {
                     addr: *addr,
@@ -141,21 +285,19 @@ impl EbpfNetwork {
                     _pad: 0,
                     counter,
                 };
+                let k = BackendKey {
+                    set_id,
+                    slot: slot as u32,
+                };
                 self.backends
-                    .insert(
-                        BackendKey {
-                            set_id,
-                            slot: slot as u32,
-                        },
-                        b,
-                        0,
-                    )
+                    .insert(k, b, 0)
                     .context("writing lb_backends")?;
                 stats.written += 1;
+                set.push(b);
             }
             let counter = match old {
                 Some((s, _)) => s.counter,
-                None => self.alloc_counter(&mut counter_ids, ncpus)?,
+                None => self.new_counter(&mut m.counter_ids)?,
             };
             let svc = Service {
                 set_id,
@@ -165,28 +307,23 @@ impl EbpfNetwork {
             };
             self.put_service(key, svc)?;
             stats.written += 1;
-            if let Some((s, _)) = old {
-                self.retired.push((s.set_id, s.count));
+            if let Some((s, have)) = m.services.insert(*key, (svc, set)) {
+                m.retired_sets.push((s.set_id, s.count));
+                let now: BTreeSet<u32> = (m.services[key].1.iter()).map(|b| b.counter).collect();
+                (m.retired_counters).extend(
+                    (have.iter())
+                        .map(|b| b.counter)
+                        .filter(|c| !now.contains(c)),
+                );
             }
         }
-        for (key, (s, _)) in &current {
-            if plan.services.contains_key(key) {
-                continue;
-            }
-            match key {
-                ServiceKey::Vip(addr) => self.vips.remove(&VipKey { addr: *addr }),
-                ServiceKey::Port { addr, port, proto } => self.ports.remove(&PortKey {
-                    addr: *addr,
-                    port: *port,
-                    proto: *proto,
-                    _pad: 0,
-                }),
-            }
-            .context("deleting a service entry")?;
-            stats.deleted += 1;
-            self.retired.push((s.set_id, s.count));
+        // Only a backend gone since the last sync can have flows to flush.
+        if m.kept.as_ref().is_none_or(|k| !k.is_subset(keep)) {
+            stats.flows_flushed = self.flush_flows(keep)?;
         }
-        stats.flows_flushed = self.flush_flows(keep)?;
+        if m.kept.as_ref() != Some(keep) {
+            m.kept = Some(keep.clone());
+        }
         Ok(stats)
     }
 
@@ -212,39 +349,22 @@ impl EbpfNetwork {
             match self.backends.remove(&BackendKey { set_id, slot }) {
                 Ok(()) => stats.deleted += 1,
                 // An orphan set may have lost slots with the process that was writing it.
-                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) if not_found(&e) => {}
                 Err(e) => return Err(e).context("deleting from lb_backends"),
             }
         }
         Ok(())
     }
 
-    /// Sets in `lb_backends` that no service entry points at (retired by a controller that
-    /// stopped before the next sync), as (set id, highest slot + 1).
-    fn orphan_sets(
-        &self,
-        current: &BTreeMap<ServiceKey, (Service, Vec<Backend>)>,
-    ) -> Result<Vec<(u32, u32)>> {
-        let live: BTreeSet<u32> = current.values().map(|(s, _)| s.set_id).collect();
-        let mut orphans: BTreeMap<u32, u32> = BTreeMap::new();
-        for k in self.backends.keys() {
-            let k = k.context("reading lb_backends")?;
-            if !live.contains(&k.set_id) {
-                let n = orphans.entry(k.set_id).or_default();
-                *n = (*n).max(k.slot + 1);
-            }
-        }
-        Ok(orphans.into_iter().collect())
-    }
-
-    fn alloc_counter(&mut self, ids: &mut IdPool, ncpus: usize) -> Result<u32> {
-        let slot = ids.take().context("no free counter slot")?;
-        // A freed slot keeps what its last owner counted: start the new owner at zero.
-        let zero = PerCpuValues::try_from(vec![Counters::default(); ncpus])?;
-        self.counters
-            .set(slot, zero, 0)
-            .context("zeroing a counter slot")?;
-        Ok(slot)
+    /// A counter id of its own. Its entry is created by the datapath with its first packet;
+    /// a freed id's entry was deleted before it was released, so the new owner starts at zero.
+    fn new_counter(&self, ids: &mut IdPool) -> Result<u32> {
+        ids.take().with_context(|| {
+            format!(
+                "no free counter id (lb_counters holds {})",
+                self.sizes.counters
+            )
+        })
     }
 
     /// The ids of every backend set in `lb_backends`, live or retired.
@@ -254,43 +374,18 @@ impl EbpfNetwork {
             .collect()
     }
 
-    /// Every service entry with its backend set, in slot order.
-    pub fn current_services(&self) -> Result<BTreeMap<ServiceKey, (Service, Vec<Backend>)>> {
-        let mut out = BTreeMap::new();
-        for k in self.vips.keys() {
-            let k = k.context("reading lb_vips")?;
-            let s = self.vips.get(&k, 0).context("reading lb_vips")?;
-            out.insert(ServiceKey::Vip(k.addr), (s, self.read_set(&s)?));
-        }
-        for k in self.ports.keys() {
-            let k = k.context("reading lb_ports")?;
-            let s = self.ports.get(&k, 0).context("reading lb_ports")?;
-            out.insert(
-                ServiceKey::Port {
-                    addr: k.addr,
-                    port: k.port,
-                    proto: k.proto,
-                },
-                (s, self.read_set(&s)?),
-            );
-        }
-        Ok(out)
+    /// The ids of every counter in `lb_counters` (those that counted a packet), named or
+    /// retired.
+    pub fn counter_ids(&self) -> Result<BTreeSet<u32>> {
+        (self.counters.keys())
+            .map(|k| k.context("reading lb_counters"))
+            .collect()
     }
 
-    fn read_set(&self, s: &Service) -> Result<Vec<Backend>> {
-        (0..s.count)
-            .map(|slot| {
-                self.backends
-                    .get(
-                        &BackendKey {
-                            set_id: s.set_id,
-                            slot,
-                        },
-                        0,
-                    )
-                    .with_context(|| format!("backend set {} slot {slot} missing", s.set_id))
-            })
-            .collect()
+    /// Every service entry with its backend set, in slot order, read from the maps (tests
+    /// compare it with what the mirror says).
+    pub fn current_services(&self) -> Result<Held> {
+        Ok(Mirror::read(self)?.services)
     }
 
     /// Deletes every entry of the UDP flows whose backend is not in `keep`, as kube-proxy
@@ -314,30 +409,47 @@ impl EbpfNetwork {
     }
 }
 
+/// Whether a map call failed because its key is not there (aya reports a delete's ENOENT as
+/// a plain syscall error).
+fn not_found(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound => true,
+        MapError::SyscallError(e) => e.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+/// Makes a small map (and its mirror `have`) hold exactly `want`.
 fn sync_set<V: aya::Pod + PartialEq>(
     map: &mut HashMap<MapData, u32, V>,
+    have: &mut BTreeMap<u32, V>,
     want: BTreeMap<u32, V>,
     stats: &mut SyncStats,
 ) -> Result<()> {
-    let have: Vec<u32> = map.keys().filter_map(|k| k.ok()).collect();
-    for k in have {
-        if !want.contains_key(&k) {
-            map.remove(&k)?;
-            stats.deleted += 1;
-        }
+    let gone: Vec<u32> = have
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    for k in gone {
+        map.remove(&k)?;
+        have.remove(&k);
+        stats.deleted += 1;
     }
     for (k, v) in want {
-        if map.get(&k, 0).ok() != Some(v) {
+        if have.get(&k) != Some(&v) {
             map.insert(k, v, 0)?;
+            have.insert(k, v);
             stats.written += 1;
         }
     }
     Ok(())
 }
 
-/// The free ids of one id space (backend sets, counter slots), handed out lowest first so
-/// that the space stays dense. Built once per sync from the ids in use: each allocation is
-/// O(log n), so writing tens of thousands of services is not quadratic.
+/// The free ids of one id space (backend sets, counters), handed out lowest first so that the
+/// space stays dense. Built once per read of the maps from the ids in use and kept with the
+/// mirror: each allocation is O(log n), so writing tens of thousands of services is not
+/// quadratic.
 struct IdPool {
     /// Unused ids below `next`.
     gaps: BTreeSet<u32>,
@@ -353,6 +465,13 @@ impl IdPool {
         let next = used.last().map_or(from, |&m| m + 1);
         let gaps = (from..next).filter(|i| !used.contains(i)).collect();
         Self { gaps, next, end }
+    }
+
+    /// Gives `id` back (its entries are deleted).
+    fn release(&mut self, id: u32) {
+        if id < self.next {
+            self.gaps.insert(id);
+        }
     }
 
     fn take(&mut self) -> Option<u32> {
