@@ -125,10 +125,12 @@ fn timed(d: &LbDaemon, args: &[String]) -> (Duration, Option<String>) {
     let start = Instant::now();
     let r = d.cli(args);
     let took = start.elapsed();
+    // The last two links of the error chain: the cause, without the daemon's preamble.
     let err = (!r.ok()).then(|| {
         let e = r.stderr.trim().replace('\n', " ");
-        // Long nft errors: the head says what failed.
-        e.chars().take(240).collect()
+        let mut tail: Vec<&str> = e.rsplit(": ").take(2).collect();
+        tail.reverse();
+        tail.join(": ")
     });
     (took, err)
 }
@@ -252,10 +254,10 @@ pub fn report(rows: &[Row]) -> String {
             |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1} MiB", k as f64 / 1024.0));
         let mut failures = Vec::new();
         if let Some(e) = &r.apply.1 {
-            failures.push(format!("apply not applied: {e}"));
+            failures.push(format!("apply failed: {e}"));
         }
         if let Some(e) = &r.change_error {
-            failures.push(format!("a change failed: {e}"));
+            failures.push(format!("changes failed: {e}"));
         }
         let _ = writeln!(
             out,
