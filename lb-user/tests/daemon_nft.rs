@@ -150,6 +150,8 @@ fn forced_probe_failure_selects_nftables_which_serves_and_holds_exactly_the_elem
     let elements = d.ok(&["elements", "nf"]);
     assert_eq!(nft_elements(&topo, "nf"), sorted_lines(&elements));
     assert_eq!(answering(&topo, 10), BTreeSet::from(["b0".to_owned()]));
+    // Each of those syncs was a difference (a partition shape came and one went).
+    assert!(!d.log().contains(WHOLE), "{}", d.log());
 
     let flows = d.ok(&["conntrack", "nf"]);
     assert!(

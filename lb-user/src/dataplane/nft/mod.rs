@@ -3,7 +3,7 @@
 //! composed elements as the eBPF dataplane and `lb elements`, so both agree bucket for bucket.
 //!
 //! One table per network, `ip lb-<network>`, with one writer (this daemon); `ruleset.rs`
-//! renders it (its doc has the layout), `exec.rs` runs `nft`, `listing.rs` reads elements and
+//! renders it whole (its doc has the layout), `diff.rs` renders a sync's difference, `exec.rs` runs `nft`, `listing.rs` reads elements and
 //! counters back, `conntrack.rs` lists flows.
 //!
 //! Why not moby's layout. Its maps are keyed by a concatenation ending in a bucket interval
@@ -60,13 +60,15 @@ use crate::{
 };
 
 mod conntrack;
+mod diff;
 mod exec;
 pub mod listing;
 pub mod ruleset;
 
+pub use diff::{Update, update};
 pub use exec::delete_table;
 pub use listing::{Listed, listed_elements};
-pub use ruleset::{Layout, Subnets, TABLE_PREFIX, Update, ruleset, table_name, update};
+pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name};
 
 /// The nftables dataplane. It holds no state of its own: the kernel's tables are the record.
 #[derive(Default)]

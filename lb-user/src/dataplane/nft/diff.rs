@@ -1,0 +1,237 @@
+//! The difference between the tables of two networks, as one `nft -f` transaction that
+//! costs what changed: only the services that share a set with a changed one are rendered.
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use anyhow::Result;
+use lb_common::BUCKETS;
+
+use super::ruleset::{
+    Kind, Layout, SYNC_SET, Subnets, Unit, VIP_SET, add_elements, add_unit, base, check,
+    delete_elements, delete_unit, dispatch_elements, kind, nft_key, shape_name, slot, sync_token,
+    table_name,
+};
+use crate::core::{
+    compose::compose,
+    elements::{SetKey, equal_weight_intervals},
+    model::{Network, Service},
+};
+
+/// The sets a service claims (its VIP and its published ports).
+fn claims(service: &Service) -> impl Iterator<Item = SetKey> + '_ {
+    std::iter::once(SetKey::Vip(service.vip))
+        .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
+}
+
+type ById<'a> = BTreeMap<(&'a str, &'a str), &'a Service>;
+
+fn by_id(n: &Network) -> ById<'_> {
+    (n.services.iter())
+        .map(|s| ((s.id.as_str(), s.generation.as_str()), s))
+        .collect()
+}
+
+/// `previous` and `network` cut down to the services that claim a set whose elements may
+/// differ between them: every contribution that changed, and every contribution sharing a
+/// set with one of those (compose unions the contributions of a set, so a set is only
+/// rendered right with all of them), to a fixed point. Every other set is the same in both,
+/// so the difference of the cut networks is the difference of the whole ones, at the cost of
+/// what changed (one service, or the generations of one service). Third, the rest of
+/// `network`: the services of neither cut, the same in both.
+fn changed_parts(previous: &Network, network: &Network) -> (Network, Network, Network) {
+    let (old, new) = (by_id(previous), by_id(network));
+    let mut sets: BTreeSet<SetKey> = BTreeSet::new();
+    for (a, b) in [(&old, &new), (&new, &old)] {
+        for (id, s) in a {
+            if b.get(id) != Some(s) {
+                sets.extend(claims(s));
+            }
+        }
+    }
+    loop {
+        let before = sets.len();
+        for s in old.values().chain(new.values()) {
+            if claims(s).any(|k| sets.contains(&k)) {
+                sets.extend(claims(s));
+            }
+        }
+        if sets.len() == before {
+            break;
+        }
+    }
+    let cut = |n: &Network, inside: bool| Network {
+        services: (n.services.iter())
+            .filter(|s| claims(s).any(|k| sets.contains(&k)) == inside)
+            .cloned()
+            .collect(),
+        ..n.clone()
+    };
+    (cut(previous, true), cut(network, true), cut(network, false))
+}
+
+/// The units a whole network's table holds, without rendering its elements: a set's shape
+/// is its partition, which depends on its number of backends only (the same function
+/// `placed_elements` partitions by), so one shape per count.
+fn units_in_use(network: &Network) -> BTreeSet<Unit> {
+    let composed = compose(network);
+    let mut shapes: BTreeMap<usize, String> = BTreeMap::new();
+    let mut shape = |n: usize| -> String {
+        (shapes.entry(n))
+            .or_insert_with(|| {
+                let slots = vec![(); n];
+                let intervals: Vec<String> = equal_weight_intervals(&slots, BUCKETS)
+                    .map(|(i, _)| i.to_string())
+                    .collect();
+                shape_name(&intervals)
+            })
+            .clone()
+    };
+    let vips = (composed.vips.values()).map(|b| (Kind::Vip, b.len()));
+    let ports = (composed.ports.iter()).map(|(key, b)| {
+        let kind = if key.host_ip.is_some() {
+            Kind::HostPort
+        } else {
+            Kind::Port
+        };
+        (kind, b.len())
+    });
+    (vips.chain(ports))
+        .filter(|(_, n)| *n > 0)
+        .map(|(kind, n)| (kind, shape(n)))
+        .collect()
+}
+
+/// A difference between two networks' tables.
+#[derive(Debug)]
+pub struct Update {
+    /// The `nft -f` transaction.
+    pub script: String,
+    /// Moby's elements it adds and deletes (a changed element counts in both).
+    pub written: usize,
+    pub deleted: usize,
+}
+
+/// The `nft -f` transaction that turns the table written for `previous` into `network`'s:
+/// sets of a new shape get their chains, elements that changed are deleted and added again,
+/// dispatch entries follow, chains no set uses any more go. Elements that did not change are
+/// not touched, so their counters keep counting. It starts by replacing [`SYNC_SET`]'s
+/// element `sync_token(previous)`, so a table that is not the one written for `previous`
+/// (deleted, flushed, declared by someone else) fails the whole transaction, which changes
+/// nothing; the caller then declares the table whole.
+pub fn update(previous: &Network, network: &Network, subnets: &Subnets) -> Result<Update> {
+    check(network)?;
+    let t = table_name(&network.name);
+    let (old, new, rest) = changed_parts(previous, network);
+    let (old, new) = (Layout::of(&old), Layout::of(&new));
+    // The cut networks show the units their sets use; whether the table has a unit also
+    // depends on the rest, which is only composed when a unit may come or go.
+    let same_units = old.units.keys().eq(new.units.keys());
+    let rest = if same_units {
+        BTreeSet::new()
+    } else {
+        units_in_use(&rest)
+    };
+    let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
+    let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
+    let (mut written, mut deleted) = (0, 0);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "delete element ip {t} {SYNC_SET} {{ {} }}\nadd element ip {t} {SYNC_SET} {{ {} }}",
+        sync_token(previous),
+        sync_token(network)
+    );
+    delete_elements(
+        &mut s,
+        &t,
+        VIP_SET,
+        old.vips
+            .difference(&new.vips)
+            .map(|v| v.to_string())
+            .collect(),
+    );
+    add_elements(
+        &mut s,
+        &t,
+        VIP_SET,
+        new.vips
+            .difference(&old.vips)
+            .map(|v| v.to_string())
+            .collect(),
+    );
+    for (unit, intervals) in &new.units {
+        if !had(unit) {
+            add_unit(&mut s, &t, unit, intervals);
+        }
+    }
+    // Slot elements: those gone or changed leave, those new or changed come; a unit that
+    // goes takes its maps whole.
+    let empty = BTreeMap::new();
+    for slot_id in old
+        .slots
+        .keys()
+        .chain(new.slots.keys())
+        .collect::<BTreeSet<_>>()
+    {
+        let (kind, shape, k) = slot_id;
+        let was = old.slots.get(slot_id).unwrap_or(&empty);
+        let now = new.slots.get(slot_id).unwrap_or(&empty);
+        let map = slot(*kind, shape, *k);
+        if has(&(*kind, shape.clone())) {
+            let gone: Vec<String> = (was.iter())
+                .filter(|(key, v)| now.get(*key) != Some(v))
+                .map(|(key, _)| nft_key(key))
+                .collect();
+            deleted += gone.len();
+            delete_elements(&mut s, &t, &map, gone);
+        } else {
+            deleted += was.len();
+        }
+        let come: Vec<String> = (now.iter())
+            .filter(|(key, v)| was.get(*key) != Some(v))
+            .map(|(key, v)| format!("{} : {v}", nft_key(key)))
+            .collect();
+        written += come.len();
+        add_elements(&mut s, &t, &map, come);
+    }
+    // Dispatch entries that changed are deleted and added again (an add never replaces).
+    for k in Kind::ALL {
+        let gone = (old.dispatch.iter())
+            .filter(|(set, shape)| kind(set) == k && new.dispatch.get(*set) != Some(shape))
+            .map(|(set, _)| nft_key(set))
+            .collect();
+        delete_elements(&mut s, &t, k.dispatch(), gone);
+    }
+    dispatch_elements(&mut s, &t, &new.dispatch, |k| {
+        old.dispatch.get(k) != new.dispatch.get(k)
+    });
+    for (unit, intervals) in &old.units {
+        if !has(unit) {
+            delete_unit(&mut s, &t, unit, intervals.len());
+        }
+    }
+    base(&mut s, &t, network, subnets);
+    Ok(Update {
+        script: s,
+        written,
+        deleted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::{DesiredState, Mode};
+
+    /// `update` decides which chains to add and delete from `units_in_use`, which names
+    /// shapes without rendering elements: it must name them as `Layout::of` does.
+    #[test]
+    fn units_in_use_names_the_shapes_the_layout_has() {
+        let state = DesiredState::from_json(include_str!("../../../tests/golden/shared_port.json"))
+            .expect("golden state");
+        for network in state.networks.iter().filter(|n| n.mode == Mode::Nat) {
+            let layout: BTreeSet<Unit> = Layout::of(network).units.into_keys().collect();
+            assert_eq!(units_in_use(network), layout, "network {}", network.name);
+        }
+    }
+}
