@@ -7,12 +7,12 @@
 //!
 //! Contracts:
 //! - The watcher only reports; the actor stays the one writer. Events are coalesced for
-//!   [`SETTLE`] so that a burst (an interface coming up with its addresses) costs one apply.
+//!   `SETTLE` so that a burst (an interface coming up with its addresses) costs one apply.
 //! - lb's own alias changes (IFA_PROTO [`ALIAS_PROTO`]) are not reported: an apply that adds
 //!   aliases must not trigger another apply.
 //! - A namespace is followed while it is the one its path names: the thread's socket keeps a
 //!   deleted namespace alive, so the thread compares the path's inode with its own namespace
-//!   every [`POLL`], reports a change when they differ (the networks there then fail with
+//!   every `POLL`, reports a change when they differ (the networks there then fail with
 //!   "opening network namespace …" until it returns) and ends; [`Watcher::sync`] starts a
 //!   new thread once the path names a namespace again.
 use std::{
@@ -84,7 +84,7 @@ impl Watcher {
 }
 
 impl Drop for Watcher {
-    /// Each thread ends within [`POLL`].
+    /// Each thread ends within `POLL`.
     fn drop(&mut self) {
         for alive in self.threads.values() {
             alive.store(false, Ordering::Relaxed);

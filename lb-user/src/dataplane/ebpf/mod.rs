@@ -3,7 +3,7 @@
 //!
 //! Contracts that make it safe:
 //! - The maps are the record. A pinned map that already exists is adopted, not recreated, and
-//!   the first sync reads what the maps hold (kept as a mirror, see [`sync`]) and writes only
+//!   the first sync reads what the maps hold (kept as a mirror, see `sync.rs`) and writes only
 //!   the difference, so a restarted (or re-run) controller picks up where the last one stopped
 //!   without flushing a flow.
 //! - Capacity: a network's maps are created with the daemon's sizes ([`MapSizes`]:
@@ -21,7 +21,7 @@
 //!   backend from its next packet, by the flow hash in the adopted `lb_config`); maps whose
 //!   version matches are adopted as always. Or run the lb that pinned them.
 //! - Upgrades keep maps and flows: a newer lb adopts the pins and replaces the programs at
-//!   every hook in place ([`attach`]), so its code runs from the first apply, with no gap.
+//!   every hook in place (`attach.rs`), so its code runs from the first apply, with no gap.
 //! - A packet never sees a half-written backend set: a changed set is written under a fresh
 //!   set id, then the service entry is switched to it in one map update, and the old set's
 //!   slots are deleted one sync later, when no program run can still hold the old entry.

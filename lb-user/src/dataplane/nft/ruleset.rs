@@ -39,7 +39,7 @@ pub const TABLE_PREFIX: &str = "lb-";
 /// Every VIP of the network: published ports never apply to a VIP's own address.
 pub const VIP_SET: &str = "service-vips";
 /// One element, a hash of the network the table was last written for: a difference is only
-/// applied on top of the network it was computed from (see [`update`]).
+/// applied on top of the network it was computed from (see [`super::diff::update`]).
 pub const SYNC_SET: &str = "lb-sync";
 const NUMGEN: &str = "numgen random mod 65536";
 /// The version of this layout, part of the sync hash: a table of another layout is never
