@@ -1,17 +1,72 @@
 //! The Prometheus text exposition of every network's counters and the daemon's own.
-use super::{BUCKETS, Daemon};
-use crate::dataplane::STATES;
+//!
+//! Contract: a scrape holds the actor (the one writer) only for what needs its state. The
+//! per-service counters of a dataplane that can read them without it
+//! ([`crate::dataplane::Dataplane::counts_reader`]: nftables, whose read is a listing of the table) are read by
+//! the scrape's own thread, in [`Scrape::render`].
+use std::fmt::Write as _;
 
-impl Daemon {
-    /// Prometheus text exposition of every network's counters and the daemon's own.
-    pub fn metrics(&mut self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::new();
-        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
-        out.push_str("# HELP lb_packets_total Packets translated, per service (backend=\"\") and backend.\n# TYPE lb_packets_total counter\n");
+use super::{BUCKETS, Daemon};
+use crate::{
+    core::model::Network,
+    dataplane::{Count, CountsReader, STATES},
+};
+
+/// One scrape: what the actor read, and what is left to read off it.
+pub struct Scrape {
+    /// Each network's counters, read by the actor.
+    counts: Vec<(String, Vec<Count>)>,
+    /// Networks whose counters are read in [`Scrape::render`], and how.
+    deferred: Option<(CountsReader, Vec<Network>)>,
+    /// Every other family, rendered by the actor.
+    rest: String,
+}
+
+impl Scrape {
+    /// The exposition; runs the deferred counter reads (blocking: call it off the actor).
+    pub fn render(mut self) -> String {
+        if let Some((read, networks)) = self.deferred.take() {
+            for n in networks {
+                if let Ok(c) = read(&n) {
+                    self.counts.push((n.name.clone(), c));
+                }
+            }
+        }
+        let mut out = String::from(
+            "# HELP lb_packets_total Packets translated, per service (backend=\"\") and backend.\n# TYPE lb_packets_total counter\n",
+        );
         let mut bytes = String::from(
             "# HELP lb_bytes_total Bytes (IP length) translated, per service and backend.\n# TYPE lb_bytes_total counter\n",
         );
+        for (network, counts) in &self.counts {
+            for c in counts {
+                let labels = format!(
+                    "network=\"{}\",service=\"{}\",backend=\"{}\"",
+                    esc(network),
+                    esc(&c.service),
+                    c.backend.map(|b| b.to_string()).unwrap_or_default()
+                );
+                let _ = writeln!(out, "lb_packets_total{{{labels}}} {}", c.packets);
+                let _ = writeln!(bytes, "lb_bytes_total{{{labels}}} {}", c.bytes);
+            }
+        }
+        out.push_str(&bytes);
+        out.push_str(&self.rest);
+        out
+    }
+}
+
+/// A label value, escaped as the text format wants it.
+fn esc(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+impl Daemon {
+    /// A scrape of every network's counters and the daemon's own; see [`Scrape::render`].
+    pub fn metrics(&mut self) -> Scrape {
+        let mut out = String::new();
+        let reader = self.dp.counts_reader();
+        let mut counts = Vec::new();
         let mut flows = Metric::new("lb_conntrack_entries", "gauge", "Live tracked flows.");
         let mut states = Metric::new("lb_flows", "gauge", "Live tracked flows by state.");
         let mut entries = Metric::new(
@@ -40,17 +95,10 @@ impl Daemon {
             "Program runs per hook and outcome or event reason.",
         );
         for n in self.desired.networks.clone() {
-            if let Ok(counts) = self.dp.counts(&n) {
-                for c in counts {
-                    let labels = format!(
-                        "network=\"{}\",service=\"{}\",backend=\"{}\"",
-                        esc(&n.name),
-                        esc(&c.service),
-                        c.backend.map(|b| b.to_string()).unwrap_or_default()
-                    );
-                    let _ = writeln!(out, "lb_packets_total{{{labels}}} {}", c.packets);
-                    let _ = writeln!(bytes, "lb_bytes_total{{{labels}}} {}", c.bytes);
-                }
+            if reader.is_none()
+                && let Ok(c) = self.dp.counts(&n)
+            {
+                counts.push((n.name.clone(), c));
             }
             let net = format!("network=\"{}\"", esc(&n.name));
             if let Some(c) = self.dp.flow_stats(&n) {
@@ -81,7 +129,6 @@ impl Daemon {
                 }
             }
         }
-        out.push_str(&bytes);
         for m in [
             flows,
             states,
@@ -109,7 +156,11 @@ impl Daemon {
             "lb_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {}\nlb_reconcile_duration_seconds_sum {}\nlb_reconcile_duration_seconds_count {}",
             self.stats.reconcile_count, self.stats.reconcile_sum, self.stats.reconcile_count
         );
-        out
+        Scrape {
+            counts,
+            deferred: reader.map(|r| (r, self.desired.networks.clone())),
+            rest: out,
+        }
     }
 }
 
@@ -128,7 +179,6 @@ impl Metric {
     }
 
     fn add(&mut self, labels: &str, value: u64) {
-        use std::fmt::Write as _;
         let _ = writeln!(self.text, "{}{{{labels}}} {value}", self.name);
     }
 }

@@ -14,7 +14,9 @@ use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use super::{APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, read_state};
+use super::{
+    APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, metrics, read_state,
+};
 use crate::{
     api::{self, ApiError, MAX_REQUEST, Reply, Request},
     core::model::Network,
@@ -28,7 +30,7 @@ enum Job {
         Request,
         tokio::sync::oneshot::Sender<Result<Reply, ApiError>>,
     ),
-    Metrics(tokio::sync::oneshot::Sender<String>),
+    Metrics(tokio::sync::oneshot::Sender<metrics::Scrape>),
     /// A namespace's addresses or links changed (from [`watch`]).
     Node(watch::NetnsKey),
     /// The daemon is stopping. Explicit, because the actor holds a sender of its own (the
@@ -339,10 +341,15 @@ async fn serve_metrics(listener: tokio::net::TcpListener, jobs: mpsc::Sender<Job
             let mut req = [0u8; 1024];
             let _ = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut req)).await;
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let body = if jobs.send(Job::Metrics(tx)).is_ok() {
-                rx.await.unwrap_or_default()
-            } else {
-                String::new()
+            // The actor hands over its part; the rest is read on a blocking thread here.
+            let body = match jobs.send(Job::Metrics(tx)) {
+                Ok(()) => match rx.await {
+                    Ok(scrape) => tokio::task::spawn_blocking(move || scrape.render())
+                        .await
+                        .unwrap_or_default(),
+                    Err(_) => String::new(),
+                },
+                Err(_) => String::new(),
             };
             let head = format!(
                 "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",

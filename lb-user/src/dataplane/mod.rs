@@ -74,6 +74,9 @@ impl FlowStats {
     }
 }
 
+/// Reads one network's counters, off the actor (see [`Dataplane::counts_reader`]).
+pub type CountsReader = fn(&Network) -> Result<Vec<Count>>;
+
 pub trait Dataplane: Send {
     /// `ebpf` or `nftables`.
     fn name(&self) -> &'static str;
@@ -94,6 +97,13 @@ pub trait Dataplane: Send {
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>>;
     fn counts(&mut self, network: &Network) -> Result<Vec<Count>>;
+    /// A way to read a network's counters without this dataplane (and so without the
+    /// daemon's actor), for a dataplane whose read is slow and needs none of its state: the
+    /// metrics endpoint then reads them on its own thread and the writer is never held up by
+    /// a scrape. `None` (the default): [`Dataplane::counts`] is cheap enough for the actor.
+    fn counts_reader(&self) -> Option<CountsReader> {
+        None
+    }
     /// The network's flows by state, as last counted off the writer's path (`None`: not
     /// counted yet).
     fn flow_stats(&mut self, network: &Network) -> Option<FlowStats>;
