@@ -96,6 +96,8 @@ pub struct Daemon {
     /// Networks whose node changed under them (an address, a link, the namespace): applied
     /// again by the next reconcile even though their desired state did not change.
     stale: BTreeSet<String>,
+    /// `applied` changed since applied.json was last written.
+    unrecorded: bool,
     dp: Box<dyn Dataplane>,
     dataplane_reason: String,
     stats: Stats,
@@ -138,6 +140,7 @@ impl Daemon {
                 .collect(),
             errors: BTreeMap::new(),
             stale: BTreeSet::new(),
+            unrecorded: true,
             dp,
             dataplane_reason,
             stats: Stats::default(),
@@ -192,6 +195,7 @@ impl Daemon {
             match self.dp.remove(&net) {
                 Ok(()) => {
                     self.applied.remove(&name);
+                    self.unrecorded = true;
                     self.errors.remove(&name);
                     self.stats.last_sync.remove(&name);
                 }
@@ -218,6 +222,7 @@ impl Daemon {
                     self.stale.remove(&net.name);
                     self.stats.last_sync.insert(net.name.clone(), stats);
                     self.applied.insert(net.name.clone(), net);
+                    self.unrecorded = true;
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
@@ -228,13 +233,8 @@ impl Daemon {
                 }
             }
         }
-        let applied = DesiredState {
-            networks: self.applied.values().cloned().collect(),
-        };
-        if let Err(e) =
-            crate::write_atomically(&self.state_dir.join(APPLIED), applied.to_json().as_bytes())
-        {
-            tracing::warn!(error = %format!("{e:#}"), "recording the applied state");
+        if self.unrecorded {
+            self.record_applied();
         }
         let secs = start.elapsed().as_secs_f64();
         self.stats.reconcile_count += 1;
@@ -245,6 +245,25 @@ impl Daemon {
             }
         }
         failed
+    }
+
+    /// Writes applied.json: the applied networks, serialized by reference (none is cloned).
+    /// Its own copy, not a link to state.json: an operator may rewrite state.json in place
+    /// while the daemon is down, and this record must still say what was applied then.
+    fn record_applied(&mut self) {
+        // The shape of a DesiredState.
+        #[derive(serde::Serialize)]
+        struct Applied<'a> {
+            networks: Vec<&'a Network>,
+        }
+        let applied = Applied {
+            networks: self.applied.values().collect(),
+        };
+        let json = serde_json::to_string_pretty(&applied).expect("a network always serializes");
+        match crate::write_atomically(&self.state_dir.join(APPLIED), json.as_bytes()) {
+            Ok(()) => self.unrecorded = false,
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "recording the applied state"),
+        }
     }
 
     /// The namespaces the desired state uses ([`crate::node::watch`] follows them).
