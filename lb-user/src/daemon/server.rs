@@ -50,6 +50,8 @@ fn actor(
     // `lb status`) must not postpone them.
     let mut next_retry = std::time::Instant::now() + retry;
     loop {
+        // After the answer of the last job (see `Daemon::record`).
+        daemon.record();
         // The namespaces to follow change only with the desired state; a thread whose
         // namespace went away is replaced here once it is back.
         watcher.sync(&daemon.netns_keys(), &report);
@@ -73,9 +75,11 @@ fn actor(
                 let _ = reply.send(daemon.metrics());
             }
             Ok(Job::Node(ns)) => daemon.node_changed(&ns),
-            Ok(Job::Stop) => return,
+            Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
+                daemon.record();
+                return;
+            }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
         }
     }
 }

@@ -54,6 +54,25 @@ impl NodeAddr {
     }
 }
 
+/// The addresses of interface `index` in a dump, in the kernel's order (the primary one
+/// first).
+pub fn on_interface(addrs: &[NodeAddr], index: u32) -> impl Iterator<Item = &NodeAddr> {
+    addrs.iter().filter(move |a| a.index == index)
+}
+
+/// The node's own IPv4 addresses in a dump, sorted, without lb's aliases (see
+/// [`NodeAddr::is_lb_alias`]; `vips` are the VIPs lb has or had here): the addresses
+/// published ports answer on.
+pub fn node_ipv4(addrs: &[NodeAddr], vips: &BTreeSet<Ipv4Addr>) -> Vec<Ipv4Addr> {
+    let mut all: Vec<Ipv4Addr> = (addrs.iter())
+        .filter(|a| !a.is_lb_alias(vips))
+        .map(|a| a.addr)
+        .collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
 /// A blocking rtnetlink client for the current thread's network namespace.
 pub struct Netlink {
     rt: tokio::runtime::Runtime,
@@ -146,16 +165,6 @@ impl Netlink {
         })
     }
 
-    /// IPv4 addresses of `ifname` in the kernel's order (the primary one first).
-    pub fn ipv4_addrs(&self, ifname: &str) -> Result<Vec<(Ipv4Addr, u8)>> {
-        let index = self.ifindex(ifname)?;
-        Ok(self
-            .addr_messages(Some(index))?
-            .iter()
-            .filter_map(Self::v4)
-            .collect())
-    }
-
     /// Every IPv4 address of every interface of the namespace, lb's aliases included.
     pub fn addresses(&self) -> Result<Vec<NodeAddr>> {
         Ok((self.addr_messages(None)?.iter())
@@ -171,35 +180,22 @@ impl Netlink {
             .collect())
     }
 
-    /// The node's own IPv4 addresses, sorted, without lb's aliases (see
-    /// [`NodeAddr::is_lb_alias`]; `vips` are the VIPs lb has or had here): the addresses
-    /// published ports answer on.
-    pub fn node_ipv4(&self, vips: &BTreeSet<Ipv4Addr>) -> Result<Vec<Ipv4Addr>> {
-        let mut all: Vec<Ipv4Addr> = (self.addresses()?.into_iter())
-            .filter(|a| !a.is_lb_alias(vips))
+    /// Adds `vip/32` to `ifname` for every VIP of `want` that is not there yet, so the node
+    /// answers ARP for them and accepts their traffic. `addrs` is the caller's dump of the
+    /// namespace ([`Netlink::addresses`], one per apply, shared with what else the apply
+    /// reads of the node): one request per missing alias, so an apply at thousands of VIPs
+    /// costs requests only for what changed.
+    pub fn add_aliases(
+        &self,
+        ifname: &str,
+        want: &BTreeSet<Ipv4Addr>,
+        addrs: &[NodeAddr],
+    ) -> Result<()> {
+        let index = self.ifindex(ifname)?;
+        let have: BTreeSet<Ipv4Addr> = (on_interface(addrs, index))
+            .filter(|a| a.prefix == 32)
             .map(|a| a.addr)
             .collect();
-        all.sort();
-        all.dedup();
-        Ok(all)
-    }
-
-    /// The /32 addresses on `ifname`: what [`Netlink::add_aliases`] puts there.
-    pub fn aliases(&self, ifname: &str) -> Result<Vec<Ipv4Addr>> {
-        Ok(self
-            .ipv4_addrs(ifname)?
-            .into_iter()
-            .filter(|(_, p)| *p == 32)
-            .map(|(a, _)| a)
-            .collect())
-    }
-
-    /// Adds `vip/32` to `ifname` for every VIP of `want` that is not there yet, so the node
-    /// answers ARP for them and accepts their traffic. One dump, then one request per missing
-    /// alias: an apply at thousands of VIPs costs requests only for what changed.
-    pub fn add_aliases(&self, ifname: &str, want: &BTreeSet<Ipv4Addr>) -> Result<()> {
-        let have: BTreeSet<Ipv4Addr> = self.aliases(ifname)?.into_iter().collect();
-        let index = self.ifindex(ifname)?;
         for vip in want.difference(&have) {
             let mut req = self.handle.address().add(index, IpAddr::V4(*vip), 32);
             (req.message_mut().attributes).push(AddressAttribute::Protocol(AddressProtocol::from(

@@ -30,7 +30,7 @@ use crate::{
     core::elements::SetKey,
     core::model::{Attach, Mode, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats},
-    node::{Netlink, in_netns},
+    node::{Netlink, in_netns, netlink},
 };
 
 pub struct EbpfDataplane {
@@ -131,6 +131,12 @@ fn apply_in_netns(
     tc_mode: TcMode,
 ) -> Result<SyncStats> {
     let nl = Netlink::new()?;
+    // One dump of the namespace's addresses per apply, for the interfaces' primary addresses,
+    // the aliases present and the node's own addresses: with thousands of VIP aliases a dump
+    // costs more than the rest of a one-service change. Aliases this apply adds are lb's, so
+    // they could not change what is read of the node; anything else that changes meanwhile
+    // is an address event, and the daemon applies again.
+    let addrs = nl.addresses()?;
     let mut ifaces = Vec::new();
     for (i, name) in network.interfaces.iter().enumerate() {
         // Only the first interface must exist (it carries the aliases): another one that does
@@ -141,8 +147,8 @@ fn apply_in_netns(
             Err(e) => return Err(e),
         };
         // A masqueraded flow leaving by this interface takes its primary address.
-        if let Some((addr, _)) = nl.ipv4_addrs(name)?.first() {
-            ifaces.push((index, *addr));
+        if let Some(a) = netlink::on_interface(&addrs, index).next() {
+            ifaces.push((index, a.addr));
         }
         dp.attach(&nl, name, network.attach, tc_mode)
             .with_context(|| format!("attaching to {name}"))?;
@@ -159,13 +165,13 @@ fn apply_in_netns(
     let plan = ebpf::plan(network, &composed);
     let alias_if = &network.interfaces[0];
     let want = network.vips();
-    nl.add_aliases(alias_if, &want)?;
+    nl.add_aliases(alias_if, &want, &addrs)?;
     // The node's own addresses, without lb's VIP aliases: a VIP is matched on every port by
     // its own map, and thousands of aliases would not fit the local-address map. An address
     // of the node is never taken for an alias, so no service added or removed here can take
     // it out of the map.
     let node = NodeAddrs {
-        local: nl.node_ipv4(&want.union(&previous.vips).copied().collect())?,
+        local: netlink::node_ipv4(&addrs, &want.union(&previous.vips).copied().collect()),
         ifaces,
         ephemeral: NodeAddrs::read_ephemeral(),
     };

@@ -56,7 +56,7 @@ use crate::{
     core::compose::compose,
     core::elements::{Element, SetKey, placed_elements},
     core::model::{Masquerade, Mode, Network},
-    node::{Netlink, in_netns},
+    node::{Netlink, NodeAddr, in_netns, netlink},
 };
 
 mod conntrack;
@@ -83,16 +83,22 @@ impl NftDataplane {
 }
 
 /// The IPv4 subnets on the network's interfaces, for hairpin masquerade.
-fn subnets(nl: &Netlink, network: &Network) -> Result<Vec<(String, Ipv4Addr, u8)>> {
+fn subnets(
+    nl: &Netlink,
+    network: &Network,
+    addrs: &[NodeAddr],
+) -> Result<Vec<(String, Ipv4Addr, u8)>> {
     let mut subnets = Vec::new();
     for (k, i) in network.interfaces.iter().enumerate() {
         // Only the first interface must exist; `iifname` matches another from when it appears.
-        if k > 0 && nl.ifindex(i).is_err() {
-            continue;
-        }
-        for (addr, prefix) in nl.ipv4_addrs(i)? {
-            if prefix < 32 {
-                subnets.push((i.clone(), addr, prefix));
+        let index = match nl.ifindex(i) {
+            Ok(index) => index,
+            Err(_) if k > 0 => continue,
+            Err(e) => return Err(e),
+        };
+        for a in netlink::on_interface(addrs, index) {
+            if a.prefix < 32 {
+                subnets.push((i.clone(), a.addr, a.prefix));
             }
         }
     }
@@ -103,10 +109,12 @@ fn subnets(nl: &Netlink, network: &Network) -> Result<Vec<(String, Ipv4Addr, u8)
 /// the table is still the one written for it, else the whole table.
 fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
     let nl = Netlink::new()?;
-    let subnets = subnets(&nl, network)?;
+    // One dump per apply, shared by the subnets and the aliases (see the eBPF dataplane).
+    let addrs = nl.addresses()?;
+    let subnets = subnets(&nl, network, &addrs)?;
     let alias_if = &network.interfaces[0];
     let want = network.vips();
-    nl.add_aliases(alias_if, &want)?;
+    nl.add_aliases(alias_if, &want, &addrs)?;
     let mut stats = SyncStats::default();
     let applied = match previous {
         Some(prev) => {
