@@ -125,9 +125,10 @@ macro_rules! map_layout {
 /// Every pinned map with the version of its layout (key and value types, map type). A version
 /// changes whenever its layout does (a capacity is not a layout: a pinned map of another size
 /// is adopted with its size, which the controller reads and reports); the controller records the versions
-/// it pinned in `lb_layout` and replaces, instead of adopting, a pinned map whose recorded
-/// version differs (or that predates the record, version 1), so a program never reads a map
-/// written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
+/// it pinned in `lb_layout` and never adopts a pinned map whose recorded version differs (or
+/// that predates the record, version 1): it refuses the network, or replaces the map where
+/// that is safe ([`DISPOSABLE_MAPS`]) or asked, so a program never reads a map written in
+/// another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
 pub const MAP_LAYOUTS: [(&str, u32); 10] = [
     ("lb_vips", 1),
@@ -141,6 +142,12 @@ pub const MAP_LAYOUTS: [(&str, u32); 10] = [
     ("lb_frags", 1),
     ("lb_reasons", 1),
 ];
+
+/// Maps whose contents are statistics or short-lived hints (counters, outcome counts, the
+/// ports of fragments in flight): one pinned in another layout is replaced without asking,
+/// since losing it costs no connection. Every other map of another layout is refused unless
+/// the operator asks for the replacement.
+pub const DISPOSABLE_MAPS: [&str; 3] = ["lb_counters", "lb_frags", "lb_reasons"];
 
 /// The map that records [`MAP_LAYOUTS`]' versions of a pin directory: an array of `u32`
 /// whose own layout never changes.

@@ -594,3 +594,47 @@ fn a_pinned_map_of_another_layout_is_refused_unless_replacing_is_asked() {
     let r = lb_tests::traffic::tcp_request(&topo.client, VIP, PORT, TIMEOUT);
     assert!(r.is_ok(), "new connections are served: {r:?}");
 }
+
+/// A statistics map of another layout (here `lb_counters`, as an lb whose counters were an
+/// array pinned it) is replaced without asking: the network is applied, its flows and their
+/// connections stay, and only the counters start again.
+#[test]
+fn a_statistics_map_of_another_layout_is_replaced_without_asking() {
+    if !require_root("a_statistics_map_of_another_layout_is_replaced_without_asking") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(&bpffs, &[]);
+    network(&d, &topo, "stat", 2, "tc");
+    let mut open = TcpSession::connect(&topo.client, VIP, PORT, TIMEOUT).unwrap();
+    let first = open.ask().unwrap();
+    let dir = bpffs.path().join("stat");
+    let ids = |dir: &Path| ["lb_counters", "lb_flows"].map(|m| map_id(&dir.join(m)));
+    let before = ids(&dir);
+
+    d.stop();
+    record_layout(&dir, "lb_counters", 1);
+    d.restart().unwrap();
+    let st = status(&d, "stat");
+    assert_eq!(st["applied"], true, "{st}");
+    let after = ids(&dir);
+    assert_ne!(after[0], before[0], "lb_counters replaced");
+    assert_eq!(after[1], before[1], "lb_flows adopted");
+    assert_eq!(recorded_layout(&dir, "lb_counters"), 2, "recorded anew");
+    let log = d.log();
+    assert!(
+        log.contains("replacing pinned maps of another layout")
+            && log.contains("lb_counters (layout 1, this lb reads 2)"),
+        "one line names the replaced map:\n{log}"
+    );
+    assert_eq!(
+        open.ask().expect("the connection goes on"),
+        first,
+        "on the same backend"
+    );
+    println!(
+        "an older lb_counters was replaced without asking; lb_flows and the connection stayed"
+    );
+}

@@ -41,8 +41,8 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, Flow, FlowKey, Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey,
-    REASONS, Reason, Service, VipKey,
+    Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, Flow, FlowKey, Iface, LAYOUT_MAP,
+    MAP_LAYOUTS, PortKey, REASONS, Reason, Service, VipKey,
 };
 
 mod attach;
@@ -159,9 +159,9 @@ fn recorded_layouts(dir: &Path) -> Result<Option<Vec<u32>>> {
     Ok(Some(versions))
 }
 
-/// The pinned maps of `dir` whose recorded layout is not this binary's, as
+/// The pinned maps of `dir` whose recorded layout is not this binary's: pin, name, and
 /// `"name (layout A, this lb reads B)"`.
-fn incompatible_layouts(dir: &Path) -> Result<Vec<(PathBuf, String)>> {
+fn incompatible_layouts(dir: &Path) -> Result<Vec<(PathBuf, &'static str, String)>> {
     let recorded = recorded_layouts(dir)?;
     let mut out = Vec::new();
     for (i, (name, version)) in MAP_LAYOUTS.iter().enumerate() {
@@ -174,6 +174,7 @@ fn incompatible_layouts(dir: &Path) -> Result<Vec<(PathBuf, String)>> {
         if have != *version {
             out.push((
                 pin,
+                *name,
                 format!("{name} (layout {have}, this lb reads {version})"),
             ));
         }
@@ -206,24 +207,37 @@ impl EbpfNetwork {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating pin directory {}", dir.display()))?;
         let incompatible = incompatible_layouts(dir)?;
-        if !incompatible.is_empty() {
-            let names: Vec<&str> = incompatible.iter().map(|(_, n)| n.as_str()).collect();
-            if on_incompatible == OnIncompatible::Refuse {
-                bail!(
-                    "pinned maps under {} are of another layout: {}; lb converts none, so the network stays as it is (its programs keep serving): run the lb that pinned them, or restart with --replace-incompatible-maps to replace those maps (what they hold is lost once)",
-                    dir.display(),
-                    names.join(", ")
-                );
-            }
-            for (pin, _) in &incompatible {
+        // Statistics and short-lived hints (`DISPOSABLE_MAPS`) are replaced without asking:
+        // losing them costs counter values, not a connection. The rest needs the operator.
+        let (disposable, kept): (Vec<_>, Vec<_>) =
+            (incompatible.iter()).partition(|(_, name, _)| DISPOSABLE_MAPS.contains(name));
+        let describe = |maps: &[&(PathBuf, &str, String)]| {
+            maps.iter()
+                .map(|(_, _, d)| d.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        if !kept.is_empty() && on_incompatible == OnIncompatible::Refuse {
+            bail!(
+                "pinned maps under {} are of another layout: {}; lb converts none, so the network stays as it is (its programs keep serving): run the lb that pinned them, or restart with --replace-incompatible-maps to replace those maps (what they hold is lost once)",
+                dir.display(),
+                describe(&kept)
+            );
+        }
+        let replaced: Vec<_> = match on_incompatible {
+            OnIncompatible::Replace => incompatible.iter().collect(),
+            OnIncompatible::Refuse => disposable,
+        };
+        if !replaced.is_empty() {
+            for (pin, _, _) in &replaced {
                 std::fs::remove_file(pin).with_context(|| format!("removing {}", pin.display()))?;
             }
             // The programs still attached use the old maps until the first apply replaces
             // them in place (`attach`: their map ids differ from ours).
             tracing::warn!(
                 dir = %dir.display(),
-                maps = %names.join(", "),
-                "replacing pinned maps of another layout, as --replace-incompatible-maps asks; what they held is lost once"
+                maps = %describe(&replaced),
+                "replacing pinned maps of another layout (statistics without asking, the others as --replace-incompatible-maps asks); what they held is lost once"
             );
         }
         let mut loader = EbpfLoader::new();
