@@ -40,7 +40,7 @@ pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) 
     );
     in_netns(net.netns.as_deref(), move || {
         let nl = Netlink::new()?;
-        nl.ifindex(&ifaces[0])
+        nl.present(&ifaces)
             .with_context(|| format!("network {name}"))?;
         if vips.is_empty() && host_ips.is_empty() {
             // Nothing new to check against the node's addresses: no dump (thousands of
@@ -99,9 +99,10 @@ pub fn missing_interfaces(net: &Network) -> Result<Vec<String>> {
     let ifaces = net.interfaces.clone();
     in_netns(net.netns.as_deref(), move || {
         let nl = Netlink::new()?;
-        Ok(ifaces
-            .into_iter()
-            .filter(|i| nl.ifindex(i).is_err())
+        let present: Vec<&str> = (nl.present(&ifaces)?.into_iter()).map(|(i, _)| i).collect();
+        Ok((ifaces.iter())
+            .filter(|i| !present.contains(&i.as_str()))
+            .cloned()
             .collect())
     })
 }

@@ -114,6 +114,23 @@ impl Netlink {
         Ok(index)
     }
 
+    /// The interfaces of a network (`interfaces`, in its order) that exist here, with their
+    /// indexes. The first must exist: it carries the VIP aliases, and its absence is an error
+    /// naming it. A later one that does not exist yet is left out; it is served from when it
+    /// appears (the bridge a CNI plugin creates with its first pod), since the daemon applies
+    /// the network again on the node's link events. The one place that rule lives.
+    pub fn present<'a>(&self, interfaces: &'a [String]) -> Result<Vec<(&'a str, u32)>> {
+        let mut out = Vec::new();
+        for (i, name) in interfaces.iter().enumerate() {
+            match self.ifindex(name) {
+                Ok(index) => out.push((name.as_str(), index)),
+                Err(_) if i > 0 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// The name of interface `index`, or `if<index>` when it has none any more (for messages).
     pub fn ifname(&self, index: u32) -> String {
         let mut buf = [0 as libc::c_char; libc::IF_NAMESIZE];

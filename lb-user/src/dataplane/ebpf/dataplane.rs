@@ -138,14 +138,7 @@ fn apply_in_netns(
     // is an address event, and the daemon applies again.
     let addrs = nl.addresses()?;
     let mut ifaces = Vec::new();
-    for (i, name) in network.interfaces.iter().enumerate() {
-        // Only the first interface must exist (it carries the aliases): another one that does
-        // not exist yet is attached when it appears (the daemon applies again on link events).
-        let index = match nl.ifindex(name) {
-            Ok(index) => index,
-            Err(_) if i > 0 => continue,
-            Err(e) => return Err(e),
-        };
+    for (name, index) in nl.present(&network.interfaces)? {
         // A masqueraded flow leaving by this interface takes its primary address.
         if let Some(a) = netlink::on_interface(&addrs, index).next() {
             ifaces.push((index, a.addr));

@@ -89,16 +89,11 @@ fn subnets(
     addrs: &[NodeAddr],
 ) -> Result<Vec<(String, Ipv4Addr, u8)>> {
     let mut subnets = Vec::new();
-    for (k, i) in network.interfaces.iter().enumerate() {
-        // Only the first interface must exist; `iifname` matches another from when it appears.
-        let index = match nl.ifindex(i) {
-            Ok(index) => index,
-            Err(_) if k > 0 => continue,
-            Err(e) => return Err(e),
-        };
+    // `iifname` matches an interface that appears later from when it does.
+    for (i, index) in nl.present(&network.interfaces)? {
         for a in netlink::on_interface(addrs, index) {
             if a.prefix < 32 {
-                subnets.push((i.clone(), a.addr, a.prefix));
+                subnets.push((i.to_owned(), a.addr, a.prefix));
             }
         }
     }
