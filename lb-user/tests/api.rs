@@ -86,6 +86,7 @@ fn sample_network(name: &str) -> Network {
         mode: Mode::Nat,
         attach: Attach::Tc,
         masquerade: Masquerade::Auto,
+        fast_path: Default::default(),
         timeouts: Default::default(),
         services: vec![Service {
             id: "web".into(),

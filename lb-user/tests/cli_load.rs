@@ -39,6 +39,7 @@ fn state(topo: &Topology, attach: Attach) -> DesiredState {
             mode: Mode::Nat,
             attach,
             masquerade: Masquerade::Auto,
+            fast_path: Default::default(),
             timeouts: Default::default(),
             services: vec![Service {
                 id: "web".into(),

@@ -53,6 +53,7 @@ fn network(name: &str, interface: &str, mode: Mode, services: Vec<Service>) -> N
         mode,
         attach: Attach::Tc,
         masquerade: Masquerade::Auto,
+        fast_path: Default::default(),
         timeouts: Default::default(),
         services,
     }

@@ -159,6 +159,7 @@ fn full_state(topo: &Topology) -> DesiredState {
             mode: Mode::Nat,
             attach: Attach::Xdp,
             masquerade: Masquerade::Always,
+            fast_path: Default::default(),
             timeouts: Default::default(),
             services: vec![
                 Service {

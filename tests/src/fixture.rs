@@ -106,6 +106,7 @@ pub fn network(masquerade: Masquerade) -> Network {
         mode: Mode::Nat,
         attach: Attach::Tc,
         masquerade,
+        fast_path: Default::default(),
         timeouts: Default::default(),
         services: vec![
             service(

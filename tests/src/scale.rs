@@ -76,6 +76,7 @@ pub fn state(
             mode: Mode::Nat,
             attach: Attach::Tc,
             masquerade: Masquerade::Auto,
+            fast_path: Default::default(),
             timeouts: Default::default(),
             services,
         }],

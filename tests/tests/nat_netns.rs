@@ -28,6 +28,7 @@ fn network(topo: &Topology, name: &str, attach: Attach, backends: &[Backend]) ->
         mode: Mode::Nat,
         attach,
         masquerade: Masquerade::Never,
+        fast_path: Default::default(),
         timeouts: Default::default(),
         services: vec![Service {
             id: "web".into(),

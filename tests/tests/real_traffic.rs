@@ -90,6 +90,7 @@ fn network(
         mode: Mode::Nat,
         attach: plane.attach(),
         masquerade,
+        fast_path: Default::default(),
         timeouts: FlowTimeouts::default(),
         services: vec![Service {
             id: "web".into(),

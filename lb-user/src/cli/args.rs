@@ -171,6 +171,10 @@ pub enum NetworkCmd {
         attach: String,
         #[arg(long, default_value = "auto")]
         masquerade: String,
+        /// Whether translated packets may bypass the node's stack (eBPF): auto (where no
+        /// forward-hook rule applies), on (even past such rules), off.
+        #[arg(long, default_value = "auto")]
+        fast_path: String,
         /// A flow timeout, NAME=SECONDS (tcp_syn, tcp_established, tcp_closing,
         /// tcp_unreplied, udp); repeatable.
         #[arg(long = "timeout")]

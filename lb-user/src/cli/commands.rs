@@ -87,6 +87,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
                 mode,
                 attach,
                 masquerade,
+                fast_path,
                 timeouts: specs,
             } => {
                 let mut timeouts = FlowTimeouts::default();
@@ -100,6 +101,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
                     mode: mode.parse()?,
                     attach: attach.parse()?,
                     masquerade: masquerade.parse()?,
+                    fast_path: fast_path.parse()?,
                     timeouts,
                     services: vec![],
                 };

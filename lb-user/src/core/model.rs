@@ -102,6 +102,30 @@ keyword_enum! {
 }
 
 keyword_enum! {
+    /// Whether translated packets may leave without the node's stack (eBPF dataplane): straight
+    /// into the namespace of a local backend (`bpf_redirect_peer`), replies straight back to a
+    /// local client, so they skip routing, the bridge and netfilter's forward path.
+    #[derive(Default)]
+    pub enum FastPath as "fast-path" {
+        /// Where no firewall rule can apply to the redirected packets (no rules in the
+        /// forward hooks of the network's namespace, re-checked as they change).
+        #[default]
+        Auto = "auto",
+        /// Always, even past forward-hook rules: those rules no longer see the network's
+        /// load-balanced traffic (Docker's isolation, a CNI `firewall` chain, a policy engine).
+        On = "on",
+        /// Never: every packet takes the node's stack after its rewrite.
+        Off = "off",
+    }
+}
+
+impl FastPath {
+    fn is_default(&self) -> bool {
+        *self == FastPath::Auto
+    }
+}
+
+keyword_enum! {
     /// The L4 protocols a port can be published for. Declared in protocol-number order, which
     /// is therefore also the order of [`PortKey`] and of rendered elements.
     pub enum Proto as "protocol" {
@@ -154,6 +178,9 @@ pub struct Network {
     pub attach: Attach,
     #[serde(default)]
     pub masquerade: Masquerade,
+    /// eBPF dataplane only; nftables always uses the stack.
+    #[serde(default, skip_serializing_if = "FastPath::is_default")]
+    pub fast_path: FastPath,
     /// Flow timeouts, where the defaults do not suit (eBPF dataplane; the nftables one keeps
     /// the kernel's conntrack timeouts).
     #[serde(default, skip_serializing_if = "FlowTimeouts::is_default")]

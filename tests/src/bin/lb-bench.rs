@@ -104,6 +104,7 @@ fn network() -> Network {
         mode: Mode::Nat,
         attach: Attach::Tc,
         masquerade: Masquerade::Never,
+        fast_path: Default::default(),
         timeouts: Default::default(),
         services,
     }
