@@ -55,6 +55,9 @@ pub const fn max_counters(services: u32, backend_slots: u32) -> u32 {
 pub const MAX_COUNTERS: u32 = max_counters(MAX_SERVICES, MAX_BACKEND_SLOTS);
 /// Capacity of the interface map (the network's interfaces, by ifindex).
 pub const MAX_IFACES: u32 = 64;
+/// Capacity of the local-endpoint map: the neighbours on the network's interfaces (the
+/// containers of a node, the clients on its links) that the fast path can hand packets to.
+pub const MAX_ENDPOINTS: u32 = 16384;
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
@@ -130,7 +133,7 @@ macro_rules! map_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]) or asked, so a program never reads a map written in
 /// another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 10] = [
+pub const MAP_LAYOUTS: [(&str, u32); 11] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -140,14 +143,16 @@ pub const MAP_LAYOUTS: [(&str, u32); 10] = [
     ("lb_config", 2),
     ("lb_counters", 2),
     ("lb_frags", 1),
-    ("lb_reasons", 1),
+    ("lb_reasons", 2),
+    ("lb_endpoints", 1),
 ];
 
-/// Maps whose contents are statistics or short-lived hints (counters, outcome counts, the
-/// ports of fragments in flight): one pinned in another layout is replaced without asking,
-/// since losing it costs no connection. Every other map of another layout is refused unless
-/// the operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 3] = ["lb_counters", "lb_frags", "lb_reasons"];
+/// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
+/// ports of fragments in flight) or what the controller rewrites whole from the node at every
+/// apply (the local endpoints): one pinned in another layout is replaced without asking, since
+/// losing it costs no connection. Every other map of another layout is refused unless the
+/// operator asks for the replacement.
+pub const DISPOSABLE_MAPS: [&str; 4] = ["lb_counters", "lb_frags", "lb_reasons", "lb_endpoints"];
 
 /// The map that records [`MAP_LAYOUTS`]' versions of a pin directory: an array of `u32`
 /// whose own layout never changes.
@@ -344,6 +349,37 @@ map_layout! {
     }
 }
 
+map_layout! {
+    /// Value of the local-endpoint map (keyed by IPv4 address, network order): a neighbour of
+    /// the node the fast path hands a translated packet to without the node's stack, as the
+    /// controller found it in the neighbour table (and, behind a bridge, the bridge's FDB).
+    pub struct Endpoint {
+        /// Where the packet goes: the node's end of the neighbour's veth (into whose peer
+        /// `bpf_redirect_peer` delivers, with [`ENDPOINT_PEER`]), or the device it is sent
+        /// out of.
+        pub ifindex: u32,
+        /// The node's L3 interface the neighbour is on (a bridge, for a bridge port): the
+        /// interface the stack would have routed the packet out of.
+        pub l3_ifindex: u32,
+        /// That interface's MTU: a bigger packet takes the stack (which fragments, or says
+        /// "fragmentation needed").
+        pub mtu: u32,
+        /// The neighbour's MAC (destination) and the L3 interface's own (source).
+        pub dmac: [u8; 6],
+        pub smac: [u8; 6],
+        /// `ENDPOINT_*` bits.
+        pub flags: u32,
+    }
+}
+
+/// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
+/// (`bpf_redirect_peer`, TC ingress only) rather than out of it.
+pub const ENDPOINT_PEER: u32 = 1 << 0;
+/// [`Endpoint::flags`]: the neighbour is behind a bridge of the node. A reply from a port of
+/// that bridge would have been bridged to it, never routed: the reply fast path leaves such
+/// packets to the bridge.
+pub const ENDPOINT_BRIDGED: u32 = 1 << 1;
+
 /// [`Config::masquerade`]: SNAT only hairpin flows (those that leave by the interface they came in on).
 pub const MASQ_AUTO: u32 = 0;
 /// [`Config::masquerade`]: SNAT every load-balanced flow (moby's `ct status dnat masquerade`).
@@ -401,17 +437,25 @@ pub enum Reason {
     MasqFailed,
     /// An SCTP fragment that would need a port rewrite (its CRC32c covers the whole datagram).
     SctpFragment,
+    /// Translated and handed straight to a local endpoint (the fast path), past the node's
+    /// stack; `Translated` counts what was handed to the stack.
+    Redirected,
+    /// A reply the fast path could translate but not hand over (no known hop, TTL, MTU,
+    /// masquerade, a bridged client): passed untouched, translated where it leaves the node.
+    NotRedirected,
 }
 
 /// The programs, in `lb_reasons` slot order (slot `hook * REASONS + reason`), with the label
 /// metrics give them.
-pub const HOOKS: [&str; 3] = ["xdp", "tc_ingress", "tc_egress"];
+pub const HOOKS: [&str; 4] = ["xdp", "tc_ingress", "tc_egress", "tc_reply"];
 pub const HOOK_XDP: u32 = 0;
 pub const HOOK_TC_INGRESS: u32 = 1;
 pub const HOOK_TC_EGRESS: u32 = 2;
+/// TC ingress of the node's end of a local backend's veth (the fast path's replies).
+pub const HOOK_TC_REPLY: u32 = 3;
 
 /// How many [`Reason`]s there are (the size of `lb_reasons` per hook).
-pub const REASONS: u32 = Reason::SctpFragment as u32 + 1;
+pub const REASONS: u32 = Reason::NotRedirected as u32 + 1;
 
 impl Reason {
     /// Every reason with its metric label, in counter-slot order.
@@ -435,6 +479,8 @@ impl Reason {
         (Reason::MasqNew, "masq_new"),
         (Reason::MasqFailed, "masq_failed"),
         (Reason::SctpFragment, "sctp_fragment"),
+        (Reason::Redirected, "redirected"),
+        (Reason::NotRedirected, "not_redirected"),
     ];
 }
 

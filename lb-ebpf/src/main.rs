@@ -13,6 +13,7 @@ mod lb;
 mod maps;
 mod nat;
 mod parse;
+mod redirect;
 mod snat;
 mod stats;
 
@@ -21,7 +22,7 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_XDP};
+use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_REPLY, HOOK_XDP, Reason};
 use nat::Verdict;
 
 /// Ingress fast path (`attach xdp`): DNAT of what it can prove it rewrites right, before an
@@ -35,22 +36,40 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
             nat::xdp_handoff(&ctx);
             xdp_action::XDP_PASS
         }
-        Verdict::Pass(_) => xdp_action::XDP_PASS,
+        Verdict::Pass(_) | Verdict::Redirect(_) => xdp_action::XDP_PASS,
         Verdict::Drop(_) => xdp_action::XDP_DROP,
     }
 }
 
-/// Ingress on the skb (`attach tc`, and beside XDP for what XDP leaves).
+/// Ingress on the skb (`attach tc`, and beside XDP for what XDP leaves). A translated
+/// packet, here or by XDP, takes the fast path where it may (`redirect`): the helper that
+/// delivers into a veth's peer exists at TC ingress only.
 #[classifier]
 pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
     let ctx = parse::Skb(ctx);
     if nat::translated_by_xdp(&ctx) {
-        return TC_ACT_UNSPEC;
+        // Counted by XDP already; only the hand-over is this run's.
+        return match nat::forward(&ctx) {
+            Some(action) => {
+                stats::reason(HOOK_TC_INGRESS, Reason::Redirected);
+                action
+            }
+            None => TC_ACT_UNSPEC,
+        };
     }
-    tc(nat::finish(
-        HOOK_TC_INGRESS,
-        nat::ingress(&ctx, HOOK_TC_INGRESS, false),
-    ))
+    let v = match nat::ingress(&ctx, HOOK_TC_INGRESS, false) {
+        Verdict::Translated => nat::forward(&ctx).map_or(Verdict::Translated, Verdict::Redirect),
+        v => v,
+    };
+    tc(nat::finish(HOOK_TC_INGRESS, v))
+}
+
+/// Ingress of the node's end of a local backend's veth, attached while the network's fast
+/// path is on: replies go straight back to their clients.
+#[classifier]
+pub fn lb_tc_reply(ctx: TcContext) -> i32 {
+    let ctx = parse::Skb(ctx);
+    tc(nat::finish(HOOK_TC_REPLY, nat::reply(&ctx, HOOK_TC_REPLY)))
 }
 
 /// Egress, always attached: reverse NAT of replies and masquerade.
@@ -67,6 +86,7 @@ pub fn lb_tc_egress(ctx: TcContext) -> i32 {
 fn tc(v: Verdict) -> i32 {
     match v {
         Verdict::Translated => TC_ACT_OK,
+        Verdict::Redirect(action) => action,
         Verdict::Pass(_) => TC_ACT_UNSPEC,
         Verdict::Drop(_) => TC_ACT_SHOT as i32,
     }

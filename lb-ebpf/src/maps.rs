@@ -2,7 +2,7 @@
 //! maps) per network; the controller pins them under `<bpffs>/<network>/` and records their
 //! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
-//! Who writes what: the controller is the only writer of the service, backend, address,
+//! Who writes what: the controller is the only writer of the service, backend, address, endpoint,
 //! interface and config maps. The programs write `lb_flows` (entries of new flows, state and
 //! expiry of live ones), `lb_frags`, and the counters; the controller only deletes from
 //! `lb_flows` (expired entries, and the UDP flows of a removed backend).
@@ -12,9 +12,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, Flow, FlowKey, FragKey, FragPorts, HOOKS, Iface,
-    LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES,
-    MAX_LOCAL_ADDRS, MAX_SERVICES, PortKey, REASONS, Service, VipKey,
+    Backend, BackendKey, Config, Counters, Endpoint, Flow, FlowKey, FragKey, FragPorts, HOOKS,
+    Iface, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS,
+    MAX_IFACES, MAX_LOCAL_ADDRS, MAX_SERVICES, PortKey, REASONS, Service, VipKey,
 };
 
 /// VIP → its backend set. Every port of a VIP is balanced.
@@ -72,3 +72,9 @@ pub static REASON_COUNTS: PerCpuArray<u64> =
 /// programs never touch it.
 #[map(name = "lb_layout")]
 pub static LAYOUT: Array<u32> = Array::with_max_entries(LAYOUT_MAP_SLOTS, 0);
+
+/// Address → the local endpoint the fast path hands packets for it to (`redirect`). Written
+/// only by the controller, from the namespace's neighbour table and bridge FDB, and kept
+/// empty while the network may not bypass the stack.
+#[map(name = "lb_endpoints")]
+pub static ENDPOINTS: HashMap<u32, Endpoint> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);

@@ -19,6 +19,7 @@ use crate::{
     frag, icmp, lb,
     maps::CONFIG,
     parse::{self, Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
+    redirect::{self, Towards},
     snat, stats,
 };
 
@@ -31,6 +32,8 @@ pub enum Verdict {
     /// A flow that cannot be given a unique tuple (the kernel's NAT drops these too), or a
     /// packet whose rewrite failed halfway (which must not leave half-translated).
     Drop(Reason),
+    /// Translated and handed to a local endpoint past the stack (`redirect`): the TC action.
+    Redirect(i32),
 }
 
 impl Verdict {
@@ -38,6 +41,7 @@ impl Verdict {
         match self {
             Verdict::Pass(r) | Verdict::Drop(r) => *r,
             Verdict::Translated => Reason::Translated,
+            Verdict::Redirect(_) => Reason::Redirected,
         }
     }
 }
@@ -151,6 +155,48 @@ fn egress_entry(ctx: &Skb, hook: u32, p: &Packet, cfg: &Config) -> Result<Flow, 
         }
     }
     snat::masquerade(ctx, hook, p, cfg, now)
+}
+
+/// The fast path for a packet TC ingress (or XDP before it) translated towards a backend: the
+/// TC action that hands it over, or `None` to give it to the stack.
+#[inline(always)]
+pub fn forward(ctx: &Skb) -> Option<i32> {
+    let cfg = config()?;
+    let ep = redirect::target(ctx, redirect::daddr(ctx)?, Towards::Backend, cfg)?;
+    Some(redirect::send(ctx, &ep))
+}
+
+/// The reply fast path, at TC ingress of the node's end of a local backend's veth: a reply
+/// whose client the fast path can reach is translated here (what TC egress would have done
+/// where it leaves the node) and handed to the client. Everything else passes untouched,
+/// checked before anything is written, and is translated on its way out as without the fast
+/// path: fragments, ICMP errors, masqueraded flows, unreachable clients.
+pub fn reply(ctx: &Skb, hook: u32) -> Verdict {
+    let Some(cfg) = config() else {
+        return Verdict::Pass(Reason::NotService);
+    };
+    let p = match parse::packet(ctx) {
+        Ok(Parsed::Flow(p)) if p.frag == Frag::Whole => p,
+        Ok(_) => return Verdict::Pass(Reason::NotRedirected),
+        Err(r) => return Verdict::Pass(r),
+    };
+    let now = conntrack::now();
+    let Found::Live(e) = conntrack::find(&p.key, now, hook) else {
+        return Verdict::Pass(Reason::NotService);
+    };
+    // SAFETY: map value copied out (updates go through `e`).
+    let entry = unsafe { *e };
+    if entry.flags != FLOW_EGRESS | FLOW_REPLY {
+        return Verdict::Pass(Reason::NotService);
+    }
+    let Some(ep) = redirect::target(ctx, entry.daddr, Towards::Client, cfg) else {
+        return Verdict::Pass(Reason::NotRedirected);
+    };
+    conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now);
+    match apply(ctx, &p, &entry) {
+        Verdict::Translated => Verdict::Redirect(redirect::send(ctx, &ep)),
+        v => v,
+    }
 }
 
 /// Rewrites `p` to the tuple entry `e` gives, counts it, and records a first fragment.

@@ -124,18 +124,20 @@ fn link_pins(dir: &Path) -> Vec<String> {
 fn attached(topo: &Topology, dir: &Path, netlink: bool) -> Vec<String> {
     let mut out = link_pins(dir);
     if netlink {
-        for ifname in &topo.node_ifaces {
-            for hook in ["ingress", "egress"] {
-                let f = topo
-                    .node
-                    .exec(["tc", "filter", "show", "dev", ifname, hook])
-                    .unwrap();
-                match f.matches(&format!("lb_tc_{hook}")).count() {
-                    0 => {}
-                    // `tc` prints the name twice: the filter's and the program's.
-                    2 => out.push(format!("link_{ifname}_{hook}")),
-                    _ => panic!("{ifname} {hook}: one filter of lb at most:\n{f}"),
-                }
+        let ports = (0..topo.backends.len()).map(Topology::bridge_port);
+        let hooks = (topo.node_ifaces.iter().cloned())
+            .flat_map(|i| [("ingress", "ingress", i.clone()), ("egress", "egress", i)])
+            .chain(ports.map(|p| ("ingress", "reply", p)));
+        for (hook, prog, ifname) in hooks {
+            let f = topo
+                .node
+                .exec(["tc", "filter", "show", "dev", &ifname, hook])
+                .unwrap();
+            match f.matches(&format!("lb_tc_{prog}")).count() {
+                0 => {}
+                // `tc` prints the name twice: the filter's and the program's.
+                2 => out.push(format!("link_{ifname}_{prog}")),
+                _ => panic!("{ifname} {hook}: one filter of lb at most:\n{f}"),
             }
         }
     }
@@ -143,14 +145,21 @@ fn attached(topo: &Topology, dir: &Path, netlink: bool) -> Vec<String> {
     out
 }
 
-/// What a network on `ifaces` with `attach` has attached, as [`attached`] lists it.
-fn expected_hooks(ifaces: &[&String], attach: &str) -> Vec<String> {
+/// What a network on `ifaces` with `attach` has attached in `topo`, as [`attached`] lists it:
+/// with the bridge among them, the fast path's reply hook on each of its ports too.
+fn expected_hooks(topo: &Topology, ifaces: &[&String], attach: &str) -> Vec<String> {
     let mut out = Vec::new();
     for i in ifaces {
         out.extend(["egress", "ingress"].map(|h| format!("link_{i}_{h}")));
         if attach == "xdp" && i.starts_with("lbc") {
             // The bridge has no native XDP.
             out.push(format!("link_{i}_xdp"));
+        }
+        if i.starts_with("lbbr") {
+            out.extend(
+                (0..topo.backends.len())
+                    .map(|b| format!("link_{}_reply", Topology::bridge_port(b))),
+            );
         }
     }
     out.sort();
@@ -180,7 +189,7 @@ fn changed_in_place(tc: &str) {
     let (client_if, bridge) = (&topo.node_ifaces[0], &topo.node_ifaces[1]);
     assert_eq!(
         attached(&topo, &dir, netlink),
-        expected_hooks(&[client_if], "tc")
+        expected_hooks(&topo, &[client_if], "tc")
     );
     let (mut sessions, replies) = open_sessions(&topo);
     let flows = map_id(&dir.join("lb_flows"));
@@ -207,7 +216,7 @@ fn changed_in_place(tc: &str) {
         println!("{tc}: {what}: hooks {hooks:?}");
         assert_eq!(
             hooks,
-            expected_hooks(&ifaces, attach),
+            expected_hooks(&topo, &ifaces, attach),
             "{tc}: {what}: the network's hooks"
         );
         for i in [client_if, bridge] {

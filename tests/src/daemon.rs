@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 
 use crate::netns::Topology;
 
@@ -271,4 +271,38 @@ impl Drop for LbDaemon {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// One scrape of the daemon's metrics at `addr` (`--metrics ADDR`): the Prometheus text.
+pub fn scrape(addr: &str) -> Result<String> {
+    use std::io::{Read as _, Write as _};
+    let mut conn =
+        std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+    let mut text = String::new();
+    conn.read_to_string(&mut text)
+        .with_context(|| format!("reading metrics from {addr}"))?;
+    ensure!(text.starts_with("HTTP/1.1 200"), "metrics answered: {text}");
+    Ok(text)
+}
+
+/// `lb_datapath_packets_total` of `network`'s program `hook` for `reason` in a scrape (0 when
+/// absent).
+pub fn datapath(text: &str, network: &str, hook: &str, reason: &str) -> u64 {
+    let series = format!(
+        "lb_datapath_packets_total{{network=\"{network}\",hook=\"{hook}\",reason=\"{reason}\"}} "
+    );
+    (text.lines())
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// A free TCP port on loopback for a daemon's `--metrics`.
+pub fn free_metrics_addr() -> Result<String> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(format!("127.0.0.1:{port}"))
 }

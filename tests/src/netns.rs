@@ -521,6 +521,23 @@ impl Topology {
         self.client.endpoint(self.client_ip, Some(self.node_ip))
     }
 
+    /// Plugs one more backend into the node bridge of [`Topology::new`], numbered and
+    /// addressed as the others (a container started after the node's load balancer); returns
+    /// its index.
+    pub fn add_backend(&mut self) -> Result<usize> {
+        let i = self.backends.len();
+        let addr =
+            Ipv4Addr::from(u32::from(*self.backend_ips.first().context("a backend")?) + i as u32);
+        let backend = Netns::new(&format!("b{i}"))?;
+        let port = Self::bridge_port(i);
+        self.node.veth(&port, &backend, ENDPOINT_IF)?;
+        self.node.enslave(&port, NODE_BRIDGE)?;
+        backend.endpoint(addr, Some(self.node_backend_ip))?;
+        self.backends.push(backend);
+        self.backend_ips.push(addr);
+        Ok(i)
+    }
+
     /// Every namespace of the topology, in drop order.
     pub fn namespaces(&self) -> impl Iterator<Item = &Netns> {
         self.backends

@@ -630,7 +630,9 @@ fn is_outcome(r: Reason) -> bool {
         | Reason::FragUnknown
         | Reason::NatFailed
         | Reason::MasqFailed
-        | Reason::SctpFragment => true,
+        | Reason::SctpFragment
+        | Reason::Redirected
+        | Reason::NotRedirected => true,
         Reason::FlowNew
         | Reason::FlowReopened
         | Reason::FlowRecreated
@@ -664,7 +666,7 @@ fn reason_fits(prog: Prog, input: &[u8], o: Outcome, r: Reason) -> bool {
         },
         Outcome::Passed => !matches!(
             r,
-            Reason::Translated | Reason::NatFailed | Reason::MasqFailed
+            Reason::Translated | Reason::Redirected | Reason::NatFailed | Reason::MasqFailed
         ),
         Outcome::Refused => false,
     }

@@ -71,6 +71,9 @@ pub struct NetworkStatus {
     pub interfaces: Vec<String>,
     pub attach: Attach,
     pub mode: Mode,
+    /// Which path translated packets take and why (`None`: not decided yet).
+    #[serde(default)]
+    pub path: Option<String>,
     pub services: usize,
     pub backends: usize,
     /// Flows as last counted off the writer's path (`None`: not counted yet).

@@ -121,6 +121,9 @@ fn network_status(n: &NetworkStatus) {
         n.attach,
         n.interfaces.join(",")
     );
+    if let Some(path) = &n.path {
+        println!("  path: {path}");
+    }
     for w in &n.warnings {
         println!("  warning: {w}");
     }

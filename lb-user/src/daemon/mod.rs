@@ -37,7 +37,10 @@ use crate::{
         Dataplane, STATES, SyncStats,
         ebpf::{MapSizes, OnIncompatible, TcMode},
     },
-    node::{check, watch::NetnsKey},
+    node::{
+        check,
+        watch::{Changes, NetnsKey},
+    },
 };
 
 mod metrics;
@@ -285,7 +288,7 @@ impl Daemon {
     /// Namespace `ns` changed (an address or a link came or went, or the namespace itself):
     /// its networks are applied again, which re-reads the node's addresses, re-attaches and
     /// re-adds aliases where an interface was recreated, or fails with a status that says why.
-    pub fn node_changed(&mut self, ns: &NetnsKey) {
+    pub fn node_changed(&mut self, ns: &NetnsKey, changes: Changes) {
         let names: Vec<String> = (self.desired.networks.iter())
             .filter(|n| n.netns_key() == ns.as_deref())
             .map(|n| n.name.clone())
@@ -293,9 +296,27 @@ impl Daemon {
         if names.is_empty() {
             return;
         }
-        tracing::debug!(netns = ?ns, networks = ?names, "the node changed; applying again");
-        self.stale.extend(names);
-        self.reconcile();
+        if changes.node {
+            tracing::debug!(netns = ?ns, networks = ?names, "the node changed; applying again");
+            self.stale.extend(names);
+            self.reconcile();
+            return;
+        }
+        // Neighbours or the ruleset: only the fast path of the networks applied there. One
+        // that is not applied gets all of it at its retry.
+        for name in names {
+            if self.errors.contains_key(&name) {
+                continue;
+            }
+            let Some(n) = self.desired.network(&name) else {
+                continue;
+            };
+            if let Err(e) = self.dp.refresh(n, changes.firewall) {
+                tracing::warn!(network = %name, error = %format!("{e:#}"), "refreshing the fast path failed; applying the network again");
+                self.stale.insert(name);
+                self.reconcile();
+            }
+        }
     }
 
     /// Retries what failed (the actor calls this when idle).
@@ -502,6 +523,7 @@ impl Daemon {
                 error: self.errors.get(&n.name).cloned(),
                 attach: n.attach,
                 mode: n.mode,
+                path: self.dp.path(&n),
                 services: n.services.len(),
                 backends: n.services.iter().map(|s| s.backends.len()).sum(),
                 flows: counted.as_ref().map(|c| c.by_state.iter().sum()),

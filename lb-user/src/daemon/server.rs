@@ -31,8 +31,8 @@ enum Job {
         tokio::sync::oneshot::Sender<Result<Reply, ApiError>>,
     ),
     Metrics(tokio::sync::oneshot::Sender<metrics::Scrape>),
-    /// A namespace's addresses or links changed (from [`watch`]).
-    Node(watch::NetnsKey),
+    /// Something in a namespace changed (from [`watch`]).
+    Node(watch::NetnsKey, watch::Changes),
     /// The daemon is stopping. Explicit, because the actor holds a sender of its own (the
     /// watchers report through it), so the channel never disconnects while it runs.
     Stop,
@@ -44,7 +44,8 @@ fn actor(
     to_self: mpsc::Sender<Job>,
     retry: Duration,
 ) {
-    let report: watch::Report = Arc::new(move |ns| to_self.send(Job::Node(ns)).is_ok());
+    let report: watch::Report =
+        Arc::new(move |ns, changes| to_self.send(Job::Node(ns, changes)).is_ok());
     let mut watcher = watch::Watcher::default();
     // Retries run on a clock of their own: a steady stream of requests (a monitor polling
     // `lb status`) must not postpone them.
@@ -74,7 +75,7 @@ fn actor(
             Ok(Job::Metrics(reply)) => {
                 let _ = reply.send(daemon.metrics());
             }
-            Ok(Job::Node(ns)) => daemon.node_changed(&ns),
+            Ok(Job::Node(ns, changes)) => daemon.node_changed(&ns, changes),
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 daemon.record();
                 return;

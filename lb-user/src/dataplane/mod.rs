@@ -113,6 +113,19 @@ pub trait Dataplane: Send {
     }
     /// Conditions of the node, outside what lb writes, under which part of the network's
     /// service will not work on this dataplane; `lb status` shows them.
+    /// Looks at the node again for what decides the network's fast path (neighbours, bridge
+    /// ports; with `firewall` also the forward-hook rules) and applies only that. Dataplanes
+    /// without a fast path have nothing to do.
+    fn refresh(&mut self, _network: &Network, _firewall: bool) -> Result<()> {
+        Ok(())
+    }
+
+    /// Which path the network's translated packets take and why, as last decided (`None`:
+    /// not decided yet).
+    fn path(&mut self, _network: &Network) -> Option<String> {
+        None
+    }
+
     fn warnings(&mut self, _network: &Network) -> Result<Vec<String>> {
         Ok(Vec::new())
     }

@@ -1,10 +1,13 @@
 //! The live node: its namespaces ([`netns`]), addresses, aliases and links over rtnetlink
 //! ([`netlink`]), what a change is checked against before it is saved ([`check`]), and the
-//! events that tell the daemon the node changed under a network ([`watch`]).
+//! events that tell the daemon the node changed under a network ([`watch`]), and whether the
+//! node's firewall filters forwarded traffic, which the fast path would skip ([`filter`]).
 pub mod check;
+pub mod filter;
 pub mod netlink;
 pub mod netns;
 pub mod watch;
 
-pub use netlink::{ALIAS_PROTO, BpfFilter, Netlink, NodeAddr};
+pub use filter::{NftEvents, forward_filters, nft_events};
+pub use netlink::{ALIAS_PROTO, BpfFilter, FdbEntry, Link, LinkKind, Neighbour, Netlink, NodeAddr};
 pub use netns::{in_netns, join_netns, netns_path};

@@ -13,8 +13,13 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use futures_util::TryStreamExt as _;
 use netlink_packet_route::{
+    AddressFamily,
     address::{AddressAttribute, AddressMessage, AddressProtocol},
-    link::{InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkInfo, LinkMessage, LinkXdp},
+    link::{
+        InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+        LinkXdp,
+    },
+    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState},
 };
 
 /// The IFA_PROTO every VIP alias of lb carries ('l'): how an alias lb added is told from an
@@ -396,5 +401,162 @@ impl Netlink {
             }
         }
         Ok(out)
+    }
+}
+
+/// What kind of device a link is, as far as the fast path cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkKind {
+    Veth,
+    Bridge,
+    Other,
+}
+
+/// A link of the namespace, as a dump gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub name: String,
+    pub kind: LinkKind,
+    /// The bridge (or other master) it is a port of.
+    pub master: Option<u32>,
+    pub mac: Option<[u8; 6]>,
+    pub mtu: u32,
+    /// Administratively up with a carrier (IFF_UP and IFF_LOWER_UP).
+    pub up: bool,
+}
+
+/// A neighbour entry: an address on a link with a MAC the kernel holds as good (reachable,
+/// stale, being re-checked, or set by hand).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Neighbour {
+    pub ifindex: u32,
+    pub addr: Ipv4Addr,
+    pub mac: [u8; 6],
+}
+
+/// A bridge forwarding entry: frames to `mac` on bridge `master` leave by port `port`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FdbEntry {
+    pub port: u32,
+    pub master: u32,
+    pub mac: [u8; 6],
+}
+
+fn mac(bytes: &[u8]) -> Option<[u8; 6]> {
+    bytes.try_into().ok()
+}
+
+impl Netlink {
+    /// Every link of the namespace (one dump).
+    pub fn link_table(&self) -> Result<Vec<Link>> {
+        Ok((self.links()?.iter())
+            .map(|m| {
+                let infos = link_infos(m);
+                let kind = if infos.contains(&LinkInfo::Kind(InfoKind::Veth)) {
+                    LinkKind::Veth
+                } else if infos.contains(&LinkInfo::Kind(InfoKind::Bridge)) {
+                    LinkKind::Bridge
+                } else {
+                    LinkKind::Other
+                };
+                let mut link = Link {
+                    index: m.header.index,
+                    name: format!("if{}", m.header.index),
+                    kind,
+                    master: None,
+                    mac: None,
+                    mtu: 0,
+                    up: m.header.flags.contains(LinkFlags::Up)
+                        && m.header.flags.contains(LinkFlags::LowerUp),
+                };
+                for a in &m.attributes {
+                    match a {
+                        LinkAttribute::IfName(n) => link.name = n.clone(),
+                        LinkAttribute::Controller(c) => link.master = Some(*c),
+                        LinkAttribute::Address(a) => link.mac = mac(a),
+                        LinkAttribute::Mtu(v) => link.mtu = *v,
+                        _ => {}
+                    }
+                }
+                link
+            })
+            .collect())
+    }
+
+    /// The IPv4 neighbours whose MAC is usable (one dump).
+    pub fn neighbours(&self) -> Result<Vec<Neighbour>> {
+        let msgs: Vec<_> = self.rt.block_on(async {
+            (self.handle.neighbours().get())
+                .set_address_family(AddressFamily::Inet)
+                .execute()
+                .try_collect()
+                .await
+                .context("listing neighbours")
+        })?;
+        Ok(msgs
+            .iter()
+            .filter(|m| {
+                matches!(
+                    m.header.state,
+                    NeighbourState::Reachable
+                        | NeighbourState::Stale
+                        | NeighbourState::Delay
+                        | NeighbourState::Probe
+                        | NeighbourState::Permanent
+                )
+            })
+            .filter_map(|m| {
+                let mut addr = None;
+                let mut lladdr = None;
+                for a in &m.attributes {
+                    match a {
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
+                            addr = Some(*ip)
+                        }
+                        NeighbourAttribute::LinkLayerAddress(l) => lladdr = mac(l),
+                        _ => {}
+                    }
+                }
+                Some(Neighbour {
+                    ifindex: m.header.ifindex,
+                    addr: addr?,
+                    mac: lladdr?,
+                })
+            })
+            .collect())
+    }
+
+    /// The forwarding entries of every bridge (one dump), the bridges' own addresses left out.
+    pub fn fdb(&self) -> Result<Vec<FdbEntry>> {
+        let msgs: Vec<_> = self.rt.block_on(async {
+            (self.handle.neighbours().get())
+                .set_address_family(AddressFamily::Bridge)
+                .execute()
+                .try_collect()
+                .await
+                .context("listing bridge forwarding entries")
+        })?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| {
+                let mut master = None;
+                let mut lladdr = None;
+                for a in &m.attributes {
+                    match a {
+                        NeighbourAttribute::Controller(c) => master = Some(*c),
+                        NeighbourAttribute::LinkLayerAddress(l) => lladdr = mac(l),
+                        _ => {}
+                    }
+                }
+                let master = master?;
+                // An entry of the bridge device itself ("self") is not a port's.
+                (master != m.header.ifindex).then_some(FdbEntry {
+                    port: m.header.ifindex,
+                    master,
+                    mac: lladdr?,
+                })
+            })
+            .collect())
     }
 }

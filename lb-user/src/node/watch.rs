@@ -1,6 +1,8 @@
 //! Following the node: one thread per namespace the desired state uses, subscribed to its
-//! rtnetlink address and link events, tells the actor which namespace changed, and the actor
-//! applies that namespace's networks again. So an address added to the node later is served
+//! rtnetlink address, link and neighbour events and to its nftables changes, tells the actor
+//! which namespace changed and how. On address and link events the actor applies that
+//! namespace's networks again; on neighbour and ruleset changes it refreshes only their fast
+//! path (endpoints; whether forward-hook rules forbid it). So an address added to the node later is served
 //! (published ports answer on it), one removed is dropped, and an interface deleted and
 //! recreated gets its programs and aliases back — within a second, as nftables' `fib daddr
 //! type local` and `iifname` follow such changes at once.
@@ -30,13 +32,17 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use rtnetlink::{
-    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_LINK},
+    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH},
     packet_core::{NetlinkMessage, NetlinkPayload},
     packet_route::{RouteNetlinkMessage, address::AddressAttribute},
     sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
 };
 
-use crate::node::{ALIAS_PROTO, join_netns, netns_path};
+use crate::node::{
+    ALIAS_PROTO,
+    filter::{self, NftEvents},
+    join_netns, netns_path,
+};
 
 /// How long events are coalesced before one report.
 const SETTLE: Duration = Duration::from_millis(100);
@@ -46,8 +52,37 @@ const POLL: Duration = Duration::from_millis(500);
 /// A namespace as the state names it: `None` is the daemon's own.
 pub type NetnsKey = Option<String>;
 
-/// Tells the actor that a namespace changed; false once the actor is gone.
-pub type Report = Arc<dyn Fn(NetnsKey) -> bool + Send + Sync>;
+/// What changed in a namespace since the last report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Addresses or links (or the namespace itself): the networks there are applied again.
+    pub node: bool,
+    /// Neighbours or bridge forwarding entries: only the fast path's endpoints can be stale.
+    pub neighbours: bool,
+    /// The nftables ruleset (other than lb's own tables): whether the fast path may run.
+    pub firewall: bool,
+}
+
+impl Changes {
+    pub const NODE: Changes = Changes {
+        node: true,
+        neighbours: false,
+        firewall: false,
+    };
+
+    fn any(&self) -> bool {
+        self.node || self.neighbours || self.firewall
+    }
+
+    fn merge(&mut self, other: Changes) {
+        self.node |= other.node;
+        self.neighbours |= other.neighbours;
+        self.firewall |= other.firewall;
+    }
+}
+
+/// Tells the actor what changed in a namespace; false once the actor is gone.
+pub type Report = Arc<dyn Fn(NetnsKey, Changes) -> bool + Send + Sync>;
 
 /// The watcher threads, one per namespace key.
 #[derive(Default)]
@@ -110,10 +145,10 @@ fn spawn(ns: NetnsKey, report: Report) -> Result<Arc<AtomicBool>> {
         .name("lb-watch".into())
         .spawn(move || {
             let socket = subscribe(&ns);
-            let joined = socket.as_ref().ok().map(|(_, ino)| *ino);
+            let joined = socket.as_ref().ok().map(|(_, _, ino)| *ino);
             let _ = ready_tx.send(socket.as_ref().map(drop).map_err(|e| format!("{e:#}")));
-            if let Ok((socket, _)) = socket {
-                follow(&ns, &socket, joined, &flag, &report);
+            if let Ok((socket, mut nft, _)) = socket {
+                follow(&ns, &socket, &mut nft, joined, &flag, &report);
             }
             flag.store(false, Ordering::Relaxed);
         })
@@ -126,8 +161,9 @@ fn spawn(ns: NetnsKey, report: Report) -> Result<Arc<AtomicBool>> {
 }
 
 /// Joins `ns` on this thread for good (the thread is the watcher's own) and opens a socket
-/// subscribed to its address and link events; returns it with the namespace's inode.
-fn subscribe(ns: &NetnsKey) -> Result<(Socket, u64)> {
+/// subscribed to its address, link and neighbour events, and one to its nftables changes;
+/// returns them with the namespace's inode.
+fn subscribe(ns: &NetnsKey) -> Result<(Socket, NftEvents, u64)> {
     if let Some(name) = ns {
         join_netns(&netns_path(name))?;
     }
@@ -136,8 +172,11 @@ fn subscribe(ns: &NetnsKey) -> Result<(Socket, u64)> {
         .ino();
     let mut socket = Socket::new(NETLINK_ROUTE).context("opening a rtnetlink socket")?;
     socket
-        .bind(&SocketAddr::new(0, RTMGRP_LINK | RTMGRP_IPV4_IFADDR))
-        .context("subscribing to address and link events")?;
+        .bind(&SocketAddr::new(
+            0,
+            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_NEIGH,
+        ))
+        .context("subscribing to address, link and neighbour events")?;
     let tv = libc::timeval {
         tv_sec: 0,
         // Wakes up at least every SETTLE, so a coalesced report leaves on time.
@@ -156,73 +195,82 @@ fn subscribe(ns: &NetnsKey) -> Result<(Socket, u64)> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error()).context("setting the receive timeout");
     }
-    Ok((socket, ino))
+    Ok((socket, filter::nft_events()?, ino))
 }
 
 fn follow(
     ns: &NetnsKey,
     socket: &Socket,
+    nft: &mut NftEvents,
     joined: Option<u64>,
     alive: &AtomicBool,
     report: &Report,
 ) {
     let mut buf = vec![0u8; 1 << 16];
-    let mut pending: Option<Instant> = None;
+    let mut since: Option<Instant> = None;
+    let mut pending = Changes::default();
     let mut last_check = Instant::now();
     while alive.load(Ordering::Relaxed) {
-        match socket.recv(&mut &mut buf[..], 0) {
-            Ok(n) if relevant(&buf[..n]) => {
-                pending.get_or_insert_with(Instant::now);
-            }
-            Ok(_) => {}
-            // The receive timeout, or an overrun (ENOBUFS: events were lost, so something
-            // changed): both mean "look again".
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {
-                pending.get_or_insert_with(Instant::now);
-            }
-            Err(_) => {}
+        let mut seen = match socket.recv(&mut &mut buf[..], 0) {
+            Ok(n) => relevant(&buf[..n]),
+            // An overrun (ENOBUFS: events were lost, so something changed) means "look
+            // again"; the receive timeout means nothing.
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => Changes::NODE,
+            Err(_) => Changes::default(),
+        };
+        // Drained at least every SETTLE (the receive timeout): a ruleset change is seen as
+        // promptly as a link event.
+        seen.firewall |= nft.drain().unwrap_or(true);
+        if seen.any() {
+            since.get_or_insert_with(Instant::now);
+            pending.merge(seen);
         }
         if last_check.elapsed() >= POLL {
             last_check = Instant::now();
             if netns_inode(ns).ok() != joined {
                 tracing::warn!(netns = ?ns, "the network namespace is gone or was replaced");
-                report(ns.clone());
+                report(ns.clone(), Changes::NODE);
                 return;
             }
         }
-        if pending.is_some_and(|t| t.elapsed() >= SETTLE) {
-            pending = None;
-            if !report(ns.clone()) {
+        if since.is_some_and(|t| t.elapsed() >= SETTLE) {
+            since = None;
+            if !report(ns.clone(), std::mem::take(&mut pending)) {
                 return;
             }
         }
     }
 }
 
-/// Whether a batch of rtnetlink messages holds a change lb must act on: any link event, and
-/// any address event that is not about one of lb's own aliases.
-fn relevant(mut bytes: &[u8]) -> bool {
-    let mut any = false;
+/// What a batch of rtnetlink messages changed that lb must act on: any link event, any
+/// address event that is not about one of lb's own aliases, and neighbour and bridge
+/// forwarding events (the fast path's endpoints).
+fn relevant(mut bytes: &[u8]) -> Changes {
+    let mut seen = Changes::default();
     while bytes.len() >= 16 {
         let len = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
         if len < 16 || len > bytes.len() {
-            return true;
+            return Changes::NODE;
         }
         let Ok(msg) = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&bytes[..len]) else {
             // Not one we can read: look again rather than miss a change.
-            return true;
+            return Changes::NODE;
         };
-        any |= match msg.payload {
+        match msg.payload {
             NetlinkPayload::InnerMessage(
                 RouteNetlinkMessage::NewAddress(a) | RouteNetlinkMessage::DelAddress(a),
-            ) => !a
-                .attributes
-                .iter()
-                .any(|x| matches!(x, AddressAttribute::Protocol(p) if u8::from(*p) == ALIAS_PROTO)),
-            NetlinkPayload::InnerMessage(_) => true,
-            _ => false,
-        };
+            ) => {
+                seen.node |= !a.attributes.iter().any(
+                    |x| matches!(x, AddressAttribute::Protocol(p) if u8::from(*p) == ALIAS_PROTO),
+                )
+            }
+            NetlinkPayload::InnerMessage(
+                RouteNetlinkMessage::NewNeighbour(_) | RouteNetlinkMessage::DelNeighbour(_),
+            ) => seen.neighbours = true,
+            NetlinkPayload::InnerMessage(_) => seen.node = true,
+            _ => {}
+        }
         bytes = &bytes[len.next_multiple_of(4).min(bytes.len())..];
     }
-    any
+    seen
 }

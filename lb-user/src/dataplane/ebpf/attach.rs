@@ -25,7 +25,7 @@ use aya::programs::{
     xdp::XdpLink,
 };
 
-use super::{EbpfNetwork, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, TcMode};
+use super::{EbpfNetwork, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_REPLY, PROG_XDP, TcMode};
 use crate::{core::model::Attach, node::Netlink};
 
 /// Prefix of link pin names.
@@ -37,6 +37,8 @@ const TC_HOOKS: [(&str, TcAttachType, &str); 2] = [
     (PROG_TC_INGRESS, TcAttachType::Ingress, "ingress"),
 ];
 const XDP_HOOK: &str = "xdp";
+/// The hook a local backend's veth gets while the fast path is on (`fast`).
+const REPLY_HOOK: (&str, TcAttachType, &str) = (PROG_TC_REPLY, TcAttachType::Ingress, "reply");
 
 /// The name of `hook` on `ifname`: its pin's file name, and its key among checked hooks.
 fn hook_name(ifname: &str, hook: &str) -> String {
@@ -52,12 +54,24 @@ pub(super) struct Wanted {
 }
 
 impl Wanted {
-    /// The hooks of a network on `ifnames` with `attach` under `tc_mode`.
-    pub(super) fn new(ifnames: &[String], attach: Attach, tc_mode: TcMode) -> Self {
+    /// The hooks of a network on `ifnames` with `attach` under `tc_mode`, and the reply
+    /// hooks of the fast path on `ports`.
+    pub(super) fn new(
+        ifnames: &[String],
+        ports: &[String],
+        attach: Attach,
+        tc_mode: TcMode,
+    ) -> Self {
         let mut w = Wanted {
             hooks: BTreeSet::new(),
             pins: BTreeSet::new(),
         };
+        for p in ports {
+            w.hooks.insert(hook_name(p, REPLY_HOOK.2));
+            if tc_mode == TcMode::Tcx {
+                w.pins.insert(hook_name(p, REPLY_HOOK.2));
+            }
+        }
         for i in ifnames {
             for (_, _, hook) in TC_HOOKS {
                 w.hooks.insert(hook_name(i, hook));
@@ -153,22 +167,47 @@ impl EbpfNetwork {
         tc_mode: TcMode,
     ) -> Result<()> {
         let index = nl.ifindex(ifname)?;
-        for (prog, hook, name) in TC_HOOKS {
-            let key = hook_name(ifname, name);
-            if self.hooks.get(&key) == Some(&index) {
-                continue;
-            }
-            match tc_mode {
-                TcMode::Tcx => self.attach_tcx(ifname, prog, hook, name)?,
-                TcMode::Netlink => self.attach_netlink(nl, ifname, prog, hook)?,
-            }
-            self.hooks.insert(key, index);
+        for tc in TC_HOOKS {
+            self.attach_tc(nl, ifname, index, tc, tc_mode)?;
         }
         let key = hook_name(ifname, XDP_HOOK);
         if attach == Attach::Xdp && self.hooks.get(&key) != Some(&index) {
             self.attach_xdp(nl, ifname)?;
             self.hooks.insert(key, index);
         }
+        Ok(())
+    }
+
+    /// Attaches the fast path's reply program to TC ingress of `ifname` (a local backend's
+    /// veth), or replaces what runs there, as for the network's own interfaces.
+    pub(super) fn attach_reply(
+        &mut self,
+        nl: &Netlink,
+        ifname: &str,
+        tc_mode: TcMode,
+    ) -> Result<()> {
+        let index = nl.ifindex(ifname)?;
+        self.attach_tc(nl, ifname, index, REPLY_HOOK, tc_mode)
+    }
+
+    /// One TC hook, checked once per interface index.
+    fn attach_tc(
+        &mut self,
+        nl: &Netlink,
+        ifname: &str,
+        index: u32,
+        (prog, hook, name): (&str, TcAttachType, &str),
+        tc_mode: TcMode,
+    ) -> Result<()> {
+        let key = hook_name(ifname, name);
+        if self.hooks.get(&key) == Some(&index) {
+            return Ok(());
+        }
+        match tc_mode {
+            TcMode::Tcx => self.attach_tcx(ifname, prog, hook, name)?,
+            TcMode::Netlink => self.attach_netlink(nl, ifname, prog, hook)?,
+        }
+        self.hooks.insert(key, index);
         Ok(())
     }
 
@@ -316,6 +355,18 @@ impl EbpfNetwork {
         }
         if tc_mode == TcMode::Netlink {
             detach_netlink(dropped);
+            // Ports that lost their reply hook (the fast path went off, the port left the
+            // bridge) are not interfaces of the network: found by the hooks checked here.
+            let ports: Vec<String> = (self.hooks.keys())
+                .filter(|h| !want.hooks.contains(*h))
+                .filter_map(|h| {
+                    h.strip_prefix(LINK_PREFIX)?
+                        .strip_suffix(REPLY_HOOK.2)?
+                        .strip_suffix('_')
+                })
+                .map(str::to_owned)
+                .collect();
+            detach_netlink(&ports);
         }
         self.hooks.retain(|h, _| want.hooks.contains(h));
         Ok(())
@@ -396,7 +447,7 @@ fn pin_link(link: FdLink, path: &Path) -> Result<()> {
 /// its filters with it).
 fn detach_netlink(ifnames: &[String]) {
     for ifname in ifnames {
-        for (prog, hook, _) in TC_HOOKS {
+        for (prog, hook, _) in TC_HOOKS.into_iter().chain([REPLY_HOOK]) {
             let _ = tc::qdisc_detach_program(ifname, hook, prog);
         }
     }

@@ -138,18 +138,23 @@ fn apply_in_netns(
     // is an address event, and the daemon applies again.
     let addrs = nl.addresses()?;
     let mut ifaces = Vec::new();
+    let mut indexes = Vec::new();
     for (name, index) in nl.present(&network.interfaces)? {
         // A masqueraded flow leaving by this interface takes its primary address.
         if let Some(a) = netlink::on_interface(&addrs, index).next() {
             ifaces.push((index, a.addr));
         }
+        indexes.push(index);
         dp.attach(&nl, name, network.attach, tc_mode)
             .with_context(|| format!("attaching to {name}"))?;
     }
+    let ports = dp
+        .sync_fast_path(&nl, network, &indexes, tc_mode, true)
+        .context("the fast path")?;
     // The new hooks are in before the old ones go: an interface that stays never loses its
     // programs, and one that goes keeps them until its last packet here is written.
     dp.detach_unwanted(
-        &Wanted::new(&network.interfaces, network.attach, tc_mode),
+        &Wanted::new(&network.interfaces, &ports, network.attach, tc_mode),
         &previous.dropped,
         tc_mode,
     )
@@ -183,6 +188,26 @@ fn apply_in_netns(
         )?,
     }
     Ok(stats)
+}
+
+/// The fast path alone, again (neighbours, bridge ports or forward-hook rules changed): no
+/// other map or hook is touched.
+fn refresh_in_netns(
+    dp: &mut EbpfNetwork,
+    network: &Network,
+    check_filters: bool,
+    tc_mode: TcMode,
+) -> Result<()> {
+    let nl = Netlink::new()?;
+    let indexes: Vec<u32> = (nl.present(&network.interfaces)?.into_iter())
+        .map(|(_, i)| i)
+        .collect();
+    let ports = dp.sync_fast_path(&nl, network, &indexes, tc_mode, check_filters)?;
+    dp.detach_unwanted(
+        &Wanted::new(&network.interfaces, &ports, network.attach, tc_mode),
+        &[],
+        tc_mode,
+    )
 }
 
 impl Dataplane for EbpfDataplane {
@@ -255,6 +280,27 @@ impl Dataplane for EbpfDataplane {
         Ok(stats)
     }
 
+    fn refresh(&mut self, network: &Network, firewall: bool) -> Result<()> {
+        let Some(mut dp) = self.nets.remove(&network.name) else {
+            // Never applied by this process: its next apply decides the path.
+            return Ok(());
+        };
+        let net = network.clone();
+        let tc_mode = self.tc_mode;
+        let (dp, result) = in_netns(network.netns.as_deref(), move || {
+            let r = refresh_in_netns(&mut dp, &net, firewall, tc_mode);
+            Ok((dp, r))
+        })
+        .with_context(|| format!("network {}", network.name))?;
+        self.nets.insert(network.name.clone(), dp);
+        result.with_context(|| format!("network {}: the fast path", network.name))
+    }
+
+    fn path(&mut self, network: &Network) -> Option<String> {
+        let dp = self.nets.get(&network.name)?;
+        dp.path().map(|p| p.to_string())
+    }
+
     fn remove(&mut self, network: &Network) -> Result<()> {
         // Our handles go first: the pins are then the only references, and removing them
         // frees the maps and detaches TCX/XDP links.
@@ -263,7 +309,22 @@ impl Dataplane for EbpfDataplane {
         let net = network.clone();
         let tc_mode = self.tc_mode;
         in_netns(network.netns.as_deref(), move || {
-            ebpf::detach_all(&dir, &net.interfaces, tc_mode)?;
+            // Netlink filters have no pin: the reply hooks are found on the ports of the
+            // network's bridges as they are now.
+            let mut ifnames = net.interfaces.clone();
+            if tc_mode == TcMode::Netlink {
+                let nl = Netlink::new()?;
+                let links = nl.link_table()?;
+                let ours: Vec<u32> = (nl.present(&net.interfaces)?.into_iter())
+                    .map(|(_, i)| i)
+                    .collect();
+                ifnames.extend(
+                    (links.iter())
+                        .filter(|l| l.master.is_some_and(|m| ours.contains(&m)))
+                        .map(|l| l.name.clone()),
+                );
+            }
+            ebpf::detach_all(&dir, &ifnames, tc_mode)?;
             Netlink::new()?.remove_aliases(&net.interfaces[0], &net.vips())
         })
         .with_context(|| format!("network {}: removing", network.name))?;

@@ -41,12 +41,13 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, Flow, FlowKey, Iface, LAYOUT_MAP,
-    MAP_LAYOUTS, PortKey, REASONS, Reason, Service, VipKey,
+    Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, Endpoint, Flow, FlowKey, Iface,
+    LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, VipKey,
 };
 
 mod attach;
 pub mod dataplane;
+pub mod fast;
 pub mod gc;
 mod plan;
 mod sync;
@@ -59,6 +60,7 @@ pub use sync::SyncStats;
 pub const PROG_XDP: &str = "lb_xdp";
 pub const PROG_TC_INGRESS: &str = "lb_tc_ingress";
 pub const PROG_TC_EGRESS: &str = "lb_tc_egress";
+pub const PROG_TC_REPLY: &str = "lb_tc_reply";
 
 pub use lb_common::HOOKS;
 
@@ -129,6 +131,13 @@ pub struct EbpfNetwork {
     config: Array<MapData, Config>,
     counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
+    endpoints: HashMap<MapData, u32, Endpoint>,
+    /// What `lb_endpoints` holds, as the last write left it (`None`: read it first).
+    endpoint_mirror: Option<BTreeMap<u32, Endpoint>>,
+    /// The forward-hook rules last read in the network's namespace (`fast`).
+    filters: Option<Vec<String>>,
+    /// The path last decided (`fast`).
+    path: Option<fast::PathState>,
     /// The hooks (`attach::hook_name`) found running, or made to run, this object's programs,
     /// with the index of the interface they were checked on: an interface deleted and created
     /// again under its name has a new index, so its hooks are checked again.
@@ -301,6 +310,10 @@ impl EbpfNetwork {
             config: Array::try_from(take(&mut ebpf, "lb_config")?)?,
             counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
+            endpoints: HashMap::try_from(take(&mut ebpf, "lb_endpoints")?)?,
+            endpoint_mirror: None,
+            filters: None,
+            path: None,
             ebpf,
             dir,
             hooks: BTreeMap::new(),

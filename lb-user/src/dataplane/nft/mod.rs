@@ -66,7 +66,7 @@ pub mod listing;
 pub mod ruleset;
 
 pub use diff::{Update, update};
-pub use exec::delete_table;
+pub use exec::{delete_table, nft};
 pub use listing::{Listed, listed_elements};
 pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name};
 
@@ -269,6 +269,11 @@ impl Dataplane for NftDataplane {
             removed.push(network.to_owned());
         }
         Ok(removed)
+    }
+
+    /// The kernel's NAT hands every packet to the stack; `fast-path` is the eBPF dataplane's.
+    fn path(&mut self, _network: &Network) -> Option<String> {
+        Some("stack: the nftables dataplane has no fast path".to_owned())
     }
 
     fn warnings(&mut self, network: &Network) -> Result<Vec<String>> {

@@ -1,0 +1,109 @@
+//! The fast path: a translated packet whose next hop is a local endpoint (`lb_endpoints`: a
+//! neighbour on one of the network's interfaces, found by the controller) leaves without the
+//! node's stack. Into a veth's peer namespace (`bpf_redirect_peer`), it skips the node's
+//! routing, bridge and netfilter hooks and the veth's backlog queue; out of another device
+//! (`bpf_redirect`), routing and netfilter.
+//!
+//! The fast path does for the packet what forwarding would have and nothing else: the TTL
+//! goes down by one (the IP checksum follows) and the Ethernet header is the hop's (the
+//! neighbour's MAC, the node interface's own). What the stack does differently is left to
+//! the stack, by not redirecting: a TTL about to run out (ICMP time exceeded), a packet too
+//! big for the hop (fragmentation or "fragmentation needed"), a flow the network masquerades
+//! (`always`, or `auto` for hairpin: SNAT happens on the way out of the stack), a reply to a
+//! client behind a bridge (bridged, never routed). Filtering is the controller's side of the
+//! contract: it fills `lb_endpoints` only while no forward-hook rule of the namespace could
+//! apply to these packets (or the network forces the fast path), so an empty map is "off".
+use aya_ebpf::{
+    bindings::TC_ACT_SHOT,
+    helpers::{bpf_redirect, bpf_redirect_peer},
+};
+use lb_common::{
+    Config, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, MASQ_ALWAYS,
+    csum::{IP_CSUM, IP_DADDR, Rewrite, Width},
+};
+
+use crate::{
+    maps::ENDPOINTS,
+    parse::{L3_OFF, Skb, read},
+};
+
+/// Offset of the IPv4 TTL (the first byte of the TTL/protocol word).
+const IP_TTL: usize = 8;
+const ETH_HLEN: u32 = 14;
+
+/// Which way a translated packet goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Towards {
+    /// A client's packet, destination rewritten to its backend.
+    Backend,
+    /// A backend's reply, source rewritten to the service.
+    Client,
+}
+
+/// The destination address of the packet as it stands (after its rewrite).
+#[inline(always)]
+pub fn daddr(ctx: &Skb) -> Option<u32> {
+    read(ctx, L3_OFF + IP_DADDR)
+}
+
+/// The endpoint a packet for `daddr` going `towards` may be handed to, if the fast path may
+/// take it (see the module's rules); `None` leaves it to the stack.
+#[inline(always)]
+pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<Endpoint> {
+    // SAFETY: plain data copied out.
+    let ep = *unsafe { ENDPOINTS.get(&daddr) }?;
+    // SAFETY: the skb is the program's valid context.
+    let (ifindex, len, gso) = unsafe {
+        let skb = ctx.0.skb.skb;
+        ((*skb).ifindex, (*skb).len, (*skb).gso_size)
+    };
+    match towards {
+        // The L3 interface the packet came in on is the one it would leave by: hairpin,
+        // which `auto` masquerades.
+        Towards::Backend if cfg.masquerade == MASQ_ALWAYS || ep.l3_ifindex == ifindex => {
+            return None;
+        }
+        Towards::Client if ep.flags & ENDPOINT_BRIDGED != 0 => return None,
+        _ => {}
+    }
+    // A GSO packet is segmented for the hop's MTU by whoever receives it; at TC ingress the
+    // length includes the Ethernet header.
+    if gso == 0 && len > ep.mtu + ETH_HLEN {
+        return None;
+    }
+    let ttl: u8 = read(ctx, L3_OFF + IP_TTL)?;
+    if ttl <= 1 {
+        return None;
+    }
+    Some(ep)
+}
+
+/// Forwards the packet to `ep` as routing would: TTL down by one, the hop's MACs, out. A
+/// failed write drops the packet (it must not leave half-forwarded).
+#[inline(always)]
+pub fn send(ctx: &Skb, ep: &Endpoint) -> i32 {
+    if forward(ctx, ep).is_none() {
+        return TC_ACT_SHOT as i32;
+    }
+    // SAFETY: helpers that only record the target on the skb's per-CPU redirect state.
+    unsafe {
+        if ep.flags & ENDPOINT_PEER != 0 {
+            bpf_redirect_peer(ep.ifindex, 0) as i32
+        } else {
+            bpf_redirect(ep.ifindex, 0) as i32
+        }
+    }
+}
+
+#[inline(always)]
+fn forward(ctx: &Skb, ep: &Endpoint) -> Option<()> {
+    let old: u16 = ctx.load16(L3_OFF + IP_TTL)?;
+    // The TTL is the word's first byte in memory: in network order, its high byte.
+    let new = (u16::from_be(old) - 0x0100).to_be();
+    ctx.ip_csum(L3_OFF + IP_CSUM, u32::from(old), u32::from(new), Width::W16)?;
+    ctx.store16(L3_OFF + IP_TTL, new, false)?;
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(&ep.dmac);
+    macs[6..].copy_from_slice(&ep.smac);
+    ctx.0.store(0, &macs, 0).ok()
+}

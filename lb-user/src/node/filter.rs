@@ -1,0 +1,528 @@
+//! Whether the node's firewall filters forwarded traffic: the fast path hands translated
+//! packets to a local interface's peer (`bpf_redirect_peer`), which skips the routing, bridge
+//! and netfilter forward path, and with it every rule there (Docker's DOCKER-USER and
+//! isolation chains, the CNI `firewall` plugin's CNI-FORWARD, a policy engine's tables). So the
+//! fast path is only taken where [`forward_filters`] finds nothing, and found again after every
+//! change [`nft_events`] reports.
+//!
+//! What filters (a base chain with at least one rule, or with policy drop):
+//! - hook `forward` of family ip, inet or bridge. iptables-nft's FORWARD is `table ip filter
+//!   chain FORWARD`; with `br_netfilter` the ip-family chains also see bridged traffic, so no
+//!   case of its own;
+//! - hook `ingress` or `egress` of family netdev, and hook `ingress` of family inet, on one of
+//!   the interfaces the caller names (or on any, if the chain names none): TC ingress, where
+//!   the redirect happens, runs before them, and the peer's egress is never reached;
+//! - legacy iptables' FORWARD chain (table `filter` in `/proc/net/ip_tables_names` of the
+//!   namespace), read with `iptables-legacy`.
+//!
+//! lb's own tables (`ip lb-*`, the nftables dataplane) never count: they only translate, and a
+//! leftover of that dataplane must not keep the eBPF one off its fast path.
+//!
+//! - filter-type chains at the `prerouting` and `postrouting` hooks of those families
+//!   (iptables-nft's raw and mangle tables, Docker's direct-access drops in raw PREROUTING):
+//!   the redirect skips them as well. NAT-type chains there do not count: they translate a
+//!   connection's first packet, they do not filter it.
+//!
+//! Not covered: legacy ebtables, and legacy iptables' tables other than `filter`.
+use std::{
+    collections::HashMap,
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd},
+    process::Command,
+};
+
+use anyhow::{Context as _, Result, bail};
+use rtnetlink::sys::{Socket, protocols::NETLINK_NETFILTER};
+use serde_json::Value;
+
+use crate::dataplane::nft::{TABLE_PREFIX, nft};
+
+/// The multicast group of nf_tables' change notifications (`NFNLGRP_NFTABLES`).
+const NFNLGRP_NFTABLES: u32 = 7;
+/// nfnetlink's subsystem of nf_tables messages (`NFNL_SUBSYS_NFTABLES`), the high byte of a
+/// message's type.
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+/// The message closing every transaction (`NFT_MSG_NEWGEN`): it names no table, and the
+/// transaction's own messages come with it.
+const NFT_MSG_NEWGEN: u16 = 15;
+/// The attribute naming the table in every other nf_tables message (`NFTA_TABLE_NAME`,
+/// `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`, …, all 1).
+const NFTA_TABLE: u16 = 1;
+/// The family of lb's own tables (`NFPROTO_IPV4`).
+const NFPROTO_IPV4: u8 = 2;
+/// `struct nlmsghdr` and `struct nfgenmsg`.
+const NLMSG_HDRLEN: usize = 16;
+const NFGENMSG_LEN: usize = 4;
+
+/// One reason per filtering chain found in the calling thread's network namespace (callers
+/// wrap it in [`crate::node::in_netns`]); empty when nothing can filter forwarded traffic
+/// through `devices` (the node's interfaces the fast path would send from and to).
+pub fn forward_filters(devices: &[String]) -> Result<Vec<String>> {
+    // Terse: set elements (an nft dataplane's maps can hold 100,000s) are not needed.
+    let json =
+        nft(&["-j", "-t", "list", "ruleset"], None).context("listing the nftables ruleset")?;
+    let chains = base_chains(&json)?;
+    // nft 1.0.6 leaves the devices of netdev and inet-ingress chains out of its JSON; its text
+    // listing has them. A chain that changed in between reads as naming no device: any device.
+    let text = if chains.iter().any(|c| c.devices.is_none()) {
+        Some(nft(&["-t", "list", "ruleset"], None).context("listing the nftables ruleset")?)
+    } else {
+        None
+    };
+    let listed = text.as_deref().map(text_devices).unwrap_or_default();
+    let mut reasons: Vec<String> = chains
+        .into_iter()
+        .filter_map(|mut c| {
+            if c.devices.is_none() {
+                let key = (c.family.clone(), c.table.clone(), c.name.clone());
+                c.devices = Some(listed.get(&key).cloned().unwrap_or_default());
+            }
+            c.filters(devices).then(|| c.reason())
+        })
+        .collect();
+    reasons.extend(legacy_forward()?);
+    Ok(reasons)
+}
+
+/// A base chain that may filter forwarded traffic, whatever the devices.
+#[derive(Debug)]
+struct Chain {
+    family: String,
+    table: String,
+    name: String,
+    hook: String,
+    policy: String,
+    rules: usize,
+    /// The devices of a device-bound hook (empty: any); `None` while unknown (not in nft's
+    /// JSON); always `Some(empty)` for a forward hook.
+    devices: Option<Vec<String>>,
+}
+
+impl Chain {
+    fn filters(&self, devices: &[String]) -> bool {
+        let on = self.devices.as_deref().unwrap_or_default();
+        on.is_empty()
+            || on.iter().any(|pattern| {
+                devices.iter().any(|d| match pattern.strip_suffix('*') {
+                    // A wildcard hook (`device "veth*"`, recent kernels and nft) covers every
+                    // interface whose name starts with the rest.
+                    Some(prefix) => d.starts_with(prefix),
+                    None => d == pattern,
+                })
+            })
+    }
+
+    fn reason(&self) -> String {
+        let Chain {
+            family,
+            table,
+            name,
+            hook,
+            policy,
+            rules,
+            devices,
+        } = self;
+        let on = match devices.as_deref().unwrap_or_default() {
+            [] if !matches!(hook.as_str(), "ingress" | "egress") => String::new(),
+            [] => " on any device".to_owned(),
+            d => format!(" on {}", d.join(", ")),
+        };
+        let s = if *rules == 1 { "" } else { "s" };
+        format!(
+            "table {family} {table} chain {name} (hook {hook}{on}, policy {policy}, {rules} rule{s})"
+        )
+    }
+}
+
+/// The base chains of `nft -j list ruleset` output that are at a hook the fast path skips and
+/// have a rule or a drop policy, outside lb's own tables; their devices when the JSON has them.
+fn base_chains(json: &str) -> Result<Vec<Chain>> {
+    let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
+    let objects = v["nftables"]
+        .as_array()
+        .context("nft's JSON output has no nftables list")?;
+    // (family, table, chain) of an object, the chain's name under `chain_key`.
+    let key = |o: &Value, chain_key: &str| {
+        let s = |k: &str| o[k].as_str().unwrap_or_default().to_owned();
+        (s("family"), s("table"), s(chain_key))
+    };
+    let mut rules: HashMap<(String, String, String), usize> = HashMap::new();
+    for rule in objects.iter().filter_map(|o| o.get("rule")) {
+        *rules.entry(key(rule, "chain")).or_default() += 1;
+    }
+    let mut chains = Vec::new();
+    for chain in objects.iter().filter_map(|o| o.get("chain")) {
+        let Some(hook) = chain["hook"].as_str() else {
+            continue; // a regular chain: only reached from a base chain, which is what counts
+        };
+        let (family, table, name) = key(chain, "name");
+        let device_bound = match (family.as_str(), hook, chain["type"].as_str()) {
+            ("ip" | "inet" | "bridge", "forward", _) => false,
+            // Filter-type chains before and after routing (iptables' raw and mangle tables,
+            // Docker's direct-access drops in raw PREROUTING): the redirect skips them too.
+            // NAT-type chains see a connection's first packet only, for address translation
+            // of its own; they are not filtering.
+            ("ip" | "inet" | "bridge", "prerouting" | "postrouting", Some("filter")) => false,
+            ("netdev", "ingress" | "egress", _) | ("inet", "ingress", _) => true,
+            _ => continue,
+        };
+        if family == "ip" && table.starts_with(TABLE_PREFIX) {
+            continue;
+        }
+        let policy = chain["policy"].as_str().unwrap_or("accept").to_owned();
+        let count = rules
+            .get(&(family.clone(), table.clone(), name.clone()))
+            .copied()
+            .unwrap_or(0);
+        if count == 0 && policy != "drop" {
+            continue;
+        }
+        let devices = if device_bound {
+            match &chain["dev"] {
+                Value::String(d) => Some(vec![d.clone()]),
+                Value::Array(ds) => Some(
+                    ds.iter()
+                        .filter_map(|d| d.as_str().map(str::to_owned))
+                        .collect(),
+                ),
+                _ => None,
+            }
+        } else {
+            Some(Vec::new())
+        };
+        chains.push(Chain {
+            family,
+            table,
+            name,
+            hook: hook.to_owned(),
+            policy,
+            rules: count,
+            devices,
+        });
+    }
+    Ok(chains)
+}
+
+/// The devices of each base chain in `nft list ruleset` text output, keyed by family, table
+/// and chain: `device "d0"` or `devices = { d0, lo }` on the chain's `type … hook …` line.
+fn text_devices(text: &str) -> HashMap<(String, String, String), Vec<String>> {
+    let unquote = |s: &str| s.trim_matches(|c| c == '"' || c == ',').to_owned();
+    let mut out = HashMap::new();
+    let mut table: Option<(String, String)> = None;
+    let mut chain: Option<String> = None;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["table", family, name, "{", ..] => {
+                table = Some((family.to_string(), unquote(name)));
+                chain = None;
+            }
+            ["chain", name, "{", ..] => chain = Some(unquote(name)),
+            // Sets, maps, flowtables (whose `devices = {…}` is not a hook's) and the like.
+            [_, _, "{", ..] => chain = None,
+            ["type", ..] => {
+                let (Some((family, t)), Some(c)) = (&table, &chain) else {
+                    continue;
+                };
+                let Some(hook) = words.iter().position(|w| *w == "hook") else {
+                    continue;
+                };
+                // After `hook NAME`.
+                let devices = match words.get(hook + 2..).unwrap_or_default() {
+                    ["device", d, ..] => vec![unquote(d)],
+                    ["devices", "=", "{", more @ ..] => more
+                        .iter()
+                        .take_while(|w| !w.starts_with('}'))
+                        .map(|w| unquote(w))
+                        .filter(|w| !w.is_empty())
+                        .collect(),
+                    _ => Vec::new(),
+                };
+                out.insert((family.clone(), t.clone(), c.clone()), devices);
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The reason legacy iptables filters forwarded traffic in the calling thread's namespace, if
+/// it does: its `filter` table is loaded there and FORWARD has a rule or policy DROP. Nothing
+/// is run when the table is not loaded (`iptables-legacy` would load it).
+fn legacy_forward() -> Result<Option<String>> {
+    // thread-self: /proc/net is the namespace of the process's main thread, not of the
+    // thread in_netns runs this on.
+    let path = "/proc/thread-self/net/ip_tables_names";
+    let names = match std::fs::read_to_string(path) {
+        Ok(names) => names,
+        // ip_tables is not loaded: no legacy table anywhere.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e).with_context(|| format!("reading {path}")),
+    };
+    if !names.lines().any(|t| t.trim() == "filter") {
+        return Ok(None);
+    }
+    let out = match Command::new("iptables-legacy")
+        .args(["-w", "-S", "FORWARD"])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(legacy_reason(None))),
+        Err(e) => return Err(e).context("running iptables-legacy"),
+    };
+    if !out.status.success() {
+        bail!(
+            "iptables-legacy -S FORWARD failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let listing = String::from_utf8_lossy(&out.stdout);
+    Ok(legacy_filters(&listing).then(|| legacy_reason(Some(&listing))))
+}
+
+/// Whether `iptables-legacy -S FORWARD` output has a rule or policy DROP.
+fn legacy_filters(listing: &str) -> bool {
+    listing
+        .lines()
+        .any(|l| l.starts_with("-A FORWARD ") || l.split_whitespace().eq(["-P", "FORWARD", "DROP"]))
+}
+
+/// The reason for a loaded legacy `filter` table: from its FORWARD listing, or, without
+/// `iptables-legacy` to read it, for being loaded at all.
+fn legacy_reason(listing: Option<&str>) -> String {
+    let Some(listing) = listing else {
+        return "legacy iptables table filter is loaded and iptables-legacy is not installed to read its FORWARD chain".to_owned();
+    };
+    let policy = listing
+        .lines()
+        .find_map(|l| l.strip_prefix("-P FORWARD "))
+        .unwrap_or("ACCEPT")
+        .trim();
+    let rules = listing
+        .lines()
+        .filter(|l| l.starts_with("-A FORWARD "))
+        .count();
+    let s = if rules == 1 { "" } else { "s" };
+    format!("legacy iptables table filter chain FORWARD (policy {policy}, {rules} rule{s})")
+}
+
+/// Changes to the nftables ruleset of one namespace: a NETLINK_NETFILTER socket subscribed to
+/// `NFNLGRP_NFTABLES`, non-blocking. Readable means "the ruleset may have changed":
+/// [`NftEvents::drain`] then says whether anything but lb's own tables did, and
+/// [`forward_filters`] is due again.
+///
+/// iptables-nft and ebtables-nft changes arrive here too (they are nf_tables transactions);
+/// legacy iptables changes do not (they replace a whole x_tables blob, announced to no one), so
+/// a node using `iptables-legacy` is only seen anew when something else triggers a check.
+pub struct NftEvents {
+    socket: Socket,
+    buf: Vec<u8>,
+}
+
+/// Subscribes to nftables changes in the calling thread's network namespace; the socket stays
+/// in that namespace whichever thread polls it.
+pub fn nft_events() -> Result<NftEvents> {
+    let mut socket =
+        Socket::new(NETLINK_NETFILTER).context("opening a netfilter netlink socket")?;
+    socket
+        .bind_auto()
+        .context("binding a netfilter netlink socket")?;
+    socket
+        .add_membership(NFNLGRP_NFTABLES)
+        .context("subscribing to nftables changes")?;
+    socket
+        .set_non_blocking(true)
+        .context("making the netfilter netlink socket non-blocking")?;
+    Ok(NftEvents {
+        socket,
+        buf: vec![0; 1 << 16],
+    })
+}
+
+impl NftEvents {
+    /// Reads every pending notification without blocking; true when one is about a table
+    /// other than lb's own, could not be read, or some were lost (the socket overran), so
+    /// [`forward_filters`] is due again. lb's nftables dataplane writing its tables thus never
+    /// triggers a check (nor a loop of apply → change → apply).
+    pub fn drain(&mut self) -> Result<bool> {
+        let mut changed = false;
+        loop {
+            // MSG_TRUNC: the datagram's whole length, so a truncated one is noticed.
+            match self.socket.recv(&mut &mut self.buf[..], libc::MSG_TRUNC) {
+                Ok(n) if n > self.buf.len() => changed = true,
+                Ok(n) => changed |= relevant(&self.buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(changed),
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => changed = true,
+                Err(e) => return Err(e).context("reading nftables changes"),
+            }
+        }
+    }
+}
+
+impl AsRawFd for NftEvents {
+    fn as_raw_fd(&self) -> RawFd {
+        self.socket.as_raw_fd()
+    }
+}
+
+impl AsFd for NftEvents {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the fd is the socket's, open as long as `self` is borrowed.
+        unsafe { BorrowedFd::borrow_raw(self.socket.as_raw_fd()) }
+    }
+}
+
+/// Whether a datagram of nf_tables notifications is about any table but lb's own (`ip lb-*`);
+/// what cannot be read counts as a change.
+fn relevant(mut bytes: &[u8]) -> bool {
+    let mut any = false;
+    while !bytes.is_empty() {
+        if bytes.len() < NLMSG_HDRLEN {
+            return true;
+        }
+        let len = u32::from_ne_bytes(bytes[..4].try_into().expect("4 bytes")) as usize;
+        let kind = u16::from_ne_bytes(bytes[4..6].try_into().expect("2 bytes"));
+        if len < NLMSG_HDRLEN || len > bytes.len() {
+            return true;
+        }
+        let msg = &bytes[..len];
+        if kind >> 8 == NFNL_SUBSYS_NFTABLES && kind & 0xff != NFT_MSG_NEWGEN {
+            any |= match table_of(msg) {
+                Some((family, table)) => {
+                    !(family == NFPROTO_IPV4 && table.starts_with(TABLE_PREFIX.as_bytes()))
+                }
+                None => true,
+            };
+        }
+        bytes = &bytes[len.next_multiple_of(4).min(bytes.len())..];
+    }
+    any
+}
+
+/// The family and table name of one nf_tables message.
+fn table_of(msg: &[u8]) -> Option<(u8, &[u8])> {
+    let family = *msg.get(NLMSG_HDRLEN)?;
+    let mut attrs = msg.get(NLMSG_HDRLEN + NFGENMSG_LEN..)?;
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes(attrs[..2].try_into().expect("2 bytes")) as usize;
+        // NLA_TYPE_MASK: the top two bits are flags.
+        let kind = u16::from_ne_bytes(attrs[2..4].try_into().expect("2 bytes")) & 0x3fff;
+        if len < 4 || len > attrs.len() {
+            return None;
+        }
+        if kind == NFTA_TABLE {
+            let name = &attrs[4..len];
+            return Some((family, name.split(|&b| b == 0).next().unwrap_or(name)));
+        }
+        attrs = &attrs[len.next_multiple_of(4).min(attrs.len())..];
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_bound_chains_read_their_devices_from_the_text_listing() {
+        let text = "table netdev nd {\n\tchain in {\n\t\ttype filter hook ingress device \"d0\" priority filter; policy accept;\n\t\tcounter\n\t}\n}\n\
+            table netdev nd2 {\n\tflowtable f {\n\t\thook ingress priority filter\n\t\tdevices = { d9 }\n\t}\n\n\tchain in2 {\n\t\ttype filter hook ingress devices = { d0, \"lo\" } priority filter; policy accept;\n\t}\n\n\tchain none {\n\t\ttype filter hook egress priority filter; policy drop;\n\t}\n}\n";
+        let d = text_devices(text);
+        let k = |t: &str, c: &str| ("netdev".to_owned(), t.to_owned(), c.to_owned());
+        assert_eq!(d[&k("nd", "in")], ["d0"], "{d:?}");
+        assert_eq!(d[&k("nd2", "in2")], ["d0", "lo"], "{d:?}");
+        assert!(d[&k("nd2", "none")].is_empty(), "{d:?}");
+        assert_eq!(d.len(), 3, "the flowtable is no chain: {d:?}");
+    }
+
+    #[test]
+    fn a_chain_naming_devices_filters_only_those_and_one_naming_none_filters_all() {
+        let chain = |devices: &[&str]| Chain {
+            family: "netdev".into(),
+            table: "t".into(),
+            name: "c".into(),
+            hook: "ingress".into(),
+            policy: "accept".into(),
+            rules: 1,
+            devices: Some(devices.iter().map(|d| d.to_string()).collect()),
+        };
+        let ours = ["lbc0".to_owned(), "veth1".to_owned()];
+        assert!(chain(&["veth1"]).filters(&ours), "a listed device");
+        assert!(!chain(&["eth9"]).filters(&ours), "another device");
+        assert!(chain(&["veth*"]).filters(&ours), "a wildcard");
+        assert!(chain(&[]).filters(&ours), "no device: any");
+        assert_eq!(
+            chain(&["veth1", "lo"]).reason(),
+            "table netdev t chain c (hook ingress on veth1, lo, policy accept, 1 rule)"
+        );
+    }
+
+    #[test]
+    fn base_chains_take_devices_from_json_where_nft_prints_them() {
+        // Newer nft prints `dev` (one device, or a list); 1.0.6 prints neither.
+        let json = r#"{"nftables": [
+            {"chain": {"family": "netdev", "table": "n", "name": "one", "hook": "ingress", "policy": "drop", "dev": "f0"}},
+            {"chain": {"family": "netdev", "table": "n", "name": "two", "hook": "egress", "policy": "drop", "dev": ["f0", "g0"]}},
+            {"chain": {"family": "netdev", "table": "n", "name": "old", "hook": "ingress", "policy": "drop"}},
+            {"chain": {"family": "inet", "table": "f", "name": "regular"}},
+            {"rule": {"family": "inet", "table": "f", "chain": "regular", "expr": []}},
+            {"chain": {"family": "ip", "table": "lb-web", "name": "forward", "hook": "forward", "policy": "drop"}}
+        ]}"#;
+        let chains = base_chains(json).unwrap();
+        let devices: Vec<_> = chains
+            .iter()
+            .map(|c| (c.name.as_str(), c.devices.clone()))
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                ("one", Some(vec!["f0".to_owned()])),
+                ("two", Some(vec!["f0".to_owned(), "g0".to_owned()])),
+                ("old", None),
+            ],
+            "regular chains and lb's table are left out"
+        );
+    }
+
+    #[test]
+    fn legacy_forward_filters_with_a_rule_or_a_drop_policy() {
+        assert!(!legacy_filters("-P FORWARD ACCEPT\n"));
+        assert!(legacy_filters("-P FORWARD DROP\n"));
+        assert!(legacy_filters(
+            "-P FORWARD ACCEPT\n-A FORWARD -s 10.0.0.1/32 -j DROP\n"
+        ));
+        assert_eq!(
+            legacy_reason(Some("-P FORWARD DROP\n-A FORWARD -j ACCEPT\n")),
+            "legacy iptables table filter chain FORWARD (policy DROP, 1 rule)"
+        );
+        assert!(legacy_reason(None).contains("not installed"));
+    }
+
+    /// One nf_tables notification: `family`, message `msg`, attribute 1 = `table`.
+    fn message(family: u8, msg: u16, table: &str) -> Vec<u8> {
+        let attr_len = 4 + table.len() + 1;
+        let len = NLMSG_HDRLEN + NFGENMSG_LEN + attr_len.next_multiple_of(4);
+        let mut m = Vec::with_capacity(len);
+        m.extend((len as u32).to_ne_bytes());
+        m.extend(((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
+        m.extend([0; 10]); // flags, seq, pid
+        m.extend([family, 0, 0, 0]);
+        m.extend((attr_len as u16).to_ne_bytes());
+        m.extend(NFTA_TABLE.to_ne_bytes());
+        m.extend(table.as_bytes());
+        m.resize(len, 0);
+        m
+    }
+
+    #[test]
+    fn notifications_about_lb_tables_alone_are_no_change() {
+        let ours = message(NFPROTO_IPV4, 6, "lb-web");
+        let gen_ = message(0, NFT_MSG_NEWGEN, "");
+        let theirs = message(1, 6, "lb-web"); // inet: not lb's
+        assert!(!relevant(&[ours.clone(), gen_.clone()].concat()));
+        assert!(relevant(&[ours.clone(), theirs, gen_].concat()));
+        assert!(relevant(&message(NFPROTO_IPV4, 3, "filter")));
+        assert!(relevant(&ours[..ours.len() - 4]), "a truncated message");
+    }
+}

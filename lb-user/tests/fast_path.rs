@@ -1,0 +1,328 @@
+//! The eBPF fast path through `lb daemon`, on the routed topology (client → node `lbc0` →
+//! bridge `lbbr0` → backend veths): translated packets are handed to the backend's namespace
+//! and replies to the client's past the node's stack, shown by the programs' outcome counters
+//! (`lb_datapath_packets_total`, reason `redirected`) and by the node's bridge, which no
+//! redirected packet crosses. Where the fast path may not or cannot go — a forward-hook rule,
+//! an unresolved neighbour — packets take the stack and meet the same fate as without lb's
+//! programs. Root only.
+use std::{
+    net::Ipv4Addr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
+    netns::{Netns, Topology},
+    require_root,
+    tools::link_stats,
+    traffic::{Reply, TIMEOUT, spawn_backend, spawn_backends, tcp_request, udp_request},
+};
+use serde_json::Value;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+/// Backends answer TCP on PORT and UDP on PORT + 1; the service publishes PUB → PORT and
+/// PUB + 1 → PORT + 1 on the node's addresses.
+const PORT: u16 = 8080;
+const PUB: u16 = 9080;
+const NET: &str = "fast";
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+/// A daemon serving `NET` over `topo` with `extra` network flags, and its metrics address.
+fn serve(topo: &Topology, bpffs: &Bpffs, extra: &[&str]) -> (LbDaemon, String) {
+    let metrics = free_metrics_addr().unwrap();
+    let d = LbDaemon::start(
+        lb(),
+        bpffs.path(),
+        &["--dataplane", "ebpf", "--metrics", &metrics],
+    )
+    .expect("lb daemon starts");
+    let mut add = network_add(topo, NET);
+    add.extend(extra.iter().map(|s| s.to_string()));
+    d.ok(&add);
+    set_web(&d, &topo.backend_ips);
+    (d, metrics)
+}
+
+fn set_web(d: &LbDaemon, backends: &[Ipv4Addr]) {
+    let mut args: Vec<String> = ["service", "set", NET, "web", "--vip", &VIP.to_string()]
+        .map(String::from)
+        .into();
+    for p in [
+        format!("tcp/{PUB}:{PORT}"),
+        format!("udp/{}:{}", PUB + 1, PORT + 1),
+    ] {
+        args.extend(["--port".into(), p]);
+    }
+    for b in backends {
+        args.extend(["--backend".into(), b.to_string()]);
+    }
+    d.ok(&args);
+}
+
+/// The network's `path` in `lb status --json`.
+fn path(d: &LbDaemon) -> String {
+    let v: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
+    let n = (v["networks"].as_array().unwrap().iter())
+        .find(|n| n["name"] == NET)
+        .unwrap()
+        .clone();
+    n["path"].as_str().unwrap_or("-").to_owned()
+}
+
+/// Polls `what` every 100 ms until it holds or 10 s pass.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("not within 10 s: {what}");
+}
+
+/// Until `lb status` shows the fast path with at least `n` endpoints.
+fn wait_fast(d: &LbDaemon, n: usize) {
+    eventually(&format!("fast path with {n} endpoints"), || {
+        let p = path(d);
+        p.strip_prefix("fast: ")
+            .and_then(|r| r.split(' ').next())
+            .and_then(|c| c.parse::<usize>().ok())
+            .is_some_and(|c| c >= n)
+    });
+}
+
+/// One request of each kind the network serves, to the VIP and to the published ports on the
+/// node's client-facing address: every one answered, with the client's own address seen.
+fn ask_all(topo: &Topology, rounds: usize) {
+    for _ in 0..rounds {
+        for (proto, addr, port) in [
+            ("tcp", VIP, PORT),
+            ("udp", VIP, PORT + 1),
+            ("tcp", topo.node_ip, PUB),
+            ("udp", topo.node_ip, PUB + 1),
+        ] {
+            let answer = if proto == "tcp" {
+                tcp_request(&topo.client, addr, port, TIMEOUT)
+            } else {
+                udp_request(&topo.client, addr, port, TIMEOUT)
+            }
+            .unwrap_or_else(|e| panic!("{proto} {addr}:{port}: {e:#}"));
+            let reply: Reply = answer.parse().unwrap();
+            assert_eq!(
+                *reply.peer.ip(),
+                topo.client_ip,
+                "the backend sees the client: {reply}"
+            );
+        }
+    }
+}
+
+/// Redirected packets at `hook` so far.
+fn redirected(metrics: &str, hook: &str) -> u64 {
+    datapath(&scrape(metrics).unwrap(), NET, hook, "redirected")
+}
+
+fn carries_both_ways(attach: &str) {
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let (d, metrics) = serve(&topo, &bpffs, &["--attach", attach]);
+    // The first packets resolve the neighbours through the stack; the endpoints follow.
+    ask_all(&topo, 3);
+    wait_fast(&d, 1 + topo.backends.len());
+    println!("{}", d.ok(&["status"]));
+    let (fwd0, rep0) = (
+        redirected(&metrics, "tc_ingress"),
+        redirected(&metrics, "tc_reply"),
+    );
+    let bridge0 = link_stats(&topo.node, "lbbr0").unwrap();
+    const ROUNDS: usize = 25;
+    ask_all(&topo, ROUNDS);
+    let (fwd, rep) = (
+        redirected(&metrics, "tc_ingress") - fwd0,
+        redirected(&metrics, "tc_reply") - rep0,
+    );
+    let bridge = link_stats(&topo.node, "lbbr0").unwrap().since(&bridge0);
+    println!("redirected: {fwd} towards backends, {rep} towards the client; bridge {bridge:?}");
+    // Each TCP request is at least SYN, data, ACK/FIN one way and SYN-ACK, data, FIN the
+    // other; each UDP request one datagram each way.
+    let least = (ROUNDS * 2 * (3 + 1)) as u64;
+    assert!(fwd >= least, "client → backend redirected {fwd} < {least}");
+    assert!(rep >= least, "backend → client redirected {rep} < {least}");
+    // Nothing crossed the bridge but the odd neighbour probe.
+    assert!(
+        bridge.rx_packets + bridge.tx_packets <= 8,
+        "redirected packets skip the bridge: {bridge:?}"
+    );
+}
+
+#[test]
+fn fast_path_carries_vip_and_published_ports_both_ways_on_tc() {
+    if require_root("fast_path_carries_vip_and_published_ports_both_ways_on_tc") {
+        carries_both_ways("tc");
+    }
+}
+
+#[test]
+fn fast_path_carries_vip_and_published_ports_both_ways_on_xdp() {
+    if require_root("fast_path_carries_vip_and_published_ports_both_ways_on_xdp") {
+        carries_both_ways("xdp");
+    }
+}
+
+/// A backend whose neighbour entry is gone is no endpoint: its next packet takes the stack,
+/// which resolves it, and is delivered; the endpoint is back afterwards.
+#[test]
+fn an_unresolved_neighbour_falls_back_to_the_stack_and_delivers() {
+    if !require_root("an_unresolved_neighbour_falls_back_to_the_stack_and_delivers") {
+        return;
+    }
+    let topo = Topology::new(1).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let (d, metrics) = serve(&topo, &bpffs, &[]);
+    ask_all(&topo, 1);
+    wait_fast(&d, 2);
+    let backend = topo.backend_ips[0].to_string();
+    topo.node
+        .ip(["neigh", "del", &backend, "dev", "lbbr0"])
+        .unwrap();
+    eventually("the backend's endpoint leaves with its neighbour", || {
+        path(&d).starts_with("fast: 1 ")
+    });
+    let scrape0 = scrape(&metrics).unwrap();
+    let answer: Reply = udp_request(&topo.client, VIP, PORT + 1, TIMEOUT)
+        .expect("delivered through the stack")
+        .parse()
+        .unwrap();
+    assert_eq!(*answer.peer.ip(), topo.client_ip);
+    let scrape1 = scrape(&metrics).unwrap();
+    let grew = |hook, reason| {
+        datapath(&scrape1, NET, hook, reason) - datapath(&scrape0, NET, hook, reason)
+    };
+    assert_eq!(
+        grew("tc_ingress", "redirected"),
+        0,
+        "no endpoint, no redirect"
+    );
+    assert!(
+        grew("tc_ingress", "translated") >= 1,
+        "translated for the stack"
+    );
+    // The stack resolved the neighbour: the backend is an endpoint again.
+    wait_fast(&d, 2);
+}
+
+/// The kernel's own verdict on a forwarded packet stands with lb attached: a forward-hook rule
+/// dropping the client drops its VIP and published-port traffic (the fast path steps aside
+/// while the rule exists, and comes back when it goes); `fast-path on` is the operator's
+/// explicit choice to bypass such rules, and does.
+#[test]
+fn a_forward_rule_dropping_the_client_still_drops_it() {
+    if !require_root("a_forward_rule_dropping_the_client_still_drops_it") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let (d, _metrics) = serve(&topo, &bpffs, &[]);
+    ask_all(&topo, 2);
+    wait_fast(&d, 3);
+    let rule = format!(
+        "add table inet guard\n\
+         add chain inet guard filter_fwd {{ type filter hook forward priority 0; }}\n\
+         add rule inet guard filter_fwd ip saddr {} drop\n",
+        topo.client_ip
+    );
+    topo.node
+        .sh(&format!("printf '{rule}' | nft -f -"))
+        .unwrap();
+    eventually("the fast path steps aside for the rule", || {
+        path(&d).starts_with("stack: rules in the forward hooks")
+    });
+    println!("{}", d.ok(&["status"]));
+    let short = Duration::from_millis(700);
+    for (what, r) in [
+        ("tcp VIP", tcp_request(&topo.client, VIP, PORT, short)),
+        ("udp VIP", udp_request(&topo.client, VIP, PORT + 1, short)),
+        (
+            "tcp published",
+            tcp_request(&topo.client, topo.node_ip, PUB, short),
+        ),
+        (
+            "udp published",
+            udp_request(&topo.client, topo.node_ip, PUB + 1, short),
+        ),
+    ] {
+        assert!(
+            r.is_err(),
+            "{what}: the forward rule drops the client, got {r:?}"
+        );
+    }
+    // The operator forces the fast path: the rule no longer sees the network's traffic.
+    d.ok(&["network", "rm", NET]);
+    let mut add = network_add(&topo, NET);
+    add.extend(["--fast-path", "on"].map(String::from));
+    d.ok(&add);
+    set_web(&d, &topo.backend_ips);
+    ask_all(&topo, 1);
+    assert!(path(&d).starts_with("fast: "), "{}", path(&d));
+    // Back to auto, and the rule gone: the fast path returns by itself.
+    d.ok(&["network", "rm", NET]);
+    d.ok(&network_add(&topo, NET));
+    set_web(&d, &topo.backend_ips);
+    assert!(path(&d).starts_with("stack: "), "{}", path(&d));
+    topo.node.sh("nft delete table inet guard").unwrap();
+    eventually("the fast path returns when the rule goes", || {
+        path(&d).starts_with("fast: ")
+    });
+    ask_all(&topo, 1);
+}
+
+/// A container started after the daemon: its veth gets the reply hook and it is served on the
+/// fast path both ways.
+#[test]
+fn a_backend_added_later_is_served_on_the_fast_path() {
+    if !require_root("a_backend_added_later_is_served_on_the_fast_path") {
+        return;
+    }
+    let mut topo = Topology::new(1).unwrap();
+    let mut servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let (d, metrics) = serve(&topo, &bpffs, &[]);
+    ask_all(&topo, 1);
+    wait_fast(&d, 2);
+    let i = topo.add_backend().unwrap();
+    let late: &Netns = &topo.backends[i];
+    servers.push(spawn_backend(late, &format!("b{i}"), PORT, PORT + 1).unwrap());
+    let port = Topology::bridge_port(i);
+    eventually("the new veth gets the reply hook", || {
+        path(&d).contains(&port)
+    });
+    // The new backend alone behind the VIP.
+    set_web(&d, &[topo.backend_ips[i]]);
+    ask_all(&topo, 1);
+    wait_fast(&d, 3);
+    let (fwd0, rep0) = (
+        redirected(&metrics, "tc_ingress"),
+        redirected(&metrics, "tc_reply"),
+    );
+    for _ in 0..10 {
+        let r: Reply = tcp_request(&topo.client, VIP, PORT, TIMEOUT)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(r.backend, format!("b{i}"));
+    }
+    let (fwd, rep) = (
+        redirected(&metrics, "tc_ingress") - fwd0,
+        redirected(&metrics, "tc_reply") - rep0,
+    );
+    assert!(fwd >= 30 && rep >= 30, "redirected {fwd} / {rep}");
+}
