@@ -44,11 +44,13 @@ pub const MAX_FLOWS: u32 = 1 << 18;
 pub const MAX_FRAGS: u32 = 8192;
 /// Capacity of the node-local address set (what a published port answers on).
 pub const MAX_LOCAL_ADDRS: u32 = 1024;
-/// Capacity of the per-CPU counter map: one counter per service entry and one per backend
-/// slot of a live set, so it never needs more than the two service maps and the backend
-/// map hold together. Entries exist only for what exists (a counter is inserted when its
-/// service or backend is written and deleted a sync after it is gone): each costs 16 bytes
-/// per possible CPU, so its memory follows the state, not this bound.
+/// Capacity of the per-CPU counter map: one counter per backend of a live set (a service's
+/// total is its backends' sum), plus those retired and deleted at the next sync. Bounded by
+/// what the backend map and the two service maps hold together, which also covers the
+/// per-service counters an lb before the single-counter datapath left behind. Entries exist
+/// only for what carried traffic (a counter is inserted by its first packet and deleted a
+/// sync after its backend is gone): each costs 16 bytes per possible CPU, so its memory
+/// follows the state, not this bound.
 pub const fn max_counters(services: u32, backend_slots: u32) -> u32 {
     services.saturating_mul(2).saturating_add(backend_slots)
 }
@@ -185,7 +187,8 @@ map_layout! {
         pub set_id: u32,
         /// Backends in the set; 0 means "claimed, nothing to send to": the packet passes.
         pub count: u32,
-        /// Index of this service's slot in the counter array.
+        /// Unused (0): the programs count a packet to its backend alone, and a service's
+        /// total is the sum of its backends'. Kept so the layout of the service maps stays.
         pub counter: u32,
         pub flags: u32,
     }
@@ -206,7 +209,7 @@ map_layout! {
         /// Destination port to rewrite to, or 0 to keep the packet's (VIPs are port-agnostic).
         pub port: u16,
         pub _pad: u16,
-        /// Index of this backend's slot in the counter array.
+        /// Id of this backend's counter in `lb_counters`.
         pub counter: u32,
     }
 }
@@ -250,8 +253,9 @@ map_layout! {
         /// The flow hash of the client's original tuple (its low 16 bits are the flow's
         /// bucket), for whoever reads the table.
         pub hash: u32,
-        /// Counter slots the flow's packets are accounted to: its backend's and its service's.
+        /// The counter the flow's packets are accounted to: its backend's.
         pub counter: u32,
+        /// Unused (0), kept so the layout of `lb_flows` stays (see [`Service::counter`]).
         pub service_counter: u32,
         /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) after which the entry counts as absent.
         pub expires_ns: u64,

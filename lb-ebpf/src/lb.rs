@@ -169,7 +169,6 @@ pub fn new_flow(
         recreated: (opener == Opener::MidFlow) as u8,
         hash,
         counter: backend.counter,
-        service_counter: svc.counter,
         ..Default::default()
     };
     fwd.expires_ns =

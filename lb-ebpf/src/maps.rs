@@ -54,10 +54,11 @@ pub static IFACES: HashMap<u32, Iface> = HashMap::with_max_entries(MAX_IFACES, 0
 #[map(name = "lb_config")]
 pub static CONFIG: Array<Config> = Array::with_max_entries(1, 0);
 
-/// Packets and bytes per service and per backend, by a counter id the controller assigns; an
-/// entry is created by the first packet counted to it (`stats`). A hash allocated per entry,
-/// not an array: per-CPU memory is spent only on counters in use (an array of the capacity
-/// takes 16 bytes per slot per CPU up front: 128 MiB at 131,072 slots and 64 CPUs).
+/// Packets and bytes per backend (a service is the sum of its backends), by a counter id the
+/// controller assigns; an entry is created by the first packet counted to it (`stats`). A
+/// hash allocated per entry, not an array: per-CPU memory is spent only on counters in use
+/// (an array of the capacity takes 16 bytes per slot per CPU up front: 128 MiB at 131,072
+/// slots and 64 CPUs).
 #[map(name = "lb_counters")]
 pub static COUNTERS: PerCpuHashMap<u32, Counters> =
     PerCpuHashMap::with_max_entries(MAX_COUNTERS, BPF_F_NO_PREALLOC);

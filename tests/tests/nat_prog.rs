@@ -25,7 +25,7 @@ use lb_tests::{
 };
 use lb_user::{
     core::model::Masquerade,
-    dataplane::ebpf::{be, gc::monotonic_ns},
+    dataplane::ebpf::{ServiceKey, be, gc::monotonic_ns},
 };
 
 /// A flow key as the programs build it from `p` (addresses and ports in network order).
@@ -678,10 +678,51 @@ fn counters_count_packets_and_bytes_per_backend_and_service() {
     }
     let ip_len = (syn.build().len() - 14) as u64;
     let backend = f.dp.counter(t.counter).unwrap();
-    let svc = f.dp.counter(t.service_counter).unwrap();
-    assert_ne!(t.counter, t.service_counter);
+    let svc = service_total(&mut f, VIP);
     assert_eq!((backend.packets, backend.bytes), (5, 5 * ip_len));
     assert_eq!((svc.packets, svc.bytes), (5, 5 * ip_len));
+    assert_eq!(
+        f.dp.counter_ids().unwrap(),
+        BTreeSet::from([t.counter]),
+        "one counter per packet: the backend's"
+    );
+}
+
+/// A VIP's packets and bytes as the controller totals them (its backends' counters).
+fn service_total(f: &mut Fixture, vip: Ipv4Addr) -> lb_common::Counters {
+    let counted = f.dp.counters().unwrap();
+    f.dp.service_total(&ServiceKey::Vip(be(vip)), &counted)
+        .unwrap()
+}
+
+/// A service's total keeps what its backends counted after they leave it: the counter of a
+/// backend gone from the set is folded into the service when it is deleted, so the total
+/// never goes down while the daemon runs (Prometheus would take a drop for a reset).
+#[test]
+fn a_service_total_keeps_the_packets_of_backends_that_left() {
+    let Some(mut f) = fixture() else { return };
+    let mut sent = 0;
+    for port in 40600..40630 {
+        let syn = Ipv4Packet::tcp(CLIENT, port, VIP, 443);
+        expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
+        sent += 1;
+    }
+    assert_eq!(service_total(&mut f, VIP).packets, sent);
+    let first = f.net.services[0].backends[0].ip;
+    let used = f.dp.counter_ids().unwrap().len();
+    assert!(used >= 2, "the flows spread over the backends: {used}");
+    f.net.services[0].backends.retain(|b| b.ip != first);
+    f.sync();
+    assert_eq!(
+        service_total(&mut f, VIP).packets,
+        sent,
+        "retired, not deleted yet"
+    );
+    f.sync();
+    assert_eq!(service_total(&mut f, VIP).packets, sent, "deleted, folded");
+    let syn = Ipv4Packet::tcp(CLIENT, 40699, VIP, 443);
+    expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB[1..], 443);
+    assert_eq!(service_total(&mut f, VIP).packets, sent + 1);
 }
 
 #[test]
@@ -1092,7 +1133,7 @@ fn a_masqueraded_packet_is_counted_once() {
     f.run_ctx(Prog::TcEgress, &with_dst(&syn, backend, 443), Some(7));
     let fwd = f.flow(&key(&syn)).unwrap();
     assert_eq!(f.dp.counter(fwd.counter).unwrap().packets, 1);
-    assert_eq!(f.dp.counter(fwd.service_counter).unwrap().packets, 1);
+    assert_eq!(service_total(&mut f, VIP).packets, 1);
 }
 
 /// A service switched to a new backend set keeps its old set's slots for one more sync: a
@@ -1137,14 +1178,14 @@ fn named_counters(f: &mut Fixture) -> BTreeSet<u32> {
         "the mirror is the maps"
     );
     (held.values())
-        .flat_map(|(s, set)| std::iter::once(s.counter).chain(set.iter().map(|b| b.counter)))
+        .flat_map(|(_, set)| set.iter().map(|b| b.counter))
         .collect()
 }
 
 /// A sync writes from its mirror of the maps, never reading them: across a backend replaced,
 /// a service removed and one added the mirror stays what the maps hold. A counter exists only
 /// once its service or backend carried a packet, goes one sync after its owner, and an id
-/// handed out again starts at zero.
+/// handed out again starts at zero. Only backends have counters (a service is their sum).
 #[test]
 fn the_mirror_is_the_maps_and_counters_exist_only_for_what_exists() {
     let Some(mut f) = fixture() else { return };
@@ -1156,33 +1197,52 @@ fn the_mirror_is_the_maps_and_counters_exist_only_for_what_exists() {
     let syn = tcp(40500, DB_VIP, 5432, TCP_SYN);
     expect_dnat(&mut f, Prog::TcIngress, &syn, &[DB], 5432);
     let fwd = f.flow(&key(&syn)).unwrap();
-    let db_counters = BTreeSet::from([fwd.counter, fwd.service_counter]);
+    let db_counters = BTreeSet::from([fwd.counter]);
     assert_eq!(
         f.dp.counter_ids().unwrap(),
         db_counters,
         "created by the first packet"
     );
     assert!(named_counters(&mut f).is_superset(&db_counters));
+    // Every web backend counts packets too, so that whichever freed id is handed out again
+    // had counted some.
+    for port in 40510..40540 {
+        expect_dnat(
+            &mut f,
+            Prog::TcIngress,
+            &tcp(port, VIP, 443, TCP_SYN),
+            &WEB,
+            443,
+        );
+    }
+    let counted = f.dp.counter_ids().unwrap();
+    assert_eq!(
+        counted.len(),
+        1 + WEB.len(),
+        "db's and web's backends: {counted:?}"
+    );
 
     f.net.services.retain(|s| s.id != "db");
     f.net.services[0].backends[0].ip = Ipv4Addr::new(10, 20, 0, 99);
     f.sync();
     let now = named_counters(&mut f);
     assert!(now.is_disjoint(&db_counters), "db's counters are given up");
-    assert_eq!(
-        f.dp.counter_ids().unwrap(),
-        db_counters,
-        "kept one more sync"
-    );
+    let freed: BTreeSet<u32> = counted.difference(&now).copied().collect();
+    assert_eq!(freed.len(), 2, "db's backend and web's replaced one");
+    assert_eq!(f.dp.counter_ids().unwrap(), counted, "kept one more sync");
     f.sync();
     named_counters(&mut f);
-    assert!(f.dp.counter_ids().unwrap().is_empty(), "then deleted");
+    assert_eq!(
+        f.dp.counter_ids().unwrap(),
+        counted.intersection(&now).copied().collect(),
+        "then deleted"
+    );
 
-    // A new service takes the lowest free ids, db's among them, at zero.
+    // A new service takes the lowest free ids, freed ones among them, at zero.
     f.net.services.push(service("new", DB_VIP, &[DB], vec![]));
     f.sync();
     let reused: Vec<u32> = named_counters(&mut f)
-        .intersection(&db_counters)
+        .intersection(&freed)
         .copied()
         .collect();
     assert!(!reused.is_empty(), "freed ids are handed out again");

@@ -171,7 +171,7 @@ pub fn need(plan: &Plan, held: &Held, ifaces: usize) -> Need {
     let mut n = Need {
         ifaces,
         backend_slots: held.values().map(|(_, set)| set.len()).sum(),
-        counters: held.values().map(|(_, set)| 1 + set.len()).sum(),
+        counters: held.values().map(|(_, set)| set.len()).sum(),
         ..Need::default()
     };
     for (key, want) in &plan.services {
@@ -189,7 +189,7 @@ pub fn need(plan: &Plan, held: &Held, ifaces: usize) -> Need {
             }
             None => {
                 n.backend_slots += want.len();
-                n.counters += 1 + want.len();
+                n.counters += want.len();
             }
         }
     }

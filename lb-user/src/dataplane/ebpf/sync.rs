@@ -13,8 +13,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use aya::maps::{HashMap, MapData, MapError};
 use lb_common::{
-    Backend, BackendKey, Config, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN, MAX_LOCAL_ADDRS,
-    PortKey, Service, VipKey,
+    Backend, BackendKey, Config, Counters, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN,
+    MAX_LOCAL_ADDRS, PortKey, Service, VipKey,
 };
 
 use super::{
@@ -58,9 +58,16 @@ pub struct Mirror {
     services: Held,
     /// Backend sets (id, slot count) and counters that no service entry names any more:
     /// deleted by the next sync, when no program run that read the entry before it changed can
-    /// still be using them. After a read, everything in the maps that nothing names.
+    /// still be using them. After a read, everything in the maps that nothing names. A
+    /// counter retired from a service that still exists names it: its count is folded into
+    /// the service's total when it is deleted.
     retired_sets: Vec<(u32, u32)>,
-    retired_counters: Vec<u32>,
+    retired_counters: Vec<(Option<ServiceKey>, u32)>,
+    /// What the deleted counters of a service's former backends had counted (see
+    /// [`EbpfNetwork::service_total`]). Kept for the process's life: a restarted daemon's
+    /// totals start from the backends the maps hold, as a Prometheus counter resets with
+    /// its process.
+    folded: BTreeMap<ServiceKey, Counters>,
     set_ids: IdPool,
     counter_ids: IdPool,
     /// The backends whose flows the last sync kept (`None`: not known, after a read): the flow
@@ -102,7 +109,8 @@ impl Mirror {
                         .with_context(|| format!("backend set {} slot {slot} missing", s.set_id))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            named_counters.insert(s.counter);
+            // A service's own counter (an lb before 0.1's single-counter datapath) is named by
+            // nothing any more: retired, it is deleted by the next sync.
             named_counters.extend(set.iter().map(|b| b.counter));
             services.insert(key, (s, set));
         }
@@ -115,7 +123,9 @@ impl Mirror {
         for k in net.counters.keys() {
             counters.insert(k.context("reading lb_counters")?);
         }
-        let retired_counters = counters.difference(&named_counters).copied().collect();
+        let retired_counters = (counters.difference(&named_counters))
+            .map(|&id| (None, id))
+            .collect();
         Ok(Self {
             config: net.config.get(&0, 0).ok(),
             local: net
@@ -130,14 +140,16 @@ impl Mirror {
                 .context("reading lb_ifaces")?,
             // Set ids start at 1, so that a zeroed service entry never names a live set.
             set_ids: IdPool::new(sets.keys().copied(), 1, u32::MAX),
+            // Counter ids start at 1: 0 is "no counter" in a service entry.
             counter_ids: IdPool::new(
                 counters.union(&named_counters).copied(),
-                0,
+                1,
                 net.sizes.counters,
             ),
             services,
             retired_sets,
             retired_counters,
+            folded: BTreeMap::new(),
             kept: None,
         })
     }
@@ -166,11 +178,40 @@ impl EbpfNetwork {
     }
 
     /// What the service maps hold (read from the maps once per open).
-    pub fn held(&mut self) -> Result<&Held> {
+    /// A service's packets and bytes: the programs count each packet once, to its backend
+    /// (one per-CPU lookup per packet, not two), so a service's total is the sum of its
+    /// backends' counters, those retired and not yet deleted, and those deleted since this
+    /// process adopted the maps (`folded`). `counted` is [`EbpfNetwork::counters`]' reading.
+    pub fn service_total(
+        &mut self,
+        key: &ServiceKey,
+        counted: &BTreeMap<u32, Counters>,
+    ) -> Result<Counters> {
+        let m = self.held_mirror()?;
+        let of = |id: &u32| counted.get(id).copied().unwrap_or_default();
+        let mut total = m.folded.get(key).copied().unwrap_or_default();
+        let live =
+            (m.services.get(key).into_iter()).flat_map(|(_, set)| set.iter().map(|b| b.counter));
+        let retired = (m.retired_counters.iter())
+            .filter(|(owner, _)| owner.as_ref() == Some(key))
+            .map(|(_, id)| *id);
+        for id in live.chain(retired) {
+            let c = of(&id);
+            total.packets += c.packets;
+            total.bytes += c.bytes;
+        }
+        Ok(total)
+    }
+
+    fn held_mirror(&mut self) -> Result<&Mirror> {
         if self.mirror.is_none() {
             self.mirror = Some(Mirror::read(self)?);
         }
-        Ok(&self.mirror.as_ref().expect("read above").services)
+        Ok(self.mirror.as_ref().expect("read above"))
+    }
+
+    pub fn held(&mut self) -> Result<&Held> {
+        Ok(&self.held_mirror()?.services)
     }
 
     fn sync_with(
@@ -229,7 +270,13 @@ impl EbpfNetwork {
             self.delete_set(set_id, count, &mut stats)?;
             m.set_ids.release(set_id);
         }
-        for id in std::mem::take(&mut m.retired_counters) {
+        for (owner, id) in std::mem::take(&mut m.retired_counters) {
+            if let Some(key) = owner.filter(|k| m.services.contains_key(k)) {
+                let c = self.counter(id)?;
+                let total = m.folded.entry(key).or_default();
+                total.packets += c.packets;
+                total.bytes += c.bytes;
+            }
             match self.counters.remove(&id) {
                 Ok(()) => stats.deleted += 1,
                 // Never counted a packet.
@@ -258,8 +305,9 @@ impl EbpfNetwork {
             stats.deleted += 1;
             let (s, set) = m.services.remove(&key).expect("listed above");
             m.retired_sets.push((s.set_id, s.count));
-            m.retired_counters.push(s.counter);
-            m.retired_counters.extend(set.iter().map(|b| b.counter));
+            m.retired_counters
+                .extend(set.iter().map(|b| (None, b.counter)));
+            m.folded.remove(&key);
         }
 
         for (key, want) in &plan.services {
@@ -295,14 +343,10 @@ impl EbpfNetwork {
                 stats.written += 1;
                 set.push(b);
             }
-            let counter = match old {
-                Some((s, _)) => s.counter,
-                None => self.new_counter(&mut m.counter_ids)?,
-            };
             let svc = Service {
                 set_id,
                 count: want.len() as u32,
-                counter,
+                counter: 0,
                 flags: 0,
             };
             self.put_service(key, svc)?;
@@ -313,7 +357,8 @@ impl EbpfNetwork {
                 (m.retired_counters).extend(
                     (have.iter())
                         .map(|b| b.counter)
-                        .filter(|c| !now.contains(c)),
+                        .filter(|c| !now.contains(c))
+                        .map(|c| (Some(*key), c)),
                 );
             }
         }
