@@ -147,8 +147,8 @@ fn spawn(ns: NetnsKey, report: Report) -> Result<Arc<AtomicBool>> {
             let socket = subscribe(&ns);
             let joined = socket.as_ref().ok().map(|(_, _, ino)| *ino);
             let _ = ready_tx.send(socket.as_ref().map(drop).map_err(|e| format!("{e:#}")));
-            if let Ok((socket, mut nft, _)) = socket {
-                follow(&ns, &socket, &mut nft, joined, &flag, &report);
+            if let Ok((socket, nft, _)) = socket {
+                follow(&ns, &socket, nft, joined, &flag, &report);
             }
             flag.store(false, Ordering::Relaxed);
         })
@@ -163,7 +163,7 @@ fn spawn(ns: NetnsKey, report: Report) -> Result<Arc<AtomicBool>> {
 /// Joins `ns` on this thread for good (the thread is the watcher's own) and opens a socket
 /// subscribed to its address, link and neighbour events, and one to its nftables changes;
 /// returns them with the namespace's inode.
-fn subscribe(ns: &NetnsKey) -> Result<(Socket, NftEvents, u64)> {
+fn subscribe(ns: &NetnsKey) -> Result<(Socket, Option<NftEvents>, u64)> {
     if let Some(name) = ns {
         join_netns(&netns_path(name))?;
     }
@@ -195,13 +195,17 @@ fn subscribe(ns: &NetnsKey) -> Result<(Socket, NftEvents, u64)> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error()).context("setting the receive timeout");
     }
-    Ok((socket, filter::nft_events()?, ino))
+    // Without nf_tables in the kernel there is no ruleset to follow (and none to skip).
+    let nft = filter::nft_events()
+        .inspect_err(|e| tracing::debug!(netns = ?ns, error = %format!("{e:#}"), "not following nftables changes"))
+        .ok();
+    Ok((socket, nft, ino))
 }
 
 fn follow(
     ns: &NetnsKey,
     socket: &Socket,
-    nft: &mut NftEvents,
+    mut nft: Option<NftEvents>,
     joined: Option<u64>,
     alive: &AtomicBool,
     report: &Report,
@@ -220,7 +224,9 @@ fn follow(
         };
         // Drained at least every SETTLE (the receive timeout): a ruleset change is seen as
         // promptly as a link event.
-        seen.firewall |= nft.drain().unwrap_or(true);
+        if let Some(nft) = nft.as_mut() {
+            seen.firewall |= nft.drain().unwrap_or(true);
+        }
         if seen.any() {
             since.get_or_insert_with(Instant::now);
             pending.merge(seen);

@@ -138,9 +138,10 @@ impl EbpfNetwork {
         check_filters: bool,
     ) -> Result<Vec<String>> {
         if check_filters || self.filters.is_none() {
+            // What cannot be read cannot be ruled out: the stack, saying why.
             self.filters = Some(match network.fast_path {
                 FastPath::Auto => filter::forward_filters(&network.interfaces)
-                    .context("reading the forward hooks' rules")?,
+                    .unwrap_or_else(|e| vec![format!("the ruleset could not be read: {e:#}")]),
                 _ => Vec::new(),
             });
         }
