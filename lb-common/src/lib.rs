@@ -376,6 +376,11 @@ map_layout! {
     }
 }
 
+/// The key of `lb_endpoints` that says the fast path is on (its value is unused): the
+/// controller writes it while the network may bypass the stack and deletes it when it may
+/// not. Without it the programs use no endpoint at all, and never look a next hop up.
+pub const FAST_PATH_ON: u32 = 0;
+
 /// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
 /// (`bpf_redirect_peer`, TC ingress only) rather than out of it.
 pub const ENDPOINT_PEER: u32 = 1 << 0;

@@ -2,7 +2,10 @@
 //! neighbour on one of the network's interfaces, found by the controller) leaves without the
 //! node's stack. Into a veth's peer namespace (`bpf_redirect_peer`), it skips the node's
 //! routing, bridge and netfilter hooks and the veth's backlog queue; out of another device
-//! (`bpf_redirect`), routing and netfilter.
+//! (`bpf_redirect`), routing and netfilter. A destination that is no local endpoint (a client
+//! behind a router) is looked up in the kernel's FIB (`bpf_fib_lookup`, which also resolves
+//! its next hop's MAC and checks the MTU): sent out of the device it names when the next hop
+//! is resolved, left to the stack (which resolves it) when not.
 //!
 //! The fast path does for the packet what forwarding would have and nothing else: the TTL
 //! goes down by one (the IP checksum follows) and the Ethernet header is the hop's (the
@@ -11,15 +14,18 @@
 //! big for the hop (fragmentation or "fragmentation needed"), a flow the network masquerades
 //! (`always`, or `auto` for hairpin: SNAT happens on the way out of the stack), a reply to a
 //! client behind a bridge (bridged, never routed). Filtering is the controller's side of the
-//! contract: it fills `lb_endpoints` only while no forward-hook rule of the namespace could
-//! apply to these packets (or the network forces the fast path), so an empty map is "off".
+//! contract: it fills `lb_endpoints` (and sets its [`FAST_PATH_ON`] key) only while no
+//! forward-hook rule of the namespace could apply to these packets (or the network forces the
+//! fast path), so a map without that key is "off".
+use core::mem::size_of;
+
 use aya_ebpf::{
-    bindings::TC_ACT_SHOT,
-    helpers::{bpf_redirect, bpf_redirect_peer},
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_SHOT, bpf_fib_lookup as FibParams},
+    helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
 };
 use lb_common::{
-    Config, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, MASQ_ALWAYS,
-    csum::{IP_CSUM, IP_DADDR, Rewrite, Width},
+    Config, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FAST_PATH_ON, MASQ_ALWAYS,
+    csum::{IP_CSUM, IP_DADDR, IP_SADDR, Rewrite, Width},
 };
 
 use crate::{
@@ -27,9 +33,11 @@ use crate::{
     parse::{L3_OFF, Skb, read},
 };
 
-/// Offset of the IPv4 TTL (the first byte of the TTL/protocol word).
+/// Offsets of the IPv4 TTL (the first byte of the TTL/protocol word) and protocol.
 const IP_TTL: usize = 8;
+const IP_PROTO: usize = 9;
 const ETH_HLEN: u32 = 14;
+const AF_INET: u8 = 2;
 
 /// Which way a translated packet goes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -50,12 +58,18 @@ pub fn daddr(ctx: &Skb) -> Option<u32> {
 /// take it (see the module's rules); `None` leaves it to the stack.
 #[inline(always)]
 pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<Endpoint> {
-    // SAFETY: plain data copied out.
-    let ep = *unsafe { ENDPOINTS.get(&daddr) }?;
     // SAFETY: the skb is the program's valid context.
     let (ifindex, len, gso) = unsafe {
         let skb = ctx.0.skb.skb;
         ((*skb).ifindex, (*skb).len, (*skb).gso_size)
+    };
+    // SAFETY: plain data copied out (both lookups).
+    let ep = match unsafe { ENDPOINTS.get(&daddr) } {
+        Some(ep) => *ep,
+        None => {
+            unsafe { ENDPOINTS.get(&FAST_PATH_ON) }?;
+            next_hop(ctx, daddr, ifindex, len, gso)?
+        }
     };
     match towards {
         // The L3 interface the packet came in on is the one it would leave by: hairpin,
@@ -76,6 +90,49 @@ pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<E
         return None;
     }
     Some(ep)
+}
+
+/// The next hop the kernel's FIB gives `daddr` (with the packet's source, as policy routing
+/// may need it), as an endpoint out of the device it names; `None` where the lookup does not
+/// succeed outright (no route, unresolved neighbour, a packet too big for the route's MTU, a
+/// route the stack must handle), which leaves the packet to the stack.
+#[inline(always)]
+fn next_hop(ctx: &Skb, daddr: u32, ifindex: u32, len: u32, gso: u32) -> Option<Endpoint> {
+    let saddr: u32 = read(ctx, L3_OFF + IP_SADDR)?;
+    let proto: u8 = read(ctx, L3_OFF + IP_PROTO)?;
+    // SAFETY: an all-zero lookup is a valid one to fill in.
+    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    params.family = AF_INET;
+    params.l4_protocol = proto;
+    params.ifindex = ifindex;
+    // The MTU is checked against the IP length (host order, unlike the addresses), except
+    // for a GSO packet, which is segmented for the route's MTU by whoever receives it.
+    if gso == 0 {
+        params.__bindgen_anon_1.tot_len = len.saturating_sub(ETH_HLEN) as u16;
+    }
+    params.__bindgen_anon_3.ipv4_src = saddr;
+    params.__bindgen_anon_4.ipv4_dst = daddr;
+    // SAFETY: the params live on the stack for the call; ctx is the program's.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.0.skb.skb.cast(),
+            &mut params,
+            size_of::<FibParams>() as i32,
+            0,
+        )
+    };
+    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
+        return None;
+    }
+    Some(Endpoint {
+        ifindex: params.ifindex,
+        l3_ifindex: params.ifindex,
+        // Checked by the lookup.
+        mtu: u32::MAX - ETH_HLEN,
+        dmac: params.dmac,
+        smac: params.smac,
+        flags: 0,
+    })
 }
 
 /// Forwards the packet to `ep` as routing would: TTL down by one, the hop's MACs, out. A

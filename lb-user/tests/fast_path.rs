@@ -326,3 +326,63 @@ fn a_backend_added_later_is_served_on_the_fast_path() {
     );
     assert!(fwd >= 30 && rep >= 30, "redirected {fwd} / {rep}");
 }
+
+/// A client behind a router (its address on the client's `lo`, routed by the node via the
+/// client's link address) is no neighbour of the node: its replies take the next hop the
+/// kernel's FIB gives (`bpf_fib_lookup`), past the stack, and are answered as before.
+#[test]
+fn replies_to_a_client_behind_a_router_take_the_fib_next_hop() {
+    if !require_root("replies_to_a_client_behind_a_router_take_the_fib_next_hop") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let remote = Ipv4Addr::new(10, 50, 0, 2);
+    topo.client
+        .ip(["addr", "add", &format!("{remote}/32"), "dev", "lo"])
+        .unwrap();
+    // ARP with the link's own address, so the node never learns the remote one as a
+    // neighbour (the default announces the packet's source).
+    topo.client
+        .sysctl("net.ipv4.conf.all.arp_announce", "2")
+        .unwrap();
+    let gw = topo.node_ip.to_string();
+    topo.client
+        .ip([
+            "route",
+            "replace",
+            "default",
+            "via",
+            &gw,
+            "src",
+            &remote.to_string(),
+        ])
+        .unwrap();
+    let client = topo.client_ip.to_string();
+    topo.node
+        .ip(["route", "add", "10.50.0.0/24", "via", &client])
+        .unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let (d, metrics) = serve(&topo, &bpffs, &[]);
+    let ask = |n: usize| {
+        for _ in 0..n {
+            let r: Reply = tcp_request(&topo.client, VIP, PORT, TIMEOUT)
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert_eq!(*r.peer.ip(), remote, "the backend sees the remote client");
+        }
+    };
+    ask(3);
+    // The backends and the client's router are the neighbours; the client itself is not.
+    wait_fast(&d, 3);
+    let neighbours = topo.node.ip(["neigh", "show"]).unwrap();
+    assert!(!neighbours.contains("10.50.0.2"), "{neighbours}");
+    let rep0 = redirected(&metrics, "tc_reply");
+    ask(10);
+    let rep = redirected(&metrics, "tc_reply") - rep0;
+    assert!(
+        rep >= 10 * 3,
+        "replies redirected over the FIB's next hop: {rep}"
+    );
+}

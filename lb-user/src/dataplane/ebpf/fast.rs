@@ -3,8 +3,9 @@
 //! replies are caught where they enter the node (`lb_tc_reply`).
 //!
 //! Contracts:
-//! - The programs redirect only to what `lb_endpoints` holds, so the map is the switch: it is
-//!   filled while the fast path is on and emptied (before the reply hooks go) when it is off.
+//! - The programs redirect only while `lb_endpoints` holds its [`FAST_PATH_ON`] key, to what
+//!   it holds or to a next hop the kernel's FIB resolves: the map is the switch, filled
+//!   while the fast path is on and emptied (before the reply hooks go) when it is off.
 //!   Each direction falls back to the stack on its own, so any mix of a filled map and
 //!   attached hooks during a change delivers every packet.
 //! - On with `fast-path on`, or with `auto` while no rule of the namespace's forward hooks
@@ -19,7 +20,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result};
 use aya::maps::MapError;
-use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint};
+use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FAST_PATH_ON};
 
 use super::{EbpfNetwork, TcMode, be};
 use crate::{
@@ -158,14 +159,18 @@ impl EbpfNetwork {
             self.path = Some(PathState::Stack(why));
             return Ok(Vec::new());
         }
-        let local = local(&nl.link_table()?, &nl.neighbours()?, &nl.fdb()?, interfaces);
+        let mut local = local(&nl.link_table()?, &nl.neighbours()?, &nl.fdb()?, interfaces);
         for port in &local.ports {
             self.attach_reply(nl, port, tc_mode)
                 .with_context(|| format!("attaching the reply hook to {port}"))?;
         }
+        let endpoints = local.endpoints.len();
+        // The switch, written (and, when the path goes to the stack, deleted) with the
+        // endpoints: any order is safe, as each packet falls back to the stack on its own.
+        local.endpoints.insert(FAST_PATH_ON, Endpoint::default());
         self.write_endpoints(&local.endpoints)?;
         self.path = Some(PathState::Fast {
-            endpoints: local.endpoints.len(),
+            endpoints,
             ports: local.ports.clone(),
         });
         Ok(local.ports)
