@@ -220,8 +220,8 @@ fn an_unresolved_neighbour_falls_back_to_the_stack_and_delivers() {
 }
 
 /// The kernel's own verdict on a forwarded packet stands with lb attached: a forward-hook rule
-/// dropping the client drops its VIP and published-port traffic (the fast path steps aside
-/// while the rule exists, and comes back when it goes); `fast-path on` is the operator's
+/// dropping the client drops its VIP and published-port traffic, as it does through the
+/// kernel's NAT (the fast path steps aside while the rule exists, and comes back when it goes); `fast-path on` is the operator's
 /// explicit choice to bypass such rules, and does.
 #[test]
 fn a_forward_rule_dropping_the_client_still_drops_it() {
@@ -230,41 +230,40 @@ fn a_forward_rule_dropping_the_client_still_drops_it() {
     }
     let topo = Topology::new(2).unwrap();
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    let bpffs = Bpffs::new().unwrap();
-    let (d, _metrics) = serve(&topo, &bpffs, &[]);
-    ask_all(&topo, 2);
-    wait_fast(&d, 3);
     let rule = format!(
         "add table inet guard\n\
          add chain inet guard filter_fwd {{ type filter hook forward priority 0; }}\n\
          add rule inet guard filter_fwd ip saddr {} drop\n",
         topo.client_ip
     );
-    topo.node
-        .sh(&format!("printf '{rule}' | nft -f -"))
-        .unwrap();
+    let add_rule = || {
+        topo.node
+            .sh(&format!("printf '{rule}' | nft -f -"))
+            .unwrap()
+    };
+    // The yardstick: the kernel's own NAT (lb's nftables dataplane, moby's ruleset) serves the
+    // client, and drops it once the rule is in.
+    {
+        let nft_bpffs = Bpffs::new().unwrap();
+        let kernel = LbDaemon::start(lb(), nft_bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+        kernel.ok(&network_add(&topo, NET));
+        set_web(&kernel, &topo.backend_ips);
+        ask_all(&topo, 1);
+        add_rule();
+        all_dropped(&topo, "the kernel's NAT");
+        topo.node.sh("nft delete table inet guard").unwrap();
+        kernel.ok(&["network", "rm", NET]);
+    }
+    let bpffs = Bpffs::new().unwrap();
+    let (d, _metrics) = serve(&topo, &bpffs, &[]);
+    ask_all(&topo, 2);
+    wait_fast(&d, 3);
+    add_rule();
     eventually("the fast path steps aside for the rule", || {
         path(&d).starts_with("stack: rules in the forward hooks")
     });
     println!("{}", d.ok(&["status"]));
-    let short = Duration::from_millis(700);
-    for (what, r) in [
-        ("tcp VIP", tcp_request(&topo.client, VIP, PORT, short)),
-        ("udp VIP", udp_request(&topo.client, VIP, PORT + 1, short)),
-        (
-            "tcp published",
-            tcp_request(&topo.client, topo.node_ip, PUB, short),
-        ),
-        (
-            "udp published",
-            udp_request(&topo.client, topo.node_ip, PUB + 1, short),
-        ),
-    ] {
-        assert!(
-            r.is_err(),
-            "{what}: the forward rule drops the client, got {r:?}"
-        );
-    }
+    all_dropped(&topo, "lb eBPF");
     // The operator forces the fast path: the rule no longer sees the network's traffic.
     d.ok(&["network", "rm", NET]);
     let mut add = network_add(&topo, NET);
@@ -283,6 +282,28 @@ fn a_forward_rule_dropping_the_client_still_drops_it() {
         path(&d).starts_with("fast: ")
     });
     ask_all(&topo, 1);
+}
+
+/// Every kind of request `ask_all` makes goes unanswered.
+fn all_dropped(topo: &Topology, by: &str) {
+    let short = Duration::from_millis(700);
+    for (what, r) in [
+        ("tcp VIP", tcp_request(&topo.client, VIP, PORT, short)),
+        ("udp VIP", udp_request(&topo.client, VIP, PORT + 1, short)),
+        (
+            "tcp published",
+            tcp_request(&topo.client, topo.node_ip, PUB, short),
+        ),
+        (
+            "udp published",
+            udp_request(&topo.client, topo.node_ip, PUB + 1, short),
+        ),
+    ] {
+        assert!(
+            r.is_err(),
+            "{by}: {what}: the forward rule drops the client, got {r:?}"
+        );
+    }
 }
 
 /// A container started after the daemon: its veth gets the reply hook and it is served on the
