@@ -123,22 +123,19 @@ fn nftables_chains_that_filter_forwarded_traffic_are_found() {
     }
 }
 
+/// `IPTABLES -A FORWARD -s 10.9.9.9 -j DROP` in `ns`.
+fn forward_drop(ns: &Netns, iptables: &str) {
+    ns.exec([iptables, "-A", "FORWARD", "-s", "10.9.9.9", "-j", "DROP"])
+        .unwrap();
+}
+
 #[test]
 fn iptables_nft_forward_rules_are_found() {
     if !require_root("iptables_nft_forward_rules_are_found") {
         return;
     }
     let ns = namespace("iptnft");
-    ns.exec([
-        "iptables-nft",
-        "-A",
-        "FORWARD",
-        "-s",
-        "10.9.9.9",
-        "-j",
-        "DROP",
-    ])
-    .unwrap();
+    forward_drop(&ns, "iptables-nft");
     assert_eq!(
         reasons(&ns),
         ["table ip filter chain FORWARD (hook forward, policy accept, 1 rule)"],
@@ -155,16 +152,7 @@ fn legacy_iptables_forward_rules_are_found() {
     // Listing loads the legacy filter table, empty: loaded alone, it filters nothing.
     ns.exec(["iptables-legacy", "-S", "FORWARD"]).unwrap();
     assert_eq!(reasons(&ns), Vec::<String>::new(), "an empty legacy table");
-    ns.exec([
-        "iptables-legacy",
-        "-A",
-        "FORWARD",
-        "-s",
-        "10.9.9.9",
-        "-j",
-        "DROP",
-    ])
-    .unwrap();
+    forward_drop(&ns, "iptables-legacy");
     assert_eq!(
         reasons(&ns),
         ["legacy iptables table filter chain FORWARD (policy ACCEPT, 1 rule)"],

@@ -484,17 +484,26 @@ impl Netlink {
             .collect())
     }
 
-    /// The IPv4 neighbours whose MAC is usable (one dump).
-    pub fn neighbours(&self) -> Result<Vec<Neighbour>> {
-        let msgs: Vec<_> = self.rt.block_on(async {
+    /// One dump of the neighbour table of `family` (AF_BRIDGE: the bridges' FDB).
+    fn neighbour_dump(
+        &self,
+        family: AddressFamily,
+        what: &'static str,
+    ) -> Result<Vec<netlink_packet_route::neighbour::NeighbourMessage>> {
+        self.rt.block_on(async {
             (self.handle.neighbours().get())
-                .set_address_family(AddressFamily::Inet)
+                .set_address_family(family)
                 .execute()
                 .try_collect()
                 .await
-                .context("listing neighbours")
-        })?;
-        Ok(msgs
+                .context(what)
+        })
+    }
+
+    /// The IPv4 neighbours whose MAC is usable (one dump).
+    pub fn neighbours(&self) -> Result<Vec<Neighbour>> {
+        Ok(self
+            .neighbour_dump(AddressFamily::Inet, "listing neighbours")?
             .iter()
             .filter(|m| {
                 matches!(
@@ -529,15 +538,8 @@ impl Netlink {
 
     /// The forwarding entries of every bridge (one dump), the bridges' own addresses left out.
     pub fn fdb(&self) -> Result<Vec<FdbEntry>> {
-        let msgs: Vec<_> = self.rt.block_on(async {
-            (self.handle.neighbours().get())
-                .set_address_family(AddressFamily::Bridge)
-                .execute()
-                .try_collect()
-                .await
-                .context("listing bridge forwarding entries")
-        })?;
-        Ok(msgs
+        Ok(self
+            .neighbour_dump(AddressFamily::Bridge, "listing bridge forwarding entries")?
             .iter()
             .filter_map(|m| {
                 let mut master = None;
