@@ -590,99 +590,125 @@ fn measure(
     }
 }
 
+/// The topology and the backends' servers of a run.
+pub struct Bench {
+    // Dropped before the topology: the servers run in its namespaces.
+    _servers: Servers,
+    pub topo: Topology,
+}
+
+impl Bench {
+    /// Builds the topology, starts the servers (nginx on every port of `rounds` rounds), and
+    /// checks that the node starts clean.
+    pub fn new(rounds: usize) -> Result<Bench> {
+        let topo = Topology::new(BACKENDS).context("building the topology")?;
+        let http_ports: Vec<u16> = (0..rounds)
+            .flat_map(|r| Scenario::ALL.map(|s| http_port(s, r)))
+            .collect();
+        let servers = Servers::start(&topo, &http_ports)?;
+        // Every neighbour of the node resolved before the first measurement: one datagram of
+        // the node's own to each (to the backends' UDP port, which they hold; the client
+        // answers an ICMP error, which is as good).
+        for &addr in topo.backend_ips.iter().chain([&topo.client_ip]) {
+            topo.node
+                .run(|| {
+                    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+                    sock.send_to(b"warm-up\n", (addr, UDP_PORT))
+                })?
+                .with_context(|| format!("the node sends a warm-up datagram to {addr}"))?;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let left = leftovers(&topo.node)?;
+        ensure!(left.is_empty(), "the fresh node is not clean: {left:?}");
+        Ok(Bench {
+            _servers: servers,
+            topo,
+        })
+    }
+
+    /// Scenario `s` in round `round`: set up, the measurements `steps` (0: UDP 1 flow, 1: UDP
+    /// 64k flows, 2: connections/s, 3: RTT, 4: TCP), torn down; an error if anything of it is
+    /// left on the node. A set-up or a measurement that fails makes its samples void (and
+    /// notes the set-up failure), it does not end the run.
+    pub fn scenario(
+        &self,
+        s: Scenario,
+        cfg: &Config,
+        round: usize,
+        steps: &[usize],
+        notes: &mut Vec<String>,
+    ) -> Result<Vec<Sample>> {
+        let topo = &self.topo;
+        let mut samples = Vec::new();
+        println!("lb bench: round {round}, {}", s.name());
+        let active = Active::start(s, topo, cfg, round);
+        let setup_error = active.as_ref().err().map(|e| format!("{e:#}"));
+        if let Some(e) = &setup_error {
+            notes.push(format!("round {round}, {}: set-up failed: {e}", s.name()));
+            eprintln!("lb bench: round {round}, {}: set-up failed: {e}", s.name());
+        }
+        for &step in steps {
+            let idle = wait_idle(cfg.idle_wait)?;
+            let measured = match &setup_error {
+                Some(e) => Err(anyhow::anyhow!("set-up failed: {e}")),
+                None => measure(step, topo, s, cfg, round),
+            };
+            let measured = measured.unwrap_or_else(|e| {
+                let why = format!("{e:#}");
+                (metrics_of(step).iter())
+                    .map(|&m| (m, 0.0, Some(why.clone()), Value::Null))
+                    .collect()
+            });
+            for (metric, value, void, detail) in measured {
+                println!(
+                    "lb bench:   {:<20} {:>16}{}",
+                    metric.name(),
+                    metric.show(value),
+                    void.as_deref()
+                        .map(|v| format!("  VOID: {v}"))
+                        .unwrap_or_default()
+                );
+                samples.push(Sample {
+                    scenario: s,
+                    metric,
+                    round,
+                    value,
+                    void,
+                    idle,
+                    detail,
+                });
+            }
+        }
+        if let Ok(active) = active {
+            active
+                .stop(topo)
+                .with_context(|| format!("tearing {} down", s.name()))?;
+        }
+        let left = leftovers(&topo.node)?;
+        ensure!(
+            left.is_empty(),
+            "round {round}, {} left this behind on the node: {left:?}",
+            s.name()
+        );
+        Ok(samples)
+    }
+}
+
 /// The whole real-traffic part.
 pub fn run(cfg: &Config) -> Result<Outcome> {
     let scenarios: Vec<Scenario> = (Scenario::ALL.into_iter())
         .filter(|s| cfg.only.is_empty() || cfg.only.contains(s))
         .collect();
     ensure!(!scenarios.is_empty(), "no scenario to run");
-    let topo = Topology::new(BACKENDS).context("building the topology")?;
-    let http_ports: Vec<u16> = (0..cfg.rounds)
-        .flat_map(|r| Scenario::ALL.map(|s| http_port(s, r)))
-        .collect();
-    let _servers = Servers::start(&topo, &http_ports)?;
-    // Every neighbour of the node resolved before the first measurement: one datagram of the
-    // node's own to each (to the backends' UDP port, which they hold; the client answers an
-    // ICMP error, which is as good).
-    for &addr in topo.backend_ips.iter().chain([&topo.client_ip]) {
-        topo.node
-            .run(|| {
-                let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-                sock.send_to(b"warm-up\n", (addr, UDP_PORT))
-            })?
-            .with_context(|| format!("the node sends a warm-up datagram to {addr}"))?;
-    }
-    std::thread::sleep(Duration::from_millis(200));
-    let left = leftovers(&topo.node)?;
-    ensure!(left.is_empty(), "the fresh node is not clean: {left:?}");
-
+    let bench = Bench::new(cfg.rounds)?;
     let mut samples = Vec::new();
     let mut notes = Vec::new();
     for round in 0..cfg.rounds {
         let n = scenarios.len();
         for k in 0..n {
             let s = scenarios[(round + k) % n];
-            println!("lb bench: round {round}, {}", s.name());
-            let active = Active::start(s, &topo, cfg, round);
-            let setup_error = active.as_ref().err().map(|e| format!("{e:#}"));
-            if let Some(e) = &setup_error {
-                notes.push(format!("round {round}, {}: set-up failed: {e}", s.name()));
-                eprintln!("lb bench: round {round}, {}: set-up failed: {e}", s.name());
-            }
-            for step in 0..5 {
-                let idle = wait_idle(cfg.idle_wait)?;
-                let measured = match &setup_error {
-                    Some(e) => Err(anyhow::anyhow!("set-up failed: {e}")),
-                    None => measure(step, &topo, s, cfg, round),
-                };
-                let measured = measured.unwrap_or_else(|e| {
-                    let why = format!("{e:#}");
-                    (metrics_of(step).iter())
-                        .map(|&m| (m, 0.0, Some(why.clone()), Value::Null))
-                        .collect()
-                });
-                for (metric, value, void, detail) in measured {
-                    println!(
-                        "lb bench:   {:<20} {:>16}{}",
-                        metric.name(),
-                        metric.show(value),
-                        void.as_deref()
-                            .map(|v| format!("  VOID: {v}"))
-                            .unwrap_or_default()
-                    );
-                    samples.push(Sample {
-                        scenario: s,
-                        metric,
-                        round,
-                        value,
-                        void,
-                        idle,
-                        detail,
-                    });
-                }
-            }
-            if let Ok(active) = active {
-                active
-                    .stop(&topo)
-                    .with_context(|| format!("tearing {} down", s.name()))?;
-            }
-            let left = leftovers(&topo.node)?;
-            if !left.is_empty() {
-                bail!(
-                    "round {round}, {} left this behind on the node: {left:?}",
-                    s.name()
-                );
-            }
+            samples.extend(bench.scenario(s, cfg, round, &[0, 1, 2, 3, 4], &mut notes)?);
         }
-    }
-    let never_idle = samples.iter().filter(|s| !s.idle.reached).count();
-    if never_idle > 0 {
-        notes.push(format!(
-            "{never_idle} of {} measurements started before the machine got idle (bounded wait \
-             of {:?}; other work shared this machine)",
-            samples.len(),
-            cfg.idle_wait
-        ));
     }
     Ok(Outcome { samples, notes })
 }
