@@ -464,7 +464,8 @@ pub fn chart(run: &Run, path: &Path) -> Result<()> {
         .iter()
         .flat_map(|(_, b)| b.iter().flatten().copied())
         .fold(1.2f64, f64::max)
-        * 1.1;
+        // Headroom: the legend sits in the top right corner, above the bars.
+        * 1.35;
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
         let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
         root.fill(&WHITE)?;
