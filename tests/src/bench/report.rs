@@ -439,6 +439,8 @@ pub fn json(run: &Run) -> Value {
         "machine": run.machine.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
         "params": run.params,
         "notes": run.notes,
+        // Measurements that started before the machine got idle (each sample's `idle` says).
+        "never_idle": run.samples.iter().filter(|s| !s.idle.reached).count(),
         "samples": samples,
         "summary": medians,
         "targets": targets,
@@ -700,6 +702,7 @@ mod tests {
         let j = json(&r);
         assert_eq!(j["samples"].as_array().unwrap().len(), 3);
         assert_eq!(j["samples"][1]["void"], "delivered 0 of 100000");
+        assert_eq!(j["never_idle"], 0);
         assert_eq!(j["summary"]["udp_1flow_pps"]["lb_tc"]["ratio"], 0.8);
         assert_eq!(j["summary"]["udp_1flow_pps"]["lb_tc"]["void"], 1);
         let md = markdown(&r);
