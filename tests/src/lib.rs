@@ -18,6 +18,7 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+pub mod bench;
 pub mod crc32c;
 pub mod fixture;
 pub mod fuzz;

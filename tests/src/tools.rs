@@ -243,6 +243,18 @@ pub fn tcp_listening(ns: &Netns, port: u16) -> Result<bool> {
     }))
 }
 
+/// Whether some UDP socket in `ns` is bound to `port` (any address), from the namespace's
+/// `/proc/net/udp`.
+pub fn udp_bound(ns: &Netns, port: u16) -> Result<bool> {
+    let table = proc_net(ns, "udp")?;
+    Ok(table.lines().skip(1).any(|line| {
+        let local_port = (line.split_whitespace().nth(1))
+            .and_then(|local| local.rsplit_once(':'))
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+        local_port == Some(port)
+    }))
+}
+
 /// `/proc/net/<file>` of `ns`. Read through `/proc/thread-self`: `/proc/net` is
 /// `/proc/self/net`, the namespace of the process's main thread, not of the thread that
 /// entered `ns`.
@@ -277,6 +289,16 @@ impl Nginx {
     /// carries its stderr and error log. `name` is one token of `[A-Za-z0-9_.-]` (it goes into
     /// the configuration and the reply line).
     pub fn start(ns: &Netns, name: &str, port: u16) -> Result<Nginx> {
+        Nginx::start_ports(ns, name, &[port])
+    }
+
+    /// Like [`Nginx::start`], listening on every port of `ports` (one process, one listening
+    /// socket each): a benchmark gives each run a port of its own, so that no run meets the
+    /// TIME_WAIT sockets of another. [`Nginx::port`] is the first.
+    pub fn start_ports(ns: &Netns, name: &str, ports: &[u16]) -> Result<Nginx> {
+        let &[port, ..] = ports else {
+            bail!("nginx {name}: no port to listen on");
+        };
         ensure!(
             !name.is_empty()
                 && name
@@ -286,7 +308,7 @@ impl Nginx {
         );
         let dir = TempDir::new(&format!("nginx-{name}"))?;
         let conf = dir.join("nginx.conf");
-        fs::write(&conf, nginx_conf(dir.path(), name, port))
+        fs::write(&conf, nginx_conf(dir.path(), name, ports))
             .with_context(|| format!("writing {}", conf.display()))?;
         let log = File::create(dir.join("stderr.log")).context("creating nginx's stderr.log")?;
         let mut cmd = in_netns(ns, None, "/usr/sbin/nginx", None::<&str>);
@@ -317,6 +339,7 @@ impl Nginx {
                     read_for_error(&nginx.dir.join("error.log")),
                 );
             }
+            // nginx opens every listening socket before it accepts on any.
             if tcp_accepts(ns, Ipv4Addr::LOCALHOST, port)? {
                 return Ok(nginx);
             }
@@ -351,8 +374,11 @@ impl Nginx {
 }
 
 /// The whole configuration of [`Nginx`]: every path nginx would write is under `dir`.
-fn nginx_conf(dir: &Path, name: &str, port: u16) -> String {
+fn nginx_conf(dir: &Path, name: &str, ports: &[u16]) -> String {
     let dir = dir.display();
+    let listen: String = (ports.iter())
+        .map(|port| format!("        listen 0.0.0.0:{port} backlog=4096;\n"))
+        .collect();
     format!(
         r#"# One process in the foreground, so the test's pid is nginx's and nothing outlives it.
 daemon off;
@@ -379,8 +405,7 @@ http {{
     keepalive_timeout 60s;
 
     server {{
-        listen 0.0.0.0:{port} backlog=4096;
-        location / {{
+{listen}        location / {{
             default_type text/plain;
             return 200 "{name} $remote_addr:$remote_port\n";
         }}
@@ -519,6 +544,19 @@ fn wrk_secs(time: &str) -> Result<f64> {
 /// fails (an error here) when its first test connection is refused; refusals later in the run
 /// are counted as errors (as write errors, by wrk 4.1).
 pub fn wrk(ns: &Netns, url: &str, opts: &WrkOptions) -> Result<WrkResult> {
+    wrk_with(ns, url, opts, None)
+}
+
+/// Like [`wrk`], with a Lua `script` (wrk's `--script`), e.g. one whose `setup(thread)` sets
+/// `thread.addr` to send each thread's connections to another server.
+pub fn wrk_script(ns: &Netns, url: &str, opts: &WrkOptions, script: &str) -> Result<WrkResult> {
+    let dir = TempDir::new("wrk")?;
+    let path = dir.join("script.lua");
+    fs::write(&path, script).with_context(|| format!("writing {}", path.display()))?;
+    wrk_with(ns, url, opts, Some(&path))
+}
+
+fn wrk_with(ns: &Netns, url: &str, opts: &WrkOptions, script: Option<&Path>) -> Result<WrkResult> {
     let secs = opts.duration.as_secs();
     ensure!(
         secs > 0 && opts.duration.subsec_nanos() == 0,
@@ -539,6 +577,9 @@ pub fn wrk(ns: &Netns, url: &str, opts: &WrkOptions) -> Result<WrkResult> {
     ];
     if opts.close {
         args.extend(["--header".to_owned(), "Connection: close".to_owned()]);
+    }
+    if let Some(script) = script {
+        args.push(format!("--script={}", script.display()));
     }
     args.push(url.to_owned());
     let cmd = in_netns(ns, opts.cpu, "wrk", &args);
@@ -810,6 +851,10 @@ pub enum SrcPorts {
     /// `count` flows, ports `first .. first + count`, taken in turn (trafgen's `dinc` on the
     /// port's low byte, so the range stays within one 256-port block).
     Flows { first: u16, count: u16 },
+    /// `count` flows, ports `first .. first + count` (up to all 65,535), taken in turn:
+    /// written with trafgen's header functions (`udp(sp=dinc(..))`), whose 16-bit counter
+    /// and checksums trafgen computes for every packet.
+    Range { first: u16, count: u16 },
 }
 
 /// The UDP packets [`trafgen_udp`] sends: one Ethernet/IPv4/UDP frame, repeated.
@@ -882,7 +927,15 @@ impl UdpSpec {
         let bytes = |b: &[u8], fmt: fn(&u8) -> String| b.iter().map(fmt).collect::<Vec<_>>();
         let hex = |b: &[u8]| bytes(b, |x| format!("0x{x:02x}")).join(", ");
         let dec = |b: &[u8]| bytes(b, |x| x.to_string()).join(", ");
+        let cpu = self.cpu.map(|c| format!("cpu({c}): ")).unwrap_or_default();
         let src_port = match self.src_ports {
+            SrcPorts::Range { first, count } => {
+                ensure!(
+                    count > 0 && u32::from(first) + u32::from(count) <= 0x1_0000,
+                    "{count} flows from port {first} run past port 65535"
+                );
+                return Ok(self.header_config(&cpu, first, first + (count - 1)));
+            }
             SrcPorts::Fixed(port) => format!("c16({port})"),
             SrcPorts::Flows { first, count } => {
                 let low = first & 0xff;
@@ -903,7 +956,6 @@ impl UdpSpec {
         } else {
             String::new()
         };
-        let cpu = self.cpu.map(|c| format!("cpu({c}): ")).unwrap_or_default();
         Ok(format!(
             "{cpu}{{
   {dst_mac},
@@ -926,6 +978,37 @@ impl UdpSpec {
     }
 }
 
+impl UdpSpec {
+    /// The same frame in trafgen's header functions, source port counting from `first` to
+    /// `last`; trafgen fills in lengths and checksums (`df`: the byte form's flags 0x4000).
+    fn header_config(&self, cpu: &str, first: u16, last: u16) -> String {
+        let payload = if self.payload_len > 0 {
+            format!("  fill(0x61, {}),\n", self.payload_len)
+        } else {
+            String::new()
+        };
+        format!(
+            "{cpu}{{
+  eth(da={}, sa={}, type=0x0800),
+  ipv4(id=0, ttl=64, df, sa={}, da={}),
+  udp(sp=dinc({first}, {last}), dp={}),
+{payload}}}
+",
+            self.dst_mac, self.src_mac, self.src_ip, self.dst_ip, self.dst_port
+        )
+    }
+}
+
+/// What [`trafgen_udp`] sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrafgenRun {
+    pub sent: u64,
+    /// How long the sender on the spec's CPU took, as trafgen timed it (its
+    /// `S sec, U usec on CPUn (N packets)` line): the sending window, without trafgen's own
+    /// start and set-up. `None` without a spec CPU.
+    pub window: Option<Duration>,
+}
+
 /// Sends `spec.count` UDP packets from `ns` with netsniff-ng's trafgen through its default
 /// PF_PACKET TX ring (never `--gap`/`--rate`, which switch trafgen to sendto()): the kernel
 /// then builds skbs whose payload lies in page fragments of the ring, as no kernel socket
@@ -933,7 +1016,7 @@ impl UdpSpec {
 /// hook of the sending namespace sees them). trafgen is told not to retune socket memory
 /// (`--no-sock-mem`) nor IRQ affinity (`--notouch-irq`): it would write /proc/sys and
 /// /proc/irq otherwise. Returns when trafgen has sent them all, having checked that it says so.
-pub fn trafgen_udp(ns: &Netns, spec: &UdpSpec) -> Result<()> {
+pub fn trafgen_udp(ns: &Netns, spec: &UdpSpec) -> Result<TrafgenRun> {
     ensure!(spec.count > 0, "trafgen: count 0 means forever");
     let processes = match spec.cpu {
         None => 1,
@@ -973,15 +1056,34 @@ pub fn trafgen_udp(ns: &Netns, spec: &UdpSpec) -> Result<()> {
         run.stdout
     );
     // Its per-CPU summary, `0 sec, 8692 usec on CPU1 (3000 packets)`, shows where they went.
-    if let Some(cpu) = spec.cpu {
-        let on_cpu = format!("on CPU{cpu} ({sent} packets)");
-        ensure!(
-            run.stdout.contains(&on_cpu),
-            "trafgen did not send from CPU {cpu}: {}",
-            run.stdout
-        );
-    }
-    Ok(())
+    let window = match spec.cpu {
+        None => None,
+        Some(cpu) => Some(
+            trafgen_window(&run.stdout, cpu, sent)
+                .with_context(|| format!("trafgen did not send from CPU {cpu}: {}", run.stdout))?,
+        ),
+    };
+    Ok(TrafgenRun { sent, window })
+}
+
+/// The time trafgen's sender on `cpu` took to send `sent` packets, from its summary line
+/// `           0 sec, 581524 usec on CPU1 (200000 packets)`.
+fn trafgen_window(stdout: &str, cpu: usize, sent: u64) -> Result<Duration> {
+    let suffix = format!(" usec on CPU{cpu} ({sent} packets)");
+    let line = stdout
+        .lines()
+        .map(str::trim)
+        .find(|l| l.ends_with(&suffix))
+        .with_context(|| format!("no line ending in {suffix:?}"))?;
+    let (secs, usecs) = line
+        .trim_end_matches(&suffix)
+        .split_once(" sec, ")
+        .with_context(|| format!("no `sec, ` in {line:?}"))?;
+    let (secs, usecs): (u64, u64) = (
+        secs.trim().parse().with_context(|| format!("{line:?}"))?,
+        usecs.trim().parse().with_context(|| format!("{line:?}"))?,
+    );
+    Ok(Duration::from_secs(secs) + Duration::from_micros(usecs))
 }
 
 /// trafgen's `      3000 packets outgoing` line.
@@ -1222,6 +1324,158 @@ pub fn iperf_bits_per_sec(csv: &str) -> Result<f64> {
         "no iperf CSV report (could it connect?)"
     );
     Ok(sum.unwrap_or_else(|| streams.iter().sum()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// sockperf
+
+/// A sockperf (Debian `sockperf`, 3.7) UDP server in a namespace, answering ping-pong on
+/// `0.0.0.0:port`; killed (by its pid) on drop.
+pub struct SockperfServer {
+    // Dropped before `dir`.
+    process: Tool,
+    dir: TempDir,
+}
+
+impl SockperfServer {
+    /// Starts `sockperf server -p PORT` in `ns` and waits until its socket is bound.
+    pub fn start(ns: &Netns, port: u16) -> Result<SockperfServer> {
+        let dir = TempDir::new("sockperf")?;
+        let log = File::create(dir.join("sockperf.log")).context("creating sockperf.log")?;
+        let port_arg = port.to_string();
+        let args = ["server", "-i", "0.0.0.0", "-p", &port_arg];
+        let mut cmd = in_netns(ns, None, "sockperf", args);
+        cmd.stdout(log.try_clone()?).stderr(log);
+        let process = Tool::spawn(cmd, &format!("sockperf server in {}", ns.name()))?;
+        let mut server = SockperfServer { process, dir };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = server.process.exited()? {
+                bail!(
+                    "sockperf server in {} exited ({status}): {}",
+                    ns.name(),
+                    read_for_error(&server.dir.join("sockperf.log"))
+                );
+            }
+            if udp_bound(ns, port)? {
+                return Ok(server);
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "sockperf server in {} is not bound to {port} after {START_TIMEOUT:?}: {}",
+                ns.name(),
+                read_for_error(&server.dir.join("sockperf.log"))
+            );
+            thread::sleep(POLL);
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+}
+
+/// What a sockperf ping-pong run measured: round trips in microseconds (`--full-rtt`), over
+/// the run's valid part (after sockperf's warm-up).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SockperfResult {
+    pub observations: u64,
+    pub dropped: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+impl SockperfResult {
+    /// Parses sockperf 3.7's ping-pong report (its colour escapes included).
+    pub fn parse(report: &str) -> Result<SockperfResult> {
+        let mut r = SockperfResult::default();
+        let (mut obs, mut p50, mut p99) = (false, false, false);
+        for line in report.lines() {
+            // `\x1b[2;35mTotal 28303 observations\x1b[0m; each percentile contains ...`
+            let line: String = strip_escapes(line);
+            let line = line.trim_start_matches("sockperf: ").trim();
+            if let Some(rest) = line.strip_prefix("Total ") {
+                let n = rest.split_whitespace().next().unwrap_or_default();
+                r.observations = n
+                    .parse()
+                    .with_context(|| format!("observations in {line:?}"))?;
+                obs = true;
+            } else if let Some(rest) = line.strip_prefix("# dropped messages = ") {
+                let n = rest.split(';').next().unwrap_or_default().trim();
+                r.dropped = n.parse().with_context(|| format!("drops in {line:?}"))?;
+            } else if let Some(rest) = line.strip_prefix("---> percentile ") {
+                let (pct, value) = rest
+                    .split_once('=')
+                    .with_context(|| format!("no `=` in {line:?}"))?;
+                let value: f64 = value
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("percentile value in {line:?}"))?;
+                match pct.trim() {
+                    "50.000" => (r.p50_us, p50) = (value, true),
+                    "99.000" => (r.p99_us, p99) = (value, true),
+                    _ => {}
+                }
+            }
+        }
+        ensure!(
+            obs && p50 && p99,
+            "no observation count, p50 or p99 in sockperf's report: {report}"
+        );
+        Ok(r)
+    }
+}
+
+/// `line` without ANSI SGR escapes (`ESC [ ... m`).
+fn strip_escapes(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Runs `sockperf ping-pong` (UDP, one message in flight, full round trips) from `ns` to
+/// `addr:port` for `secs` seconds, pinned to `cpu` if given. sockperf spends its first 400 ms
+/// warming up and reports only what follows, so `secs` is at least 2.
+pub fn sockperf_ping_pong(
+    ns: &Netns,
+    addr: Ipv4Addr,
+    port: u16,
+    secs: u32,
+    cpu: Option<usize>,
+) -> Result<SockperfResult> {
+    ensure!(
+        secs >= 2,
+        "sockperf: {secs} s leaves too little after its warm-up"
+    );
+    let args = [
+        "ping-pong".to_owned(),
+        "-i".to_owned(),
+        addr.to_string(),
+        "-p".to_owned(),
+        port.to_string(),
+        "-t".to_owned(),
+        secs.to_string(),
+        "--full-rtt".to_owned(),
+    ];
+    let cmd = in_netns(ns, cpu, "sockperf", &args);
+    let limit = Duration::from_secs(u64::from(secs) + 15);
+    let run = run_tool(
+        cmd,
+        &format!("sockperf to {addr}:{port} from {}", ns.name()),
+        limit,
+    )?;
+    SockperfResult::parse(&format!("{}\n{}", run.stdout, run.stderr))
 }
 
 #[cfg(test)]
@@ -1490,5 +1744,79 @@ UdpLite: 0 0 0 0 0 0 0 0 0
         let stdout = "     1 packets to schedule\n    60 bytes in total\nRunning! Hang up with ^C!\n\n\n        3000 packets outgoing\n      180000 bytes outgoing\n";
         assert_eq!(trafgen_sent(stdout).unwrap(), 3000);
         assert!(trafgen_sent("Running! Hang up with ^C!\n").is_err());
+    }
+
+    /// sockperf 3.7's ping-pong report with --full-rtt (its colour escapes kept), shortened.
+    const SOCKPERF: &str = "sockperf: [Total Run] RunTime=2.000 sec; Warm up time=400 msec; SentMessages=40923; ReceivedMessages=40922
+sockperf: ========= Printing statistics for Server No: 0
+sockperf: [Valid Duration] RunTime=1.550 sec; SentMessages=28303; ReceivedMessages=28303
+sockperf: \x1b[2;35m====> avg-rtt=54.729 (std-dev=39.482)\x1b[0m
+sockperf: # dropped messages = 2; # duplicated messages = 0; # out-of-order messages = 0
+sockperf: Summary: Round trip is 54.729 usec
+sockperf: \x1b[2;35mTotal 28303 observations\x1b[0m; each percentile contains 283.03 observations
+sockperf: ---> <MAX> observation = 3815.672
+sockperf: ---> percentile 99.999 = 3815.672
+sockperf: ---> percentile 99.000 =   77.574
+sockperf: ---> percentile 90.000 =   62.992
+sockperf: ---> percentile 50.000 =   53.979
+sockperf: ---> <MIN> observation =   12.708
+";
+
+    #[test]
+    fn sockperf_report_gives_observations_drops_and_percentiles() {
+        let r = SockperfResult::parse(SOCKPERF).unwrap();
+        assert_eq!(
+            r,
+            SockperfResult {
+                observations: 28_303,
+                dropped: 2,
+                p50_us: 53.979,
+                p99_us: 77.574,
+            }
+        );
+        let none = "sockperf: No valid observations found. Try tune parameters: --time/--mps/--reply-every\n";
+        assert!(SockperfResult::parse(none).is_err());
+    }
+
+    #[test]
+    fn trafgen_window_is_the_chosen_cpus_sending_time() {
+        // trafgen 0.6.8 with --cpus 2 and a `cpu(1):` packet.
+        let stdout = "      200000 packets outgoing\n    12000000 bytes outgoing\n           0 sec, 1 usec on CPU0 (0 packets)\n           2 sec, 581524 usec on CPU1 (200000 packets)\n";
+        assert_eq!(
+            trafgen_window(stdout, 1, 200_000).unwrap(),
+            Duration::from_micros(2_581_524)
+        );
+        assert!(trafgen_window(stdout, 0, 200_000).is_err());
+        assert!(trafgen_window(stdout, 1, 100).is_err());
+    }
+
+    #[test]
+    fn trafgen_config_of_a_16_bit_port_range_uses_header_functions() {
+        let spec = UdpSpec {
+            src_ports: SrcPorts::Range {
+                first: 1,
+                count: 65_535,
+            },
+            cpu: Some(1),
+            ..spec()
+        };
+        assert_eq!(
+            spec.config().unwrap(),
+            "cpu(1): {
+  eth(da=02:00:00:00:00:fe, sa=02:00:00:00:00:01, type=0x0800),
+  ipv4(id=0, ttl=64, df, sa=10.10.0.2, da=10.20.0.10),
+  udp(sp=dinc(1, 65535), dp=9999),
+  fill(0x61, 18),
+}
+"
+        );
+        let past = UdpSpec {
+            src_ports: SrcPorts::Range {
+                first: 2,
+                count: 65_535,
+            },
+            ..spec
+        };
+        assert!(past.config().is_err());
     }
 }

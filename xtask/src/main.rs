@@ -26,11 +26,11 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "ethtool",     // checksum offload on/off in the netns tests
     "iperf",       // iperf 2: TCP throughput through a namespace path (tests)
     "iproute2",    // ip netns, veth, tc
-    "iptables",    // hostport-style baselines
+    "iptables",    // hostport-style baselines; kube-proxy's chains in `cargo xtask bench`
     "netsniff-ng", // trafgen: UDP from a PF_PACKET TX ring, skbs with paged payload (tests)
     "nftables",    // the fallback dataplane
     "nginx-light", // HTTP backends that answer who they are and whom they saw (tests)
-    "sockperf",    // UDP and TCP latency under load (benchmarks by hand)
+    "sockperf",    // request round trips (ping-pong) in `cargo xtask bench`
     "tcpdump",     // debugging captures in namespaces
     "wrk",         // HTTP load: keep-alive runs and connection storms (tests)
 ];
@@ -70,14 +70,20 @@ enum Cmd {
     },
     /// The main job on an embedded default: build, topology, daemon, traffic, where it went.
     Demo,
-    /// Interleaved dataplane benchmarks, reported as ratios; then the control plane's cost
-    /// end to end through the CLI on each dataplane (apply from scratch, one-backend changes,
-    /// daemon RSS and map memory).
+    /// Real traffic through a node (no LB, nft, kube-proxy iptables, lb tc/xdp with and
+    /// without the fast path) in interleaved rounds, reported as ratios to the no-LB path; the
+    /// programs' micro-benchmarks; then the control plane's cost end to end through the CLI on
+    /// each dataplane (apply from scratch, one-backend changes, daemon RSS and map memory).
+    /// Writes BENCHMARKS.md, bench/results.json and bench/ratios.svg.
     Bench {
-        /// Fewer rounds, and the control plane at 100 and 1,000 services instead of 1,000 and
-        /// 10,000.
+        /// Fewer and shorter rounds (a few minutes), and the control plane at 100 and 1,000
+        /// services instead of 1,000 and 10,000.
         #[arg(long)]
         quick: bool,
+        /// Where the report goes: by default the workspace root for a full run (the committed
+        /// report) and target/bench for --quick, so a quick run never overwrites it.
+        #[arg(long)]
+        out: Option<PathBuf>,
         /// The control plane's dataplanes (both unless given).
         #[arg(long, value_parser = ["ebpf", "nftables"])]
         dataplane: Vec<String>,
@@ -118,7 +124,11 @@ fn main() -> Result<()> {
             let target = root().join("target/debug");
             run(Command::new(target.join("lb-demo")).arg(target.join("lb")))
         }
-        Cmd::Bench { quick, dataplane } => {
+        Cmd::Bench {
+            quick,
+            out,
+            dataplane,
+        } => {
             if !is_root() {
                 bail!("the benchmark loads eBPF programs: run it as root");
             }
@@ -137,8 +147,19 @@ fn main() -> Result<()> {
                 "lb",
             ]))?;
             let release = root().join("target/release");
+            let out = out.unwrap_or_else(|| {
+                if quick {
+                    root().join("target/bench")
+                } else {
+                    root()
+                }
+            });
             let mut bench = Command::new(release.join("lb-bench"));
-            bench.arg("--lb").arg(release.join("lb"));
+            bench
+                .arg("--lb")
+                .arg(release.join("lb"))
+                .arg("--out")
+                .arg(out);
             if quick {
                 bench.arg("--quick");
             }

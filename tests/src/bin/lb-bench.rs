@@ -1,11 +1,17 @@
-//! `cargo xtask bench`: the programs' per-packet cost under BPF_PROG_TEST_RUN, on one private
-//! (unpinned) instance of the object with 1,000 services in its maps; then the control plane's
-//! cost end to end through the CLI, on each dataplane (`lb_tests::scale`).
+//! `cargo xtask bench`: real traffic through a node, side by side with the kernel's load
+//! balancers (`lb_tests::bench::real`); the programs' per-packet cost under
+//! BPF_PROG_TEST_RUN, on one private (unpinned) instance of the object with 1,000 services in
+//! its maps; then the control plane's cost end to end through the CLI, on each dataplane
+//! (`lb_tests::scale`). The report goes to `OUT/BENCHMARKS.md`, `OUT/bench/results.json` and
+//! `OUT/bench/ratios.svg` (`lb_tests::bench::report`).
 //!
-//! `lb-bench [--quick] [--dataplane ebpf|nftables]... [--lb PATH] [--no-packets]`: `--quick`
-//! runs fewer rounds and the control plane at 100 and 1,000 services instead of 1,000 and
-//! 10,000; `--dataplane` picks the control plane's dataplanes (both by default); without
-//! `--lb` (the `lb` binary to drive) the control plane is left out.
+//! `lb-bench [--quick] [--out DIR] [--dataplane ebpf|nftables]... [--lb PATH] [--no-packets]
+//! [--no-traffic] [--no-control-plane] [--scenario NAME]...`: `--quick` runs fewer and shorter
+//! rounds and the control plane at 100 and 1,000 services instead of 1,000 and 10,000;
+//! `--dataplane` picks the control plane's dataplanes (both by default); without `--lb` (the
+//! `lb` binary to drive) the real traffic and the control plane are left out; `--scenario`
+//! (a key of the JSON, e.g. `lb_tc`) runs only those scenarios of the real traffic. Without
+//! `--out` nothing is written, the tables are printed only.
 //!
 //! Every run is a single run (`repeat` 1): a repeated test run feeds each iteration the buffer
 //! the previous one rewrote, so after the first iteration a translated packet would be timed on
@@ -17,11 +23,15 @@
 //! and the report gives each case's median and its ratio to the baseline of the same hook —
 //! a packet that is not for any service, which only pays for parsing and the lookups that
 //! decide so. No timing is asserted anywhere; this is a report.
-use std::{collections::BTreeSet, net::Ipv4Addr, path::PathBuf};
+use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr, path::PathBuf};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use aya::programs::{SchedClassifier, TestRun as _, TestRunOptions, Xdp};
-use lb_tests::{packet::Ipv4Packet, scale};
+use lb_tests::{
+    bench::{Scenario, real, report},
+    packet::Ipv4Packet,
+    scale,
+};
 use lb_user::{
     core::compose::compose,
     core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
@@ -194,6 +204,10 @@ struct Args {
     dataplanes: Vec<String>,
     lb: Option<PathBuf>,
     packets: bool,
+    traffic: bool,
+    control_plane: bool,
+    out: Option<PathBuf>,
+    scenarios: Vec<Scenario>,
 }
 
 fn args() -> Result<Args> {
@@ -202,12 +216,29 @@ fn args() -> Result<Args> {
         dataplanes: Vec::new(),
         lb: None,
         packets: true,
+        traffic: true,
+        control_plane: true,
+        out: None,
+        scenarios: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => a.quick = true,
             "--no-packets" => a.packets = false,
+            "--no-traffic" => a.traffic = false,
+            "--no-control-plane" => a.control_plane = false,
+            "--out" => a.out = Some(it.next().context("--out takes a directory")?.into()),
+            "--scenario" => {
+                let key = it.next().context("--scenario takes a name")?;
+                let s = (Scenario::ALL.into_iter())
+                    .find(|s| s.key() == key)
+                    .with_context(|| {
+                        let keys: Vec<&str> = Scenario::ALL.iter().map(|s| s.key()).collect();
+                        format!("--scenario {key}: one of {}", keys.join(", "))
+                    })?;
+                a.scenarios.push(s);
+            }
             "--dataplane" => {
                 let dp = it.next().context("--dataplane takes ebpf or nftables")?;
                 ensure!(
@@ -232,24 +263,86 @@ fn main() -> Result<()> {
         bail!("the benchmark loads eBPF programs: run it as root");
     }
     let a = args()?;
-    if a.packets {
-        packets(if a.quick { QUICK_ROUNDS } else { ROUNDS })?;
+    let mut outcome = None;
+    let mut cfg = None;
+    if let Some(lb) = a.lb.as_deref().filter(|_| a.traffic) {
+        let mut c = real::Config::new(lb, a.quick);
+        c.only = a.scenarios.clone();
+        println!("lb bench: real traffic\n{}\n", c.method());
+        outcome = Some(real::run(&c).context("the real-traffic benchmark")?);
+        cfg = Some(c);
     }
-    if let Some(lb) = &a.lb {
-        control_plane(
+    let micro = if a.packets {
+        Some(packets(if a.quick { QUICK_ROUNDS } else { ROUNDS })?)
+    } else {
+        None
+    };
+    let control = match &a.lb {
+        Some(lb) if a.control_plane => Some(control_plane(
             lb,
             &a.dataplanes,
             if a.quick { &QUICK_SIZES } else { &SIZES },
-        )?;
+        )?),
+        _ => None,
+    };
+    let (samples, notes) = outcome.map_or((Vec::new(), Vec::new()), |o| (o.samples, o.notes));
+    let run = report::Run {
+        machine: machine(),
+        params: cfg
+            .as_ref()
+            .map_or(serde_json::Value::Null, real::Config::params),
+        method: cfg.as_ref().map_or_else(
+            || "No real traffic in this run (no `--lb`, or `--no-traffic`).".to_owned(),
+            real::Config::method,
+        ),
+        samples,
+        notes,
+        micro,
+        control_plane: control,
+        quick: a.quick,
+    };
+    let md = report::markdown(&run);
+    println!("\n{md}");
+    if let Some(out) = &a.out {
+        report::write(&run, out)?;
+        println!(
+            "lb bench: wrote {0}/BENCHMARKS.md, {0}/bench/results.json, {0}/bench/ratios.svg",
+            out.display()
+        );
     }
     Ok(())
 }
 
+/// Kernel, CPUs and CPU model, as the report names the machine.
+fn machine() -> Vec<(String, String)> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = (cpuinfo.lines())
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map_or("unknown".to_owned(), |(_, m)| m.trim().to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = (read("/proc/meminfo").lines())
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .map_or("unknown".to_owned(), |m| m.trim().to_owned());
+    vec![
+        (
+            "kernel".into(),
+            read("/proc/sys/kernel/osrelease").trim().to_owned(),
+        ),
+        ("CPUs".into(), cpus.to_string()),
+        ("CPU model".into(), model),
+        ("memory".into(), mem),
+    ]
+}
+
 /// Each size on each dataplane, from scratch (a fresh daemon, namespace and bpffs each); a
 /// failure of `lb` is reported in its row, not raised: the report says what does not work.
-fn control_plane(lb: &std::path::Path, dataplanes: &[String], sizes: &[u32]) -> Result<()> {
-    println!(
-        "\ncontrol plane: N services of {PER} backends and one published TCP port each, applied from scratch with `lb apply -f`, then {CHANGES} one-backend changes with `lb service set`, each timed end to end (CLI start to exit); the daemon's network is one veth in its own netns"
+fn control_plane(lb: &std::path::Path, dataplanes: &[String], sizes: &[u32]) -> Result<String> {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "control plane: N services of {PER} backends and one published TCP port each, applied from scratch with `lb apply -f`, then {CHANGES} one-backend changes with `lb service set`, each timed end to end (CLI start to exit); the daemon's network is one veth in its own netns"
     );
     let mut rows = Vec::new();
     for dp in dataplanes {
@@ -266,14 +359,17 @@ fn control_plane(lb: &std::path::Path, dataplanes: &[String], sizes: &[u32]) -> 
             rows.push(row);
         }
     }
-    println!("\n{}", scale::report(&rows));
-    println!(
+    let _ = writeln!(out, "\n{}", scale::report(&rows));
+    let _ = writeln!(
+        out,
         "map memory: the memlock the kernel charges for the daemon's maps (per-CPU maps: every possible CPU); RSS: the daemon's, after the changes"
     );
-    Ok(())
+    println!("\n{out}");
+    Ok(out)
 }
 
-fn packets(rounds: usize) -> Result<()> {
+/// The micro-benchmarks; their table (also printed).
+fn packets(rounds: usize) -> Result<String> {
     let mut dp = EbpfNetwork::unpinned().context("loading the eBPF object")?;
     {
         let ebpf = dp.ebpf_mut();
@@ -361,8 +457,10 @@ fn packets(rounds: usize) -> Result<()> {
         }
     }
 
-    println!(
-        "lb bench: BPF_PROG_TEST_RUN, {SERVICES} services x 3 backends, {rounds} interleaved rounds of {BATCH} single runs per case"
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "BPF_PROG_TEST_RUN, {SERVICES} services x 3 backends, {rounds} interleaved rounds of {BATCH} single runs per case"
     );
     let mut next_port = 1024u16;
     for r in 0..rounds {
@@ -375,7 +473,8 @@ fn packets(rounds: usize) -> Result<()> {
     }
     let tracked = dp.flow_entries().len();
 
-    println!(
+    let _ = writeln!(
+        out,
         "\n{:<6} {:<38} {:>10} {:>10} {:>12}",
         "hook", "case", "median ns", "min ns", "vs baseline"
     );
@@ -385,7 +484,8 @@ fn packets(rounds: usize) -> Result<()> {
         for c in of_hook {
             let m = median(&c.samples);
             let min = c.samples.iter().copied().fold(f64::INFINITY, f64::min);
-            println!(
+            let _ = writeln!(
+                out,
                 "{:<6} {:<38} {m:>10.1} {min:>10.1} {:>11.2}x",
                 if hook == Hook::Tc { "tc" } else { "xdp" },
                 c.what,
@@ -394,17 +494,23 @@ fn packets(rounds: usize) -> Result<()> {
         }
     }
     let n = cases.len() / 2;
-    println!("\nxdp / tc for the same packet (below 1: XDP is cheaper):");
+    let _ = writeln!(
+        out,
+        "\nxdp / tc for the same packet (below 1: XDP is cheaper):"
+    );
     for k in 0..n {
         let (tc, xdp) = (&cases[k], &cases[k + n]);
-        println!(
+        let _ = writeln!(
+            out,
             "  {:<38} {:>6.2}x",
             tc.what,
             median(&xdp.samples) / median(&tc.samples)
         );
     }
-    println!(
+    let _ = writeln!(
+        out,
         "\n{tracked} flow entries at the end; absolute numbers drift on this VM, ratios are the result"
     );
-    Ok(())
+    println!("\n{out}");
+    Ok(out)
 }

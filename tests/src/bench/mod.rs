@@ -1,0 +1,167 @@
+//! `cargo xtask bench`, the real-traffic part: scenarios (no load balancer, the kernel's load
+//! balancers, lb's dataplanes) measured with operators' tools through one topology
+//! ([`real`]), and what is made of their samples ([`report`]: medians, ratios, void runs,
+//! the targets, BENCHMARKS.md, the JSON and the chart).
+pub mod real;
+pub mod report;
+
+/// One way of carrying the client's traffic through the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scenario {
+    /// The client talks to a backend address, routed by the node: the ratios' base.
+    NoLb,
+    /// `lb daemon --dataplane nftables` (moby's ruleset).
+    Nft,
+    /// kube-proxy's iptables chains, written by the bench.
+    Iptables,
+    /// `lb daemon --dataplane ebpf`, `--attach tc --fast-path off`.
+    LbTc,
+    /// `--attach xdp --fast-path off`.
+    LbXdp,
+    /// `--attach tc --fast-path auto`.
+    LbTcFast,
+    /// `--attach xdp --fast-path auto`.
+    LbXdpFast,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 7] = [
+        Scenario::NoLb,
+        Scenario::Nft,
+        Scenario::Iptables,
+        Scenario::LbTc,
+        Scenario::LbXdp,
+        Scenario::LbTcFast,
+        Scenario::LbXdpFast,
+    ];
+
+    /// lb's own scenarios: those the targets are about.
+    pub const LB: [Scenario; 4] = [
+        Scenario::LbTc,
+        Scenario::LbXdp,
+        Scenario::LbTcFast,
+        Scenario::LbXdpFast,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::NoLb => "no LB",
+            Scenario::Nft => "nft",
+            Scenario::Iptables => "iptables",
+            Scenario::LbTc => "lb tc",
+            Scenario::LbXdp => "lb xdp",
+            Scenario::LbTcFast => "lb tc fast",
+            Scenario::LbXdpFast => "lb xdp fast",
+        }
+    }
+
+    /// The name in the JSON file.
+    pub fn key(self) -> &'static str {
+        match self {
+            Scenario::NoLb => "no_lb",
+            Scenario::Nft => "nft",
+            Scenario::Iptables => "iptables",
+            Scenario::LbTc => "lb_tc",
+            Scenario::LbXdp => "lb_xdp",
+            Scenario::LbTcFast => "lb_tc_fast",
+            Scenario::LbXdpFast => "lb_xdp_fast",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        Scenario::ALL
+            .iter()
+            .position(|&s| s == self)
+            .expect("every scenario is in ALL")
+    }
+}
+
+/// What is measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Metric {
+    /// UDP 64 B packets per second delivered at the backends, one flow.
+    Udp1,
+    /// The same from 64k source ports.
+    Udp64k,
+    /// New connections per second (wrk, `Connection: close`).
+    ConnPerSec,
+    /// Round trip (sockperf UDP ping-pong), median and 99th percentile, microseconds.
+    RttP50,
+    RttP99,
+    /// TCP throughput of one stream (iperf 2), bits per second.
+    Tcp,
+}
+
+impl Metric {
+    pub const ALL: [Metric; 6] = [
+        Metric::Udp1,
+        Metric::Udp64k,
+        Metric::ConnPerSec,
+        Metric::RttP50,
+        Metric::RttP99,
+        Metric::Tcp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Udp1 => "UDP 64 B, 1 flow",
+            Metric::Udp64k => "UDP 64 B, 64k flows",
+            Metric::ConnPerSec => "new connections/s",
+            Metric::RttP50 => "RTT p50",
+            Metric::RttP99 => "RTT p99",
+            Metric::Tcp => "TCP, 1 stream",
+        }
+    }
+
+    /// A short name for the chart's axis.
+    pub fn short(self) -> &'static str {
+        match self {
+            Metric::Udp1 => "UDP 1 flow",
+            Metric::Udp64k => "UDP 64k flows",
+            Metric::ConnPerSec => "conn/s",
+            Metric::RttP50 => "RTT p50",
+            Metric::RttP99 => "RTT p99",
+            Metric::Tcp => "TCP",
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Metric::Udp1 => "udp_1flow_pps",
+            Metric::Udp64k => "udp_64kflows_pps",
+            Metric::ConnPerSec => "conn_per_sec",
+            Metric::RttP50 => "rtt_p50_us",
+            Metric::RttP99 => "rtt_p99_us",
+            Metric::Tcp => "tcp_bps",
+        }
+    }
+
+    /// Whether more is better (throughputs) or less (round trips).
+    pub fn higher_is_better(self) -> bool {
+        !matches!(self, Metric::RttP50 | Metric::RttP99)
+    }
+
+    /// A value in the metric's unit, for the report.
+    pub fn show(self, v: f64) -> String {
+        format!("{} {}", self.number(v), self.unit())
+    }
+
+    /// A value as a number of [`Metric::unit`]s.
+    pub fn number(self, v: f64) -> String {
+        match self {
+            Metric::Udp1 | Metric::Udp64k => format!("{:.3}", v / 1e6),
+            Metric::ConnPerSec => format!("{:.1}", v / 1e3),
+            Metric::RttP50 | Metric::RttP99 => format!("{v:.1}"),
+            Metric::Tcp => format!("{:.2}", v / 1e9),
+        }
+    }
+
+    pub fn unit(self) -> &'static str {
+        match self {
+            Metric::Udp1 | Metric::Udp64k => "Mpps",
+            Metric::ConnPerSec => "k/s",
+            Metric::RttP50 | Metric::RttP99 => "µs",
+            Metric::Tcp => "Gbit/s",
+        }
+    }
+}

@@ -1,0 +1,724 @@
+//! What a benchmark run makes of its samples: each (metric, scenario)'s median with min–max
+//! over its valid samples, ratios to the same run's no-LB path, the issue's targets met or
+//! missed, and the three outputs (BENCHMARKS.md, the JSON of every sample, the SVG chart).
+//! Nothing here measures; it is tested on synthetic samples.
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context as _, Result};
+use serde_json::{Value, json};
+
+use super::{Metric, Scenario};
+
+/// How idle the machine was before a measurement: the busy share of all CPUs over the last
+/// look at /proc/stat, and whether it got below the threshold within the bounded wait.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Idle {
+    pub busy: f64,
+    pub waited_ms: u64,
+    pub reached: bool,
+}
+
+/// One measurement of one metric in one scenario and round.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub scenario: Scenario,
+    pub metric: Metric,
+    pub round: usize,
+    pub value: f64,
+    /// Why the sample does not count (SYN retransmits, datagrams lost, a tool that failed):
+    /// kept in the JSON and shown in the report, never in a median.
+    pub void: Option<String>,
+    pub idle: Idle,
+    /// The raw counts behind the value (sent, delivered, window, counters).
+    pub detail: Value,
+}
+
+/// A (metric, scenario)'s valid samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Cell {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub valid: usize,
+    pub void: usize,
+}
+
+/// The median of `v` (the mean of the middle two for an even count); `None` when empty.
+pub fn median(v: &[f64]) -> Option<f64> {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+/// Every (metric, scenario) with at least one sample; its cell has no median (`None`) when
+/// every sample was void.
+pub fn summarize(samples: &[Sample]) -> BTreeMap<(Metric, Scenario), (Option<Cell>, usize)> {
+    let mut by: BTreeMap<(Metric, Scenario), (Vec<f64>, usize)> = BTreeMap::new();
+    for s in samples {
+        let e = by.entry((s.metric, s.scenario)).or_default();
+        match s.void {
+            None => e.0.push(s.value),
+            Some(_) => e.1 += 1,
+        }
+    }
+    by.into_iter()
+        .map(|(k, (valid, void))| {
+            let cell = median(&valid).map(|m| Cell {
+                median: m,
+                min: valid.iter().copied().fold(f64::INFINITY, f64::min),
+                max: valid.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+                valid: valid.len(),
+                void,
+            });
+            (k, (cell, void))
+        })
+        .collect()
+}
+
+/// The medians of a run, and the ratios made of them.
+pub struct Summary {
+    cells: BTreeMap<(Metric, Scenario), (Option<Cell>, usize)>,
+}
+
+/// A ratio and what it is to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio {
+    pub value: f64,
+    pub to: Scenario,
+}
+
+impl Summary {
+    pub fn new(samples: &[Sample]) -> Summary {
+        Summary {
+            cells: summarize(samples),
+        }
+    }
+
+    pub fn cell(&self, m: Metric, s: Scenario) -> Option<Cell> {
+        self.cells.get(&(m, s)).and_then(|c| c.0)
+    }
+
+    /// Void samples of (m, s).
+    pub fn voids(&self, m: Metric, s: Scenario) -> usize {
+        self.cells.get(&(m, s)).map_or(0, |c| c.1)
+    }
+
+    /// What metric `m` is compared to: the no-LB path when it has valid samples; for
+    /// connections/s without them, the nft ruleset (the issue's fallback, said in the report).
+    pub fn base(&self, m: Metric) -> Option<Scenario> {
+        if self.cell(m, Scenario::NoLb).is_some() {
+            Some(Scenario::NoLb)
+        } else if m == Metric::ConnPerSec && self.cell(m, Scenario::Nft).is_some() {
+            Some(Scenario::Nft)
+        } else {
+            None
+        }
+    }
+
+    /// `s`'s median over its base's, for metric `m`.
+    pub fn ratio(&self, m: Metric, s: Scenario) -> Option<Ratio> {
+        let to = self.base(m)?;
+        self.ratio_to(m, s, to)
+    }
+
+    /// `s`'s median over `to`'s.
+    pub fn ratio_to(&self, m: Metric, s: Scenario, to: Scenario) -> Option<Ratio> {
+        let (a, b) = (self.cell(m, s)?, self.cell(m, to)?);
+        (b.median > 0.0).then(|| Ratio {
+            value: a.median / b.median,
+            to,
+        })
+    }
+}
+
+/// One of the issue's targets for one scenario, and whether the run met it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub metric: Metric,
+    pub scenario: Scenario,
+    /// The scenario it is compared with.
+    pub to: Scenario,
+    /// The ratio must be at least this (`at_least`), or at most.
+    pub bound: f64,
+    pub at_least: bool,
+    /// `None` when either side has no valid sample: not measured, so not met.
+    pub ratio: Option<f64>,
+}
+
+impl Target {
+    pub fn met(&self) -> bool {
+        self.ratio.is_some_and(|r| {
+            if self.at_least {
+                r >= self.bound
+            } else {
+                r <= self.bound
+            }
+        })
+    }
+
+    pub fn want(&self) -> String {
+        format!(
+            "{} {:.2}× {}",
+            if self.at_least { "≥" } else { "≤" },
+            self.bound,
+            self.to.name()
+        )
+    }
+}
+
+/// The issue's targets, each computed from the run: UDP (1 flow and 64k flows) tc fast path
+/// ≥ 1.3× and xdp fast path ≥ 1.0× the no-LB path; TCP ≥ 0.95× no-LB on every lb scenario;
+/// connections/s ≥ the nft ruleset's and RTT p99 ≤ the nft ruleset's on every lb scenario.
+pub fn targets(sum: &Summary) -> Vec<Target> {
+    let mut out = Vec::new();
+    let mut add = |metric, scenario, to, bound, at_least| {
+        out.push(Target {
+            metric,
+            scenario,
+            to,
+            bound,
+            at_least,
+            ratio: sum.ratio_to(metric, scenario, to).map(|r| r.value),
+        })
+    };
+    for m in [Metric::Udp1, Metric::Udp64k] {
+        add(m, Scenario::LbTcFast, Scenario::NoLb, 1.3, true);
+        add(m, Scenario::LbXdpFast, Scenario::NoLb, 1.0, true);
+    }
+    for s in Scenario::LB {
+        add(Metric::Tcp, s, Scenario::NoLb, 0.95, true);
+    }
+    for s in Scenario::LB {
+        add(Metric::ConnPerSec, s, Scenario::Nft, 1.0, true);
+    }
+    for s in Scenario::LB {
+        add(Metric::RttP99, s, Scenario::Nft, 1.0, false);
+    }
+    out
+}
+
+/// Everything a run produced, for the outputs.
+pub struct Run {
+    /// `(what, value)`: kernel, CPUs, CPU model.
+    pub machine: Vec<(String, String)>,
+    /// The method's parameters, for the JSON (`rounds`, `udp_packets`, ...).
+    pub params: Value,
+    /// The method in prose, for BENCHMARKS.md.
+    pub method: String,
+    pub samples: Vec<Sample>,
+    /// Remarks of the run (a scenario whose setup failed, a machine that never got idle).
+    pub notes: Vec<String>,
+    /// The program micro-benchmarks' table, as printed.
+    pub micro: Option<String>,
+    /// The control plane's table, as printed.
+    pub control_plane: Option<String>,
+    pub quick: bool,
+}
+
+/// A cell of the medians table: `median (min–max)`, and a note of voids.
+fn show_cell(sum: &Summary, m: Metric, s: Scenario) -> String {
+    let voids = sum.voids(m, s);
+    let void = if voids > 0 {
+        format!(" [{voids} void]")
+    } else {
+        String::new()
+    };
+    match sum.cell(m, s) {
+        None if voids > 0 => format!("all void{void}"),
+        None => "-".into(),
+        Some(c) => format!(
+            "{} ({}–{} {}){void}",
+            m.number(c.median),
+            m.number(c.min),
+            m.number(c.max),
+            m.unit()
+        ),
+    }
+}
+
+/// BENCHMARKS.md.
+pub fn markdown(run: &Run) -> String {
+    let sum = Summary::new(&run.samples);
+    let mut md = String::new();
+    let _ = writeln!(md, "# lb benchmarks\n");
+    let _ = writeln!(
+        md,
+        "Written by `cargo xtask bench{}`; every number below is computed from \
+         `bench/results.json` of the same run. Chart of the ratios: `bench/ratios.svg`.\n",
+        if run.quick { " --quick" } else { "" }
+    );
+    let _ = writeln!(md, "## Machine\n");
+    for (k, v) in &run.machine {
+        let _ = writeln!(md, "- {k}: {v}");
+    }
+    let _ = writeln!(md, "\n## Method\n\n{}\n", run.method);
+
+    let _ = writeln!(md, "## Ratios to the no-LB path (same run)\n");
+    let _ = write!(md, "| metric |");
+    for s in Scenario::ALL {
+        let _ = write!(md, " {} |", s.name());
+    }
+    let _ = write!(md, "\n|---|");
+    for _ in Scenario::ALL {
+        let _ = write!(md, "---|");
+    }
+    md.push('\n');
+    let mut footnotes = Vec::new();
+    for m in Metric::ALL {
+        let _ = write!(md, "| {} |", m.name());
+        let base = sum.base(m);
+        for s in Scenario::ALL {
+            let cell = match sum.ratio(m, s) {
+                Some(_) if Some(s) == base => format!(
+                    "1.00 ({})",
+                    m.show(sum.cell(m, s).map_or(0.0, |c| c.median))
+                ),
+                Some(r) => format!("{:.2}", r.value),
+                None if sum.voids(m, s) > 0 => "void".into(),
+                None => "-".into(),
+            };
+            let _ = write!(md, " {cell} |");
+        }
+        md.push('\n');
+        if base == Some(Scenario::Nft) {
+            footnotes.push(format!(
+                "{}: the no-LB path has no valid sample, so its ratios are to nft.",
+                m.name()
+            ));
+        }
+    }
+    md.push('\n');
+    for f in footnotes {
+        let _ = writeln!(md, "- {f}");
+    }
+    let _ = writeln!(
+        md,
+        "\nRTT ratios below 1 are better; every other ratio above 1 is better.\n"
+    );
+
+    let _ = writeln!(md, "## Medians (min–max over valid rounds)\n");
+    let _ = writeln!(
+        md,
+        "| metric | scenario | median (min–max) | valid | void |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for m in Metric::ALL {
+        for s in Scenario::ALL {
+            let valid = sum.cell(m, s).map_or(0, |c| c.valid);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {valid} | {} |",
+                m.name(),
+                s.name(),
+                show_cell(&sum, m, s),
+                sum.voids(m, s)
+            );
+        }
+    }
+
+    let _ = writeln!(md, "\n## Targets of the issue (computed from this run)\n");
+    let _ = writeln!(md, "| metric | scenario | target | measured | |");
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    let targets = targets(&sum);
+    for t in &targets {
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            t.metric.name(),
+            t.scenario.name(),
+            t.want(),
+            t.ratio
+                .map_or("no valid samples".into(), |r| format!("{r:.2}×")),
+            if t.met() { "met" } else { "missed" }
+        );
+    }
+    let met = targets.iter().filter(|t| t.met()).count();
+    let _ = writeln!(md, "\n{met} of {} targets met.", targets.len());
+
+    let voids: Vec<&Sample> = run.samples.iter().filter(|s| s.void.is_some()).collect();
+    let _ = writeln!(md, "\n## Void runs\n");
+    if voids.is_empty() {
+        let _ = writeln!(md, "None.");
+    }
+    for s in voids {
+        let _ = writeln!(
+            md,
+            "- round {}, {}, {}: {} (measured {})",
+            s.round,
+            s.scenario.name(),
+            s.metric.name(),
+            s.void.as_deref().unwrap_or_default(),
+            s.metric.show(s.value)
+        );
+    }
+    let not_idle = run.samples.iter().filter(|s| !s.idle.reached).count();
+    let _ = writeln!(
+        md,
+        "\n{not_idle} of {} measurements started on a machine that never got idle within the \
+         bounded wait (their `idle.reached` is false in the JSON).",
+        run.samples.len()
+    );
+    if !run.notes.is_empty() {
+        let _ = writeln!(md, "\n## Notes of the run\n");
+        for n in &run.notes {
+            let _ = writeln!(md, "- {n}");
+        }
+    }
+    if let Some(micro) = &run.micro {
+        let _ = writeln!(
+            md,
+            "\n## Program micro-benchmarks (BPF_PROG_TEST_RUN)\n\n```text\n{}\n```",
+            micro.trim_end()
+        );
+    }
+    if let Some(cp) = &run.control_plane {
+        let _ = writeln!(md, "\n## Control plane\n\n```text\n{}\n```", cp.trim_end());
+    }
+    md
+}
+
+/// bench/results.json: the machine, the method's parameters, every sample, the medians,
+/// ratios and targets.
+pub fn json(run: &Run) -> Value {
+    let sum = Summary::new(&run.samples);
+    let samples: Vec<Value> = (run.samples.iter())
+        .map(|s| {
+            json!({
+                "scenario": s.scenario.key(),
+                "metric": s.metric.key(),
+                "round": s.round,
+                "value": s.value,
+                "void": s.void,
+                "idle": {"busy": s.idle.busy, "waited_ms": s.idle.waited_ms, "reached": s.idle.reached},
+                "detail": s.detail,
+            })
+        })
+        .collect();
+    let mut medians = serde_json::Map::new();
+    for m in Metric::ALL {
+        let mut per = serde_json::Map::new();
+        for s in Scenario::ALL {
+            let c = sum.cell(m, s);
+            per.insert(
+                s.key().into(),
+                json!({
+                    "median": c.map(|c| c.median),
+                    "min": c.map(|c| c.min),
+                    "max": c.map(|c| c.max),
+                    "valid": c.map_or(0, |c| c.valid),
+                    "void": sum.voids(m, s),
+                    "ratio": sum.ratio(m, s).map(|r| r.value),
+                    "ratio_to": sum.ratio(m, s).map(|r| r.to.key()),
+                }),
+            );
+        }
+        medians.insert(m.key().into(), Value::Object(per));
+    }
+    let targets: Vec<Value> = (targets(&sum).iter())
+        .map(|t| {
+            json!({
+                "metric": t.metric.key(),
+                "scenario": t.scenario.key(),
+                "to": t.to.key(),
+                "bound": t.bound,
+                "at_least": t.at_least,
+                "ratio": t.ratio,
+                "met": t.met(),
+            })
+        })
+        .collect();
+    json!({
+        "quick": run.quick,
+        "machine": run.machine.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
+        "params": run.params,
+        "notes": run.notes,
+        // Measurements that started before the machine got idle (each sample's `idle` says).
+        "never_idle": run.samples.iter().filter(|s| !s.idle.reached).count(),
+        "samples": samples,
+        "summary": medians,
+        "targets": targets,
+    })
+}
+
+/// bench/ratios.svg: a bar per scenario (but the base) in a group per metric, the height
+/// its ratio to the metric's base; a line at 1.
+pub fn chart(run: &Run, path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    let sum = Summary::new(&run.samples);
+    let shown: Vec<Scenario> = Scenario::ALL[1..].to_vec();
+    let groups: Vec<(Metric, Vec<Option<f64>>)> = (Metric::ALL.iter())
+        .map(|&m| {
+            let bars = shown
+                .iter()
+                .map(|&s| sum.ratio(m, s).map(|r| r.value))
+                .collect();
+            (m, bars)
+        })
+        .collect();
+    let top = groups
+        .iter()
+        .flat_map(|(_, b)| b.iter().flatten().copied())
+        .fold(1.2f64, f64::max)
+        // Headroom: the legend sits in the top right corner, above the bars.
+        * 1.35;
+    let draw = || -> Result<(), Box<dyn std::error::Error>> {
+        let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let width = shown.len() as f64 + 1.0;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "lb bench: ratio to the same run's no-LB path (RTT: lower is better)",
+                ("sans-serif", 20),
+            )
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0f64..(Metric::ALL.len() as f64 * width), 0f64..top)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc("ratio")
+            .draw()?;
+        let palette = [
+            RGBColor(0x4c, 0x72, 0xb0),
+            RGBColor(0xdd, 0x84, 0x52),
+            RGBColor(0x55, 0xa8, 0x68),
+            RGBColor(0xc4, 0x4e, 0x52),
+            RGBColor(0x81, 0x72, 0xb3),
+            RGBColor(0x93, 0x78, 0x60),
+        ];
+        for (k, &s) in shown.iter().enumerate() {
+            let color = palette[k % palette.len()];
+            let bars: Vec<Rectangle<(f64, f64)>> = (groups.iter().enumerate())
+                .filter_map(|(g, (_, b))| {
+                    let v = b[k]?;
+                    let x = g as f64 * width + 0.5 + k as f64;
+                    Some(Rectangle::new([(x, 0.0), (x + 0.9, v)], color.filled()))
+                })
+                .collect();
+            chart
+                .draw_series(bars)?
+                .label(s.name())
+                .legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
+                });
+        }
+        chart.draw_series(LineSeries::new(
+            [(0.0, 1.0), (Metric::ALL.len() as f64 * width, 1.0)],
+            BLACK.stroke_width(1),
+        ))?;
+        for (g, (m, _)) in groups.iter().enumerate() {
+            let x = g as f64 * width + width / 2.0 - 1.0;
+            chart.draw_series(std::iter::once(Text::new(
+                m.short().to_string(),
+                (x, -top * 0.04),
+                ("sans-serif", 14),
+            )))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))
+}
+
+/// Writes BENCHMARKS.md, bench/results.json and bench/ratios.svg under `out`.
+pub fn write(run: &Run, out: &Path) -> Result<()> {
+    let dir = out.join("bench");
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let md = out.join("BENCHMARKS.md");
+    std::fs::write(&md, markdown(run)).with_context(|| format!("writing {}", md.display()))?;
+    let js = dir.join("results.json");
+    let text = serde_json::to_string_pretty(&json(run))? + "\n";
+    std::fs::write(&js, text).with_context(|| format!("writing {}", js.display()))?;
+    chart(run, &dir.join("ratios.svg"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(scenario: Scenario, metric: Metric, round: usize, value: f64) -> Sample {
+        Sample {
+            scenario,
+            metric,
+            round,
+            value,
+            void: None,
+            idle: Idle {
+                busy: 0.01,
+                waited_ms: 300,
+                reached: true,
+            },
+            detail: Value::Null,
+        }
+    }
+
+    fn void(mut s: Sample, why: &str) -> Sample {
+        s.void = Some(why.into());
+        s
+    }
+
+    #[test]
+    fn medians_of_odd_and_even_counts() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
+
+    #[test]
+    fn void_samples_are_kept_out_of_medians_and_counted() {
+        use Metric::ConnPerSec as C;
+        use Scenario::*;
+        let samples = vec![
+            sample(Nft, C, 0, 100.0),
+            sample(Nft, C, 1, 120.0),
+            void(sample(Nft, C, 2, 5000.0), "3 SYN retransmits"),
+            sample(Nft, C, 3, 110.0),
+        ];
+        let sum = Summary::new(&samples);
+        let c = sum.cell(C, Nft).unwrap();
+        assert_eq!((c.median, c.min, c.max), (110.0, 100.0, 120.0));
+        assert_eq!((c.valid, c.void, sum.voids(C, Nft)), (3, 1, 1));
+        // A scenario whose every sample is void has no median, and says so.
+        let all_void = vec![void(sample(LbTc, C, 0, 9e9), "wrk: 12 errors")];
+        let sum = Summary::new(&all_void);
+        assert_eq!(sum.cell(C, LbTc), None);
+        assert_eq!(show_cell(&sum, C, LbTc), "all void [1 void]");
+        let sum = Summary::new(&samples);
+        assert_eq!(show_cell(&sum, C, Nft), "0.1 (0.1–0.1 k/s) [1 void]");
+    }
+
+    #[test]
+    fn ratios_are_to_no_lb_and_conn_per_sec_falls_back_to_nft() {
+        use Metric::*;
+        use Scenario::*;
+        let mut samples = vec![
+            sample(NoLb, Udp1, 0, 1e6),
+            sample(LbTcFast, Udp1, 0, 1.4e6),
+            sample(LbXdpFast, Udp1, 0, 0.9e6),
+            void(sample(NoLb, ConnPerSec, 0, 1.0), "SYN retransmits"),
+            sample(Nft, ConnPerSec, 0, 20_000.0),
+            sample(LbTc, ConnPerSec, 0, 25_000.0),
+        ];
+        let sum = Summary::new(&samples);
+        let r = sum.ratio(Udp1, LbTcFast).unwrap();
+        assert!((r.value - 1.4).abs() < 1e-9 && r.to == NoLb, "{r:?}");
+        assert_eq!(sum.base(ConnPerSec), Some(Nft));
+        let r = sum.ratio(ConnPerSec, LbTc).unwrap();
+        assert!((r.value - 1.25).abs() < 1e-9 && r.to == Nft, "{r:?}");
+        let md = markdown(&run(samples.clone()));
+        assert!(
+            md.contains(
+                "new connections/s: the no-LB path has no valid sample, so its ratios are to nft."
+            ),
+            "{md}"
+        );
+        // With a valid no-LB sample the base is the no-LB path again.
+        samples.push(sample(NoLb, ConnPerSec, 1, 40_000.0));
+        assert_eq!(Summary::new(&samples).base(ConnPerSec), Some(NoLb));
+    }
+
+    fn run(samples: Vec<Sample>) -> Run {
+        Run {
+            machine: vec![("kernel".into(), "6.18".into())],
+            params: json!({"rounds": 1}),
+            method: "synthetic".into(),
+            samples,
+            notes: vec![],
+            micro: None,
+            control_plane: None,
+            quick: true,
+        }
+    }
+
+    #[test]
+    fn targets_are_met_or_missed_from_the_numbers() {
+        use Metric::*;
+        use Scenario::*;
+        let samples = vec![
+            sample(NoLb, Udp1, 0, 1e6),
+            sample(LbTcFast, Udp1, 0, 1.31e6),
+            sample(LbXdpFast, Udp1, 0, 0.99e6),
+            sample(NoLb, Tcp, 0, 20e9),
+            sample(LbTc, Tcp, 0, 19e9),
+            sample(LbXdp, Tcp, 0, 18e9),
+            sample(Nft, RttP99, 0, 100.0),
+            sample(LbTc, RttP99, 0, 100.0),
+            sample(LbXdp, RttP99, 0, 101.0),
+        ];
+        let sum = Summary::new(&samples);
+        let t = targets(&sum);
+        let met = |m: Metric, s: Scenario| {
+            let t = t.iter().find(|t| t.metric == m && t.scenario == s).unwrap();
+            t.met()
+        };
+        assert!(met(Udp1, LbTcFast));
+        assert!(!met(Udp1, LbXdpFast), "0.99 < 1.0");
+        assert!(met(Tcp, LbTc), "0.95 is enough");
+        assert!(!met(Tcp, LbXdp), "0.90");
+        assert!(met(RttP99, LbTc), "equal p99 is within");
+        assert!(!met(RttP99, LbXdp));
+        // No samples: not measured, so not met.
+        assert!(!met(Udp64k, LbTcFast));
+        assert!(!met(ConnPerSec, LbTc));
+        let md = markdown(&run(samples));
+        assert!(
+            md.contains("| UDP 64 B, 1 flow | lb tc fast | ≥ 1.30× no LB | 1.31× | met |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| UDP 64 B, 64k flows | lb tc fast | ≥ 1.30× no LB | no valid samples | missed |"
+            ),
+            "{md}"
+        );
+        assert!(md.contains("3 of 16 targets met."), "{md}");
+    }
+
+    #[test]
+    fn json_keeps_every_sample_and_the_svg_is_drawn() {
+        use Metric::*;
+        use Scenario::*;
+        let samples = vec![
+            sample(NoLb, Udp1, 0, 1e6),
+            void(sample(LbTc, Udp1, 0, 0.0), "delivered 0 of 100000"),
+            sample(LbTc, Udp1, 1, 0.8e6),
+        ];
+        let r = run(samples);
+        let j = json(&r);
+        assert_eq!(j["samples"].as_array().unwrap().len(), 3);
+        assert_eq!(j["samples"][1]["void"], "delivered 0 of 100000");
+        assert_eq!(j["never_idle"], 0);
+        assert_eq!(j["summary"]["udp_1flow_pps"]["lb_tc"]["ratio"], 0.8);
+        assert_eq!(j["summary"]["udp_1flow_pps"]["lb_tc"]["void"], 1);
+        let md = markdown(&r);
+        assert!(
+            md.contains(
+                "- round 0, lb tc, UDP 64 B, 1 flow: delivered 0 of 100000 (measured 0.000 Mpps)"
+            ),
+            "{md}"
+        );
+        let dir = std::env::temp_dir().join(format!("lb-bench-report-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        write(&r, &dir).unwrap();
+        let svg = std::fs::read_to_string(dir.join("bench/ratios.svg")).unwrap();
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.contains("lb tc"), "the legend names the scenarios");
+        assert!(dir.join("BENCHMARKS.md").exists() && dir.join("bench/results.json").exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
