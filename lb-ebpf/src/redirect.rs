@@ -30,7 +30,7 @@ use lb_common::{
 
 use crate::{
     maps::ENDPOINTS,
-    parse::{L3_OFF, Skb, read},
+    parse::{L3_OFF, Skb, ptr_at, read},
 };
 
 /// Offsets of the IPv4 TTL (the first byte of the TTL/protocol word) and protocol.
@@ -159,8 +159,9 @@ fn forward(ctx: &Skb, ep: &Endpoint) -> Option<()> {
     let new = (u16::from_be(old) - 0x0100).to_be();
     ctx.ip_csum(L3_OFF + IP_CSUM, u32::from(old), u32::from(new), Width::W16)?;
     ctx.store16(L3_OFF + IP_TTL, new, false)?;
-    let mut macs = [0u8; 12];
-    macs[..6].copy_from_slice(&ep.dmac);
-    macs[6..].copy_from_slice(&ep.smac);
-    ctx.0.store(0, &macs, 0).ok()
+    // In place, as the other header fields (`csum`): no checksum covers the link header.
+    let macs = ptr_at::<[[u8; 6]; 2]>(ctx, 0)?;
+    // SAFETY: ptr_at bounds-checked the 12 bytes.
+    unsafe { macs.write_unaligned([ep.dmac, ep.smac]) };
+    Some(())
 }

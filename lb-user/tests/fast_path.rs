@@ -134,6 +134,7 @@ fn carries_both_ways(attach: &str) {
     let bpffs = Bpffs::new().unwrap();
     let (d, metrics) = serve(&topo, &bpffs, &["--attach", attach]);
     // The first packets resolve the neighbours through the stack; the endpoints follow.
+    // 12 requests: each backend gets some but with odds of 1 in 2,000.
     ask_all(&topo, 3);
     wait_fast(&d, 1 + topo.backends.len());
     println!("{}", d.ok(&["status"]));
@@ -257,7 +258,8 @@ fn a_forward_rule_dropping_the_client_still_drops_it() {
     let bpffs = Bpffs::new().unwrap();
     let (d, _metrics) = serve(&topo, &bpffs, &[]);
     ask_all(&topo, 2);
-    wait_fast(&d, 3);
+    // The client and a backend at least (which backends the requests went to is chance).
+    wait_fast(&d, 2);
     add_rule();
     eventually("the fast path steps aside for the rule", || {
         path(&d).starts_with("stack: rules in the forward hooks")
@@ -395,8 +397,9 @@ fn replies_to_a_client_behind_a_router_take_the_fib_next_hop() {
         }
     };
     ask(3);
-    // The backends and the client's router are the neighbours; the client itself is not.
-    wait_fast(&d, 3);
+    // The backends asked so far and the client's router are the neighbours; the client
+    // itself is not.
+    wait_fast(&d, 2);
     let neighbours = topo.node.ip(["neigh", "show"]).unwrap();
     assert!(!neighbours.contains("10.50.0.2"), "{neighbours}");
     let rep0 = redirected(&metrics, "tc_reply");

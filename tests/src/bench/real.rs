@@ -7,6 +7,7 @@
 //! backends (their `eth0` rx), a connection run with SYN retransmits or wrk errors is void, a
 //! tool that fails or reports nothing makes its samples void with its error. A broken scenario
 //! is reported as broken, never as a fast number.
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -139,6 +140,64 @@ impl Config {
 pub struct Outcome {
     pub samples: Vec<Sample>,
     pub notes: Vec<String>,
+    pub profiles: Vec<Profile>,
+}
+
+/// Where an lb scenario's time goes: its programs while trafgen sends one UDP flow through
+/// it, measured in a run of its own after the timed rounds with `kernel.bpf_stats_enabled`
+/// on (the kernel times every program run then, which the timed rounds must not pay).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    pub scenario: Scenario,
+    /// Program name, runs, nanoseconds in all runs (the kernel's run_cnt and run_time_ns).
+    pub programs: Vec<(String, u64, u64)>,
+    /// Datagrams delivered at the backends meanwhile.
+    pub delivered: u64,
+    /// Their rate (with the kernel's timing on: a little below the timed rounds').
+    pub pps: f64,
+}
+
+/// The run count and run time of every loaded program whose name starts with `lb_`, summed by
+/// name (`bpftool -j prog show`; the fields exist while `kernel.bpf_stats_enabled` is on).
+fn program_stats() -> Result<BTreeMap<String, (u64, u64)>> {
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "prog", "show"])
+        .output()
+        .context("running bpftool prog show")?;
+    ensure!(out.status.success(), "bpftool prog show failed: {out:?}");
+    let progs: Vec<Value> = serde_json::from_slice(&out.stdout).context("bpftool's JSON output")?;
+    let mut stats = BTreeMap::new();
+    for p in progs {
+        let Some(name) = p["name"].as_str().filter(|n| n.starts_with("lb_")) else {
+            continue;
+        };
+        let e: &mut (u64, u64) = stats.entry(name.to_owned()).or_default();
+        e.0 += p["run_cnt"].as_u64().unwrap_or(0);
+        e.1 += p["run_time_ns"].as_u64().unwrap_or(0);
+    }
+    Ok(stats)
+}
+
+/// `kernel.bpf_stats_enabled` on while it lives, then back to what it was. A machine-wide
+/// switch with no effect but the kernel timing program runs (its cost is why only the
+/// profile runs with it).
+struct BpfStats(String);
+
+const BPF_STATS: &str = "/proc/sys/kernel/bpf_stats_enabled";
+
+impl BpfStats {
+    fn enable() -> Result<BpfStats> {
+        let was =
+            std::fs::read_to_string(BPF_STATS).with_context(|| format!("reading {BPF_STATS}"))?;
+        std::fs::write(BPF_STATS, "1").with_context(|| format!("writing {BPF_STATS}"))?;
+        Ok(BpfStats(was.trim().to_owned()))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        let _ = std::fs::write(BPF_STATS, &self.0);
+    }
 }
 
 fn http_port(s: Scenario, round: usize) -> u16 {
@@ -710,7 +769,74 @@ pub fn run(cfg: &Config) -> Result<Outcome> {
             samples.extend(bench.scenario(s, cfg, round, &[0, 1, 2, 3, 4], &mut notes)?);
         }
     }
-    Ok(Outcome { samples, notes })
+    let lb: Vec<Scenario> = (scenarios.iter().copied())
+        .filter(|s| Scenario::LB.contains(s))
+        .collect();
+    let profiles = bench.profile(cfg, &lb, &mut notes)?;
+    Ok(Outcome {
+        samples,
+        notes,
+        profiles,
+    })
+}
+
+impl Bench {
+    /// One UDP 1-flow run per scenario of `lb` with the kernel timing its programs.
+    pub fn profile(
+        &self,
+        cfg: &Config,
+        lb: &[Scenario],
+        notes: &mut Vec<String>,
+    ) -> Result<Vec<Profile>> {
+        let topo = &self.topo;
+        let _stats = BpfStats::enable()?;
+        let mut out = Vec::new();
+        for &s in lb {
+            println!("lb bench: profile, {}", s.name());
+            let active = match Active::start(s, topo, cfg, 0) {
+                Ok(a) => a,
+                Err(e) => {
+                    notes.push(format!("profile, {}: set-up failed: {e:#}", s.name()));
+                    continue;
+                }
+            };
+            wait_idle(cfg.idle_wait)?;
+            let before = program_stats()?;
+            let measured = udp(topo, s, cfg, Metric::Udp1);
+            let after = program_stats()?;
+            active
+                .stop(topo)
+                .with_context(|| format!("tearing {} down", s.name()))?;
+            let left = leftovers(&topo.node)?;
+            ensure!(left.is_empty(), "profile, {} left {left:?}", s.name());
+            let (_, pps, void, detail) = match measured {
+                Ok(mut m) if !m.is_empty() => m.remove(0),
+                Ok(_) => continue,
+                Err(e) => {
+                    notes.push(format!("profile, {}: {e:#}", s.name()));
+                    continue;
+                }
+            };
+            if let Some(v) = void {
+                notes.push(format!("profile, {}: void: {v}", s.name()));
+                continue;
+            }
+            let programs = (after.iter())
+                .map(|(name, &(runs, ns))| {
+                    let (r0, n0) = before.get(name).copied().unwrap_or_default();
+                    (name.clone(), runs - r0, ns - n0)
+                })
+                .filter(|(_, runs, _)| *runs > 0)
+                .collect();
+            out.push(Profile {
+                scenario: s,
+                programs,
+                delivered: detail["delivered"].as_u64().unwrap_or(0),
+                pps,
+            });
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

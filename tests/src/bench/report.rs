@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
-use super::{Metric, Scenario};
+use super::{Metric, Scenario, real::Profile};
 
 /// How idle the machine was before a measurement: the busy share of all CPUs over the last
 /// look at /proc/stat, and whether it got below the threshold within the bounded wait.
@@ -219,6 +219,8 @@ pub struct Run {
     pub micro: Option<String>,
     /// The control plane's table, as printed.
     pub control_plane: Option<String>,
+    /// The lb scenarios' programs, timed by the kernel in runs of their own.
+    pub profiles: Vec<Profile>,
     pub quick: bool,
 }
 
@@ -342,6 +344,8 @@ pub fn markdown(run: &Run) -> String {
     let met = targets.iter().filter(|t| t.met()).count();
     let _ = writeln!(md, "\n{met} of {} targets met.", targets.len());
 
+    where_the_time_goes(&mut md, &sum, &run.profiles);
+
     let voids: Vec<&Sample> = run.samples.iter().filter(|s| s.void.is_some()).collect();
     let _ = writeln!(md, "\n## Void runs\n");
     if voids.is_empty() {
@@ -382,6 +386,86 @@ pub fn markdown(run: &Run) -> String {
         let _ = writeln!(md, "\n## Control plane\n\n```text\n{}\n```", cp.trim_end());
     }
     md
+}
+
+/// The UDP medians as time per datagram (generator and path, on one CPU) and what each
+/// scenario adds to or saves on the no-LB path; then, from the profile runs, what lb's
+/// programs cost per run and per delivered datagram.
+fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
+    let _ = writeln!(
+        md,
+        "\n## Where the time goes
+"
+    );
+    let _ = writeln!(
+        md,
+        "Time per datagram on the one CPU that runs generator and path (1 / median rate), and \
+         the difference to the no-LB path of the same run: what the scenario's path costs \
+         (+) or saves (−) per datagram.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | UDP 1 flow, ns | vs no LB | UDP 64k flows, ns | vs no LB |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    let ns = |m: Metric, s: Scenario| {
+        sum.cell(m, s)
+            .filter(|c| c.median > 0.0)
+            .map(|c| 1e9 / c.median)
+    };
+    for s in Scenario::ALL {
+        let _ = write!(md, "| {} |", s.name());
+        for m in [Metric::Udp1, Metric::Udp64k] {
+            match (ns(m, s), ns(m, Scenario::NoLb)) {
+                (Some(v), Some(base)) => {
+                    let _ = write!(md, " {v:.0} | {:+.0} |", v - base);
+                }
+                (Some(v), None) => {
+                    let _ = write!(md, " {v:.0} | - |");
+                }
+                _ => {
+                    let _ = write!(md, " - | - |");
+                }
+            }
+        }
+        md.push('\n');
+    }
+    if profiles.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\nlb's programs during one more UDP 1-flow run per lb scenario, timed by the kernel \
+         (`kernel.bpf_stats_enabled`, on for these runs only): runs per delivered datagram \
+         and nanoseconds per run. The rest of a datagram's time is the generator, the veths \
+         and whatever of the node's stack the scenario still passes.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| scenario | program | runs per datagram | ns per run | ns per datagram |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|");
+    for p in profiles {
+        let mut total = 0.0;
+        for (name, runs, time) in &p.programs {
+            let per_run = *time as f64 / *runs as f64;
+            let per_dgram = *time as f64 / p.delivered.max(1) as f64;
+            total += per_dgram;
+            let _ = writeln!(
+                md,
+                "| {} | {name} | {:.2} | {per_run:.0} | {per_dgram:.0} |",
+                p.scenario.name(),
+                *runs as f64 / p.delivered.max(1) as f64
+            );
+        }
+        let _ = writeln!(
+            md,
+            "| {} | all | | | {total:.0} (of {:.0} at {}) |",
+            p.scenario.name(),
+            1e9 / p.pps.max(1.0),
+            Metric::Udp1.show(p.pps)
+        );
+    }
 }
 
 /// bench/results.json: the machine, the method's parameters, every sample, the medians,
@@ -444,6 +528,14 @@ pub fn json(run: &Run) -> Value {
         "samples": samples,
         "summary": medians,
         "targets": targets,
+        "profiles": run.profiles.iter().map(|p| json!({
+            "scenario": p.scenario.name(),
+            "delivered": p.delivered,
+            "pps": p.pps,
+            "programs": p.programs.iter().map(|(name, runs, ns)| json!({
+                "name": name, "run_cnt": runs, "run_time_ns": ns,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -641,6 +733,12 @@ mod tests {
             notes: vec![],
             micro: None,
             control_plane: None,
+            profiles: vec![Profile {
+                scenario: Scenario::LbTc,
+                programs: vec![("lb_tc_ingress".into(), 100, 15_000)],
+                delivered: 100,
+                pps: 1000.0,
+            }],
             quick: true,
         }
     }
@@ -712,6 +810,14 @@ mod tests {
             ),
             "{md}"
         );
+        // 1 Mpps is 1000 ns a datagram; 0.8 Mpps 1250, 250 more.
+        assert!(md.contains("| lb tc | 1250 | +250 |"), "{md}");
+        // The synthetic profile: 100 runs of 150 ns for 100 datagrams at 1000 pps.
+        assert!(
+            md.contains("| lb tc | lb_tc_ingress | 1.00 | 150 | 150 |"),
+            "{md}"
+        );
+        assert_eq!(j["profiles"][0]["programs"][0]["run_time_ns"], 15_000);
         let dir = std::env::temp_dir().join(format!("lb-bench-report-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         write(&r, &dir).unwrap();

@@ -285,7 +285,9 @@ fn main() -> Result<()> {
         )?),
         _ => None,
     };
-    let (samples, notes) = outcome.map_or((Vec::new(), Vec::new()), |o| (o.samples, o.notes));
+    let (samples, notes, profiles) = outcome.map_or((Vec::new(), Vec::new(), Vec::new()), |o| {
+        (o.samples, o.notes, o.profiles)
+    });
     let run = report::Run {
         machine: machine(),
         params: cfg
@@ -299,6 +301,7 @@ fn main() -> Result<()> {
         notes,
         micro,
         control_plane: control,
+        profiles,
         quick: a.quick,
     };
     let md = report::markdown(&run);
