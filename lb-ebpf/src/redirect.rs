@@ -67,7 +67,12 @@ pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<E
     let ep = match unsafe { ENDPOINTS.get(&daddr) } {
         Some(ep) => *ep,
         None => {
-            unsafe { ENDPOINTS.get(&FAST_PATH_ON) }?;
+            // The key on the stack: a reference to the constant would put it in a .rodata
+            // map of its own, created anew by every load, and a program that names a map
+            // created per load is taken for another build at every restart (`attach`).
+            let mut on = 0u32;
+            unsafe { core::ptr::write_volatile(&mut on, FAST_PATH_ON) };
+            unsafe { ENDPOINTS.get(&on) }?;
             next_hop(ctx, daddr, ifindex, len, gso)?
         }
     };

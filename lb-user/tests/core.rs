@@ -1277,7 +1277,7 @@ mod capacity {
             vips: 2,
             ports: 2,
             backend_slots: 12,
-            counters: 4 + 12,
+            counters: 12,
             ifaces: 1,
         };
         assert_eq!(n, want);
@@ -1301,7 +1301,7 @@ mod capacity {
         // Both the VIP's set and the port's set of "a" change: 3 + 3 fresh slots beside the
         // 12 held; one new backend in each set takes a fresh counter.
         assert_eq!(n.backend_slots, 12 + 6);
-        assert_eq!(n.counters, 16 + 2);
+        assert_eq!(n.counters, 12 + 2);
         assert_eq!((n.vips, n.ports), (2, 2));
     }
 
@@ -1337,14 +1337,14 @@ mod capacity {
             "{err}"
         );
         assert!(err.contains("--max-services"), "{err}");
-        // Counters are bounded by the service and backend maps together.
+        // A counter per backend slot (a service is the sum of its backends).
         let tight = MapSizes {
-            counters: 15,
+            counters: 11,
             ..MapSizes::new(2, 12, 1024)
         };
         let err = n.check("web", &tight, &tight).unwrap_err().to_string();
         assert!(
-            err.contains("needs 16 counters (one per VIP, published port and backend slot) but lb_counters holds 15"),
+            err.contains("needs 12 counters (one per backend slot) but lb_counters holds 11"),
             "{err}"
         );
         assert!(

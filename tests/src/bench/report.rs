@@ -430,6 +430,11 @@ fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
         }
         md.push('\n');
     }
+    let _ = writeln!(
+        md,
+        "\nWhat these numbers say about the missed targets, and what would close them: \
+         README.md, \"Benchmarks\" (written against the committed run).\n"
+    );
     if profiles.is_empty() {
         return;
     }

@@ -249,7 +249,7 @@ impl Need {
                 "--max-backends",
             ),
             (
-                "counters (one per VIP, published port and backend slot)",
+                "counters (one per backend slot)",
                 "lb_counters",
                 self.counters,
                 sizes.counters,
