@@ -110,6 +110,8 @@ pub enum Width {
 }
 
 /// IPv4 header offsets relative to the IP header.
+pub const IP_TTL: usize = 8;
+pub const IP_PROTO: usize = 9;
 pub const IP_CSUM: usize = 10;
 pub const IP_SADDR: usize = 12;
 pub const IP_DADDR: usize = 16;

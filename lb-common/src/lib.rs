@@ -340,7 +340,10 @@ map_layout! {
         pub masq_hole_min: u16,
         pub masq_hole_max: u16,
         pub timeouts: Timeouts,
-        pub _pad: u32,
+        /// 1 while the network's translated packets may bypass the node's stack (the fast
+        /// path, `lb_endpoints`); 0 otherwise. Once this struct's padding: a config pinned by
+        /// an lb before the fast path holds 0 there, "off", so the layout's version stands.
+        pub fast_path: u32,
     }
 }
 
@@ -375,11 +378,6 @@ map_layout! {
         pub flags: u32,
     }
 }
-
-/// The key of `lb_endpoints` that says the fast path is on (its value is unused): the
-/// controller writes it while the network may bypass the stack and deletes it when it may
-/// not. Without it the programs use no endpoint at all, and never look a next hop up.
-pub const FAST_PATH_ON: u32 = 0;
 
 /// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
 /// (`bpf_redirect_peer`, TC ingress only) rather than out of it.

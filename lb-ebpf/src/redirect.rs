@@ -14,9 +14,9 @@
 //! big for the hop (fragmentation or "fragmentation needed"), a flow the network masquerades
 //! (`always`, or `auto` for hairpin: SNAT happens on the way out of the stack), a reply to a
 //! client behind a bridge (bridged, never routed). Filtering is the controller's side of the
-//! contract: it fills `lb_endpoints` (and sets its [`FAST_PATH_ON`] key) only while no
+//! contract: it sets `Config::fast_path` (and fills `lb_endpoints`) only while no
 //! forward-hook rule of the namespace could apply to these packets (or the network forces the
-//! fast path), so a map without that key is "off".
+//! fast path). With it off, a packet costs one comparison here and no map lookup.
 use core::mem::size_of;
 
 use aya_ebpf::{
@@ -24,8 +24,8 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
 };
 use lb_common::{
-    Config, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FAST_PATH_ON, MASQ_ALWAYS,
-    csum::{IP_CSUM, IP_DADDR, IP_SADDR, Rewrite, Width},
+    Config, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, MASQ_ALWAYS,
+    csum::{IP_CSUM, IP_DADDR, IP_PROTO, IP_SADDR, IP_TTL, Rewrite, Width},
 };
 
 use crate::{
@@ -33,10 +33,7 @@ use crate::{
     parse::{L3_OFF, Skb, ptr_at, read},
 };
 
-/// Offsets of the IPv4 TTL (the first byte of the TTL/protocol word) and protocol.
-const IP_TTL: usize = 8;
-const IP_PROTO: usize = 9;
-const ETH_HLEN: u32 = 14;
+const ETH_HLEN: u32 = L3_OFF as u32;
 const AF_INET: u8 = 2;
 
 /// Which way a translated packet goes.
@@ -58,6 +55,9 @@ pub fn daddr(ctx: &Skb) -> Option<u32> {
 /// take it (see the module's rules); `None` leaves it to the stack.
 #[inline(always)]
 pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<Endpoint> {
+    if cfg.fast_path == 0 {
+        return None;
+    }
     // SAFETY: the skb is the program's valid context.
     let (ifindex, len, gso) = unsafe {
         let skb = ctx.0.skb.skb;
@@ -66,15 +66,7 @@ pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<E
     // SAFETY: plain data copied out (both lookups).
     let ep = match unsafe { ENDPOINTS.get(&daddr) } {
         Some(ep) => *ep,
-        None => {
-            // The key on the stack: a reference to the constant would put it in a .rodata
-            // map of its own, created anew by every load, and a program that names a map
-            // created per load is taken for another build at every restart (`attach`).
-            let mut on = 0u32;
-            unsafe { core::ptr::write_volatile(&mut on, FAST_PATH_ON) };
-            unsafe { ENDPOINTS.get(&on) }?;
-            next_hop(ctx, daddr, ifindex, len, gso)?
-        }
+        None => next_hop(ctx, daddr, ifindex, len, gso)?,
     };
     match towards {
         // The L3 interface the packet came in on is the one it would leave by: hairpin,

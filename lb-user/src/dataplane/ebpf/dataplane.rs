@@ -423,21 +423,17 @@ impl Dataplane for EbpfDataplane {
         // but the counters, and only those that counted a packet.
         let counted = dp.counters()?;
         let of = |id: u32| counted.get(&id).copied().unwrap_or_default();
-        let held: Vec<_> = dp
-            .held()?
-            .iter()
-            .map(|(k, (_, b))| (*k, b.clone()))
-            .collect();
-        for (key, backends) in held {
-            let service = service_label(&key);
-            let c = dp.service_total(&key, &counted)?;
+        let (held, totals) = dp.service_totals(&counted)?;
+        for (key, (_, backends)) in held {
+            let service = service_label(key);
+            let c = totals.get(key).copied().unwrap_or_default();
             out.push(Count {
                 service: service.clone(),
                 backend: None,
                 packets: c.packets,
                 bytes: c.bytes,
             });
-            for b in &backends {
+            for b in backends {
                 let c = of(b.counter);
                 out.push(Count {
                     service: service.clone(),

@@ -3,9 +3,9 @@
 //! replies are caught where they enter the node (`lb_tc_reply`).
 //!
 //! Contracts:
-//! - The programs redirect only while `lb_endpoints` holds its [`FAST_PATH_ON`] key, to what
-//!   it holds or to a next hop the kernel's FIB resolves: the map is the switch, filled
-//!   while the fast path is on and emptied (before the reply hooks go) when it is off.
+//! - The programs redirect only while `lb_config` says the fast path is on, to an endpoint of
+//!   `lb_endpoints` or to a next hop the kernel's FIB resolves. The switch is set after the
+//!   endpoints are written and cleared before they are emptied and the reply hooks go.
 //!   Each direction falls back to the stack on its own, so any mix of a filled map and
 //!   attached hooks during a change delivers every packet.
 //! - On with `fast-path on`, or with `auto` while no rule of the namespace's forward hooks
@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result};
 use aya::maps::MapError;
-use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FAST_PATH_ON};
+use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint};
 
 use super::{EbpfNetwork, TcMode, be};
 use crate::{
@@ -155,25 +155,38 @@ impl EbpfNetwork {
             _ => None,
         };
         if let Some(why) = stack {
-            self.write_endpoints(&BTreeMap::new())?;
             self.path = Some(PathState::Stack(why));
+            self.write_switch()?;
+            self.write_endpoints(&BTreeMap::new())?;
             return Ok(Vec::new());
         }
-        let mut local = local(&nl.link_table()?, &nl.neighbours()?, &nl.fdb()?, interfaces);
+        let local = local(&nl.link_table()?, &nl.neighbours()?, &nl.fdb()?, interfaces);
         for port in &local.ports {
             self.attach_reply(nl, port, tc_mode)
                 .with_context(|| format!("attaching the reply hook to {port}"))?;
         }
-        let endpoints = local.endpoints.len();
-        // The switch, written (and, when the path goes to the stack, deleted) with the
-        // endpoints: any order is safe, as each packet falls back to the stack on its own.
-        local.endpoints.insert(FAST_PATH_ON, Endpoint::default());
         self.write_endpoints(&local.endpoints)?;
         self.path = Some(PathState::Fast {
-            endpoints,
+            endpoints: local.endpoints.len(),
             ports: local.ports.clone(),
         });
+        self.write_switch()?;
         Ok(local.ports)
+    }
+
+    /// Whether the last decision put the network on the fast path (`Config::fast_path`).
+    pub(super) fn fast_path_on(&self) -> bool {
+        matches!(self.path, Some(PathState::Fast { .. }))
+    }
+
+    /// Makes `lb_config` say what the last decision says, where the maps have been synced
+    /// once (before that, the apply's sync writes the whole config with it).
+    fn write_switch(&mut self) -> Result<()> {
+        let on = self.fast_path_on() as u32;
+        let Some(m) = self.mirror.as_mut() else {
+            return Ok(());
+        };
+        m.set_fast_path(&mut self.config, on)
     }
 
     /// Makes `lb_endpoints` hold exactly `want`, writing only the difference with what it

@@ -11,7 +11,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, bail};
-use aya::maps::{HashMap, MapData, MapError};
+use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
     Backend, BackendKey, Config, Counters, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN,
     MAX_LOCAL_ADDRS, PortKey, Service, VipKey,
@@ -76,6 +76,22 @@ pub struct Mirror {
 }
 
 impl Mirror {
+    /// Writes the config held with `fast_path` set to `on`, if it differs (a config not read
+    /// or written yet is left to the next sync).
+    pub(super) fn set_fast_path(
+        &mut self,
+        map: &mut Array<MapData, Config>,
+        on: u32,
+    ) -> Result<()> {
+        let Some(mut c) = self.config.filter(|c| c.fast_path != on) else {
+            return Ok(());
+        };
+        c.fast_path = on;
+        map.set(0, c, 0).context("writing lb_config")?;
+        self.config = Some(c);
+        Ok(())
+    }
+
     /// Reads everything a sync compares with from the maps: each map walked once.
     fn read(net: &EbpfNetwork) -> Result<Self> {
         let mut sets: BTreeMap<u32, BTreeMap<u32, Backend>> = BTreeMap::new();
@@ -177,30 +193,37 @@ impl EbpfNetwork {
         result
     }
 
-    /// What the service maps hold (read from the maps once per open).
-    /// A service's packets and bytes: the programs count each packet once, to its backend
-    /// (one per-CPU lookup per packet, not two), so a service's total is the sum of its
-    /// backends' counters, those retired and not yet deleted, and those deleted since this
-    /// process adopted the maps (`folded`). `counted` is [`EbpfNetwork::counters`]' reading.
+    /// What the service maps hold (read from the maps once per open), with each service's
+    /// packets and bytes. The programs count each packet once, to its backend (one per-CPU
+    /// lookup per packet, not two), so a service's total is the sum of its backends'
+    /// counters, those retired and not yet deleted, and those deleted since this process
+    /// adopted the maps (`folded`). `counted` is [`EbpfNetwork::counters`]' reading.
+    pub fn service_totals(
+        &mut self,
+        counted: &BTreeMap<u32, Counters>,
+    ) -> Result<(&Held, BTreeMap<ServiceKey, Counters>)> {
+        let m = self.held_mirror()?;
+        let mut totals = m.folded.clone();
+        let live = (m.services.iter())
+            .flat_map(|(key, (_, set))| set.iter().map(move |b| (*key, b.counter)));
+        let retired = (m.retired_counters.iter()).filter_map(|(owner, id)| Some(((*owner)?, *id)));
+        for (key, id) in live.chain(retired) {
+            let c = counted.get(&id).copied().unwrap_or_default();
+            let t = totals.entry(key).or_default();
+            t.packets += c.packets;
+            t.bytes += c.bytes;
+        }
+        Ok((&m.services, totals))
+    }
+
+    /// One service's total, as [`EbpfNetwork::service_totals`] gives it.
     pub fn service_total(
         &mut self,
         key: &ServiceKey,
         counted: &BTreeMap<u32, Counters>,
     ) -> Result<Counters> {
-        let m = self.held_mirror()?;
-        let of = |id: &u32| counted.get(id).copied().unwrap_or_default();
-        let mut total = m.folded.get(key).copied().unwrap_or_default();
-        let live =
-            (m.services.get(key).into_iter()).flat_map(|(_, set)| set.iter().map(|b| b.counter));
-        let retired = (m.retired_counters.iter())
-            .filter(|(owner, _)| owner.as_ref() == Some(key))
-            .map(|(_, id)| *id);
-        for id in live.chain(retired) {
-            let c = of(&id);
-            total.packets += c.packets;
-            total.bytes += c.bytes;
-        }
-        Ok(total)
+        let (_, totals) = self.service_totals(counted)?;
+        Ok(totals.get(key).copied().unwrap_or_default())
     }
 
     fn held_mirror(&mut self) -> Result<&Mirror> {
@@ -210,6 +233,7 @@ impl EbpfNetwork {
         Ok(self.mirror.as_ref().expect("read above"))
     }
 
+    /// What the service maps hold (read from the maps once per open).
     pub fn held(&mut self) -> Result<&Held> {
         Ok(&self.held_mirror()?.services)
     }
@@ -236,7 +260,8 @@ impl EbpfNetwork {
             masq_hole_min: hole_min,
             masq_hole_max: hole_max,
             timeouts: plan.timeouts,
-            _pad: 0,
+            // Decided by `fast`, which runs first in an apply.
+            fast_path: self.fast_path_on() as u32,
         };
         if m.config != Some(cfg) {
             self.config.set(0, cfg, 0).context("writing lb_config")?;
