@@ -60,6 +60,13 @@ pub const MAX_IFACES: u32 = 64;
 /// Capacity of the local-endpoint map: the neighbours on the network's interfaces (the
 /// containers of a node, the clients on its links) that the fast path can hand packets to.
 pub const MAX_ENDPOINTS: u32 = 16384;
+/// Capacity of the DSR session table (an LRU, preallocated): moby's three per-protocol maps of
+/// 65536 sessions each, in one map whose key carries the protocol.
+pub const MAX_DSR_SESSIONS: u32 = 3 * 65536;
+/// Capacity of the DSR backend map: one entry per backend address of the network.
+pub const MAX_DSR_BACKENDS: u32 = 65536;
+/// How long a DSR session lives without packets by default, in seconds (moby's 60 s).
+pub const DSR_TIMEOUT_DEFAULT: u32 = 60;
 
 pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
@@ -135,7 +142,7 @@ macro_rules! map_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]) or asked, so a program never reads a map written in
 /// another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 11] = [
+pub const MAP_LAYOUTS: [(&str, u32); 13] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -145,16 +152,24 @@ pub const MAP_LAYOUTS: [(&str, u32); 11] = [
     ("lb_config", 2),
     ("lb_counters", 2),
     ("lb_frags", 1),
-    ("lb_reasons", 2),
+    ("lb_reasons", 3),
     ("lb_endpoints", 1),
+    ("lb_dsr_sessions", 1),
+    ("lb_dsr_backends", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
 /// ports of fragments in flight) or what the controller rewrites whole from the node at every
-/// apply (the local endpoints): one pinned in another layout is replaced without asking, since
-/// losing it costs no connection. Every other map of another layout is refused unless the
-/// operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 4] = ["lb_counters", "lb_frags", "lb_reasons", "lb_endpoints"];
+/// apply (the local endpoints, the DSR backends' MACs): one pinned in another layout is
+/// replaced without asking, since losing it costs no connection. Every other map of another
+/// layout is refused unless the operator asks for the replacement.
+pub const DISPOSABLE_MAPS: [&str; 5] = [
+    "lb_counters",
+    "lb_frags",
+    "lb_reasons",
+    "lb_endpoints",
+    "lb_dsr_backends",
+];
 
 /// The map that records [`MAP_LAYOUTS`]' versions of a pin directory: an array of `u32`
 /// whose own layout never changes.
@@ -185,14 +200,21 @@ map_layout! {
     /// update, so a packet sees either the whole old set or the whole new one.
     pub struct Service {
         pub set_id: u32,
-        /// Backends in the set; 0 means "claimed, nothing to send to": the packet passes.
+        /// Backends in the set; 0 means "claimed, nothing to send to": the packet passes (a
+        /// DSR VIP's is dropped, as moby's `counter drop`).
         pub count: u32,
-        /// Unused (0): the programs count a packet to its backend alone, and a service's
-        /// total is the sum of its backends'. Kept so the layout of the service maps stays.
-        pub counter: u32,
+        /// A DSR VIP's ([`SERVICE_DSR`]) session idle timeout in seconds; 0 on every other
+        /// service. (The field once held a per-service counter id, which no lb since the
+        /// single-counter datapath writes: hence its place.)
+        pub session_timeout: u32,
+        /// `SERVICE_*` bits.
         pub flags: u32,
     }
 }
+
+/// [`Service::flags`]: a VIP of a `dsr` network: its packets are sent to the backend's MAC,
+/// L3 and L4 untouched, by a session of `lb_dsr_sessions` (see [`DsrSession`]).
+pub const SERVICE_DSR: u32 = 1 << 0;
 
 map_layout! {
     /// Key of the backend-slot map: slot `slot` (0..count) of set `set_id`.
@@ -379,6 +401,28 @@ map_layout! {
     }
 }
 
+map_layout! {
+    /// Value of the DSR session table, keyed by the client's packet as it arrives
+    /// ([`FlowKey`]: client address and port, VIP and port, protocol): the backend the session
+    /// sticks to and the frame header that reaches it. Written by the programs only (a new
+    /// session, the time of each packet; a TCP RST deletes it); the controller reads it and
+    /// deletes what the backend's removal or the timeout ended.
+    pub struct DsrSession {
+        /// The backend (for whoever reads the table; the frame goes by MAC).
+        pub backend: u32,
+        /// The device the frame leaves by (the one it came in on, where XDP_TX is used).
+        pub ifindex: u32,
+        /// The backend's MAC (destination) and the device's own (source).
+        pub dmac: [u8; 6],
+        pub smac: [u8; 6],
+        /// The backend's counter in `lb_counters`.
+        pub counter: u32,
+        /// `bpf_ktime_get_ns` of the session's last packet; a session idle past its VIP's
+        /// [`Service::session_timeout`] counts as absent.
+        pub seen_ns: u64,
+    }
+}
+
 /// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
 /// (`bpf_redirect_peer`, TC ingress only) rather than out of it.
 pub const ENDPOINT_PEER: u32 = 1 << 0;
@@ -450,6 +494,18 @@ pub enum Reason {
     /// A reply the fast path could translate but not hand over (no known hop, TTL, MTU,
     /// masquerade, a bridged client): passed untouched, translated where it leaves the node.
     NotRedirected,
+    /// A DSR VIP's packet that opened a session: sent to its backend's MAC.
+    DsrNew,
+    /// A DSR VIP's packet of a live session: sent to the session's backend.
+    DsrSession,
+    /// A TCP RST of a DSR session: sent on, and the session ended.
+    DsrReset,
+    /// A DSR VIP's packet with no session and no backend to take one: dropped (moby's
+    /// `counter drop`).
+    DsrNoBackend,
+    /// A DSR VIP's packet whose chosen backend has no known MAC yet (the controller resolves
+    /// it and takes it out of the set meanwhile): dropped.
+    DsrUnresolved,
 }
 
 /// The programs, in `lb_reasons` slot order (slot `hook * REASONS + reason`), with the label
@@ -462,7 +518,7 @@ pub const HOOK_TC_EGRESS: u32 = 2;
 pub const HOOK_TC_REPLY: u32 = 3;
 
 /// How many [`Reason`]s there are (the size of `lb_reasons` per hook).
-pub const REASONS: u32 = Reason::NotRedirected as u32 + 1;
+pub const REASONS: u32 = Reason::DsrUnresolved as u32 + 1;
 
 impl Reason {
     /// Every reason with its metric label, in counter-slot order.
@@ -488,6 +544,11 @@ impl Reason {
         (Reason::SctpFragment, "sctp_fragment"),
         (Reason::Redirected, "redirected"),
         (Reason::NotRedirected, "not_redirected"),
+        (Reason::DsrNew, "dsr_new"),
+        (Reason::DsrSession, "dsr_session"),
+        (Reason::DsrReset, "dsr_reset"),
+        (Reason::DsrNoBackend, "dsr_no_backend"),
+        (Reason::DsrUnresolved, "dsr_unresolved"),
     ];
 }
 

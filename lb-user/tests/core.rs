@@ -947,9 +947,9 @@ fn validation_rules() {
             "host_ip 224.0.0.1 is a multicast address; it must be a unicast address",
         ),
         (
-            "dsr with published ports",
-            |s| s.networks[1].services[0].ports = ports("udp/53"),
-            r#"network "edge" service "dns" generation "1": publishes udp/53, but a dsr network carries VIP traffic only"#,
+            "dsr timeout on a nat network",
+            |s| s.networks[0].timeouts.dsr = Some(5),
+            r#"network "web": timeout dsr is the session timeout of a dsr network; this network's mode is nat"#,
         ),
         // Addresses.
         (
@@ -1230,7 +1230,7 @@ mod capacity {
                 let svc = lb_common::Service {
                     set_id: i as u32 + 1,
                     count: set.len() as u32,
-                    counter: next(),
+                    session_timeout: 0,
                     flags: 0,
                 };
                 let backends = (set.into_iter())

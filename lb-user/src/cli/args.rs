@@ -176,7 +176,7 @@ pub enum NetworkCmd {
         #[arg(long, default_value = "auto")]
         fast_path: String,
         /// A flow timeout, NAME=SECONDS (tcp_syn, tcp_established, tcp_closing,
-        /// tcp_unreplied, udp); repeatable.
+        /// tcp_unreplied, udp; dsr for a dsr network's sessions); repeatable.
         #[arg(long = "timeout")]
         timeouts: Vec<String>,
     },

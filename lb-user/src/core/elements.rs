@@ -104,8 +104,8 @@ pub fn dsr_elements(composed: &Composed) -> Vec<Element> {
 }
 
 /// Everything `network` programs. A NAT network has the NAT maps; a DSR network has, as in
-/// moby, the NAT table as well as the real-server map (validation keeps its published-port
-/// map empty, so its NAT part is the VIP map alone).
+/// moby, the NAT maps as well as the real-server map: its published ports are served by NAT,
+/// and its VIPs by NAT wherever DSR cannot run (a kernel without the netdev egress hook).
 pub fn network_elements(network: &Network) -> Vec<Element> {
     (placed_elements(network).into_iter())
         .map(|p| p.element)

@@ -182,7 +182,7 @@ pub struct Network {
     #[serde(default, skip_serializing_if = "FastPath::is_default")]
     pub fast_path: FastPath,
     /// Flow timeouts, where the defaults do not suit (eBPF dataplane; the nftables one keeps
-    /// the kernel's conntrack timeouts).
+    /// the kernel's conntrack timeouts), and the DSR session timeout (both dataplanes).
     #[serde(default, skip_serializing_if = "FlowTimeouts::is_default")]
     pub timeouts: FlowTimeouts,
     #[serde(default)]
@@ -210,6 +210,10 @@ pub struct FlowTimeouts {
     /// UDP and SCTP (default 60).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub udp: Option<u32>,
+    /// A DSR session, every protocol (default 60, as moby): how long a client's 5-tuple
+    /// keeps its backend without packets. A `dsr` network's, on both dataplanes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dsr: Option<u32>,
 }
 
 /// Longest timeout accepted: a week (the kernel's longest conntrack default is 5 days).
@@ -217,25 +221,27 @@ pub const MAX_TIMEOUT_SECS: u32 = 7 * 24 * 3600;
 
 impl FlowTimeouts {
     /// The timeout names, as `--timeout NAME=SECS` and the JSON fields spell them.
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 6] = [
         "tcp_syn",
         "tcp_established",
         "tcp_closing",
         "tcp_unreplied",
         "udp",
+        "dsr",
     ];
 
     pub fn is_default(&self) -> bool {
         *self == FlowTimeouts::default()
     }
 
-    fn fields(&mut self) -> [(&'static str, &mut Option<u32>); 5] {
+    fn fields(&mut self) -> [(&'static str, &mut Option<u32>); 6] {
         [
             ("tcp_syn", &mut self.tcp_syn),
             ("tcp_established", &mut self.tcp_established),
             ("tcp_closing", &mut self.tcp_closing),
             ("tcp_unreplied", &mut self.tcp_unreplied),
             ("udp", &mut self.udp),
+            ("dsr", &mut self.dsr),
         ]
     }
 
@@ -279,6 +285,11 @@ impl FlowTimeouts {
             tcp_unreplied: self.tcp_unreplied.unwrap_or(d.tcp_unreplied),
             udp: self.udp.unwrap_or(d.udp),
         }
+    }
+
+    /// The DSR session timeout, default filled in.
+    pub fn dsr_secs(&self) -> u32 {
+        self.dsr.unwrap_or(lb_common::DSR_TIMEOUT_DEFAULT)
     }
 }
 

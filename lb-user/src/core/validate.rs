@@ -91,8 +91,6 @@ pub enum Invalid {
     HostIpUnspecified,
     #[error("port {0} is listed twice")]
     PortTwice(PortKey),
-    #[error("publishes {0}, but a dsr network carries VIP traffic only")]
-    DsrPorts(PortKey),
     #[error("VIP {vip} is already used by service {other:?}")]
     VipTaken { vip: Ipv4Addr, other: String },
     #[error("{key} is already published by service {other:?}")]
@@ -109,6 +107,8 @@ pub enum Invalid {
     TimeoutSyntax(String),
     #[error("timeout {name}={secs} out of range 1-{max}", max = MAX_TIMEOUT_SECS)]
     TimeoutRange { name: &'static str, secs: u32 },
+    #[error("timeout dsr is the session timeout of a dsr network; this network's mode is nat")]
+    DsrTimeoutOnNat,
     #[error("backend {0} is also a VIP of this network; a VIP cannot be a backend")]
     BackendIsVip(Ipv4Addr),
 }
@@ -195,6 +195,9 @@ impl Network {
             return Err(at(Invalid::NoInterface));
         }
         self.timeouts.validate().map_err(&at)?;
+        if self.mode != Mode::Dsr && self.timeouts.dsr.is_some() {
+            return Err(at(Invalid::DsrTimeoutOnNat));
+        }
         let mut interfaces = BTreeSet::new();
         for name in &self.interfaces {
             check_interface(name).map_err(&at)?;
@@ -211,9 +214,6 @@ impl Network {
             service.validate().map_err(at)?;
             if !keys.insert((service.id.as_str(), service.generation.as_str())) {
                 return Err(at(Invalid::ServiceTwice));
-            }
-            if let (Mode::Dsr, Some(port)) = (self.mode, service.ports.first()) {
-                return Err(at(Invalid::DsrPorts(port.key())));
             }
             match vip_owner.get(&service.vip) {
                 Some(other) if *other != service.id => {

@@ -371,7 +371,7 @@ impl EbpfNetwork {
             let svc = Service {
                 set_id,
                 count: want.len() as u32,
-                counter: 0,
+                session_timeout: 0,
                 flags: 0,
             };
             self.put_service(key, svc)?;
