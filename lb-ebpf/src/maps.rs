@@ -3,18 +3,20 @@
 //! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
 //! Who writes what: the controller is the only writer of the service, backend, address, endpoint,
-//! interface and config maps. The programs write `lb_flows` (entries of new flows, state and
-//! expiry of live ones), `lb_frags`, and the counters; the controller only deletes from
-//! `lb_flows` (expired entries, and the UDP flows of a removed backend).
+//! interface, DSR backend and config maps. The programs write `lb_flows` (entries of new flows,
+//! state and expiry of live ones), `lb_dsr_sessions`, `lb_frags`, and the counters; the
+//! controller only deletes from `lb_flows` and `lb_dsr_sessions` (expired entries, and the
+//! UDP flows and sessions of a removed backend).
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, Endpoint, Flow, FlowKey, FragKey, FragPorts, HOOKS,
-    Iface, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS,
-    MAX_IFACES, MAX_LOCAL_ADDRS, MAX_SERVICES, PortKey, REASONS, Service, VipKey,
+    Backend, BackendKey, Config, Counters, DsrSession, Endpoint, Flow, FlowKey, FragKey, FragPorts,
+    HOOKS, Iface, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS,
+    MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS,
+    MAX_SERVICES, PortKey, REASONS, Service, VipKey,
 };
 
 /// VIP → its backend set. Every port of a VIP is balanced.
@@ -79,3 +81,17 @@ pub static LAYOUT: Array<u32> = Array::with_max_entries(LAYOUT_MAP_SLOTS, 0);
 /// empty while the network may not bypass the stack.
 #[map(name = "lb_endpoints")]
 pub static ENDPOINTS: HashMap<u32, Endpoint> = HashMap::with_max_entries(MAX_ENDPOINTS, 0);
+
+/// A DSR VIP's sessions: the client's tuple → the backend it sticks to and the frame header
+/// that reaches it (`dsr`). An LRU, so a full table forgets its idlest sessions, which then
+/// pick by the flow hash again (the same backend while the set is unchanged).
+#[map(name = "lb_dsr_sessions")]
+pub static DSR_SESSIONS: LruHashMap<FlowKey, DsrSession> =
+    LruHashMap::with_max_entries(MAX_DSR_SESSIONS, 0);
+
+/// Backend address → how a DSR frame reaches it (`Endpoint`: the device out of which, the
+/// backend's MAC and the device's). Written only by the controller, from the neighbour table
+/// of the network's namespace; a backend absent here gets no new session.
+#[map(name = "lb_dsr_backends")]
+pub static DSR_BACKENDS: HashMap<u32, Endpoint> =
+    HashMap::with_max_entries(MAX_DSR_BACKENDS, BPF_F_NO_PREALLOC);

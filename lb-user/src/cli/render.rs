@@ -78,8 +78,12 @@ pub fn lines(json: bool, lines: &[String]) {
 pub fn conntrack(json: bool, flows: &[ConntrackEntry]) {
     show(json, &flows, |flows| {
         for ConntrackEntry { network, flow: f } in *flows {
+            let idle = f
+                .idle_secs
+                .map(|i| format!(" idle {i}s"))
+                .unwrap_or_default();
             println!(
-                "{network} {} {} -> {} => {} {} {}",
+                "{network} {} {} -> {} => {} {} {}{idle}",
                 f.proto,
                 f.client,
                 f.service,

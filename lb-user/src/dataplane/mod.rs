@@ -27,11 +27,18 @@ pub struct Flow {
     pub client: String,
     pub service: String,
     pub backend: String,
-    /// `opening` (no answer yet), `established` or `closing` (TCP closed or reset).
+    /// `opening` (no answer yet), `established` or `closing` (TCP closed or reset); `dsr`
+    /// for a DSR session (the balancer sees one direction only, so it has no state).
     pub state: String,
     /// Seconds until the flow expires if no packet comes.
     pub expires_secs: Option<u64>,
+    /// Seconds since the flow's last packet, where the dataplane knows it (DSR sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_secs: Option<u64>,
 }
+
+/// [`Flow::state`] of a DSR session.
+pub const DSR_STATE: &str = "dsr";
 
 /// Packets and bytes of one service or backend, summed over CPUs.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -111,8 +118,6 @@ pub trait Dataplane: Send {
     fn reasons(&mut self, _network: &Network) -> Result<Vec<(&'static str, &'static str, u64)>> {
         Ok(Vec::new())
     }
-    /// Conditions of the node, outside what lb writes, under which part of the network's
-    /// service will not work on this dataplane; `lb status` shows them.
     /// Looks at the node again for what decides the network's fast path (neighbours, bridge
     /// ports; with `firewall` also the forward-hook rules) and applies only that. Dataplanes
     /// without a fast path have nothing to do.
@@ -126,6 +131,8 @@ pub trait Dataplane: Send {
         None
     }
 
+    /// Conditions of the node, outside what lb writes, under which part of the network's
+    /// service will not work on this dataplane; `lb status` shows them.
     fn warnings(&mut self, _network: &Network) -> Result<Vec<String>> {
         Ok(Vec::new())
     }

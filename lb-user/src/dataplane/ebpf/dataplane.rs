@@ -19,7 +19,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 
 use super::{
     self as ebpf, EbpfNetwork, Held, MapSizes, NodeAddrs, OnIncompatible, ServiceKey, SyncStats,
@@ -28,7 +28,7 @@ use super::{
 use crate::{
     core::compose::{PortKey, compose},
     core::elements::SetKey,
-    core::model::{Attach, Mode, Network, Proto},
+    core::model::{Attach, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats},
     node::{Netlink, in_netns, netlink},
 };
@@ -215,13 +215,7 @@ impl Dataplane for EbpfDataplane {
         "ebpf"
     }
 
-    fn supports(&self, network: &Network) -> Result<()> {
-        if network.mode == Mode::Dsr {
-            bail!(
-                "network {}: mode dsr is not available on the eBPF dataplane yet; use mode nat",
-                network.name
-            );
-        }
+    fn supports(&self, _network: &Network) -> Result<()> {
         Ok(())
     }
 

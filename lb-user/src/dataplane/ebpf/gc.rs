@@ -94,6 +94,7 @@ pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane
             backend: format!("{}:{}", ip(e.daddr), u16::from_be(e.dport)),
             state: state_name(k, e).to_owned(),
             expires_secs: Some(e.expires_ns.saturating_sub(now).div_ceil(NS_PER_SEC)),
+            idle_secs: None,
         })
         .collect();
     flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));

@@ -41,8 +41,8 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, Endpoint, Flow, FlowKey, Iface,
-    LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, VipKey,
+    Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession, Endpoint, Flow, FlowKey,
+    Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, VipKey,
 };
 
 mod attach;
@@ -132,6 +132,8 @@ pub struct EbpfNetwork {
     counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
     endpoints: HashMap<MapData, u32, Endpoint>,
+    dsr_sessions: HashMap<MapData, FlowKey, DsrSession>,
+    dsr_backends: HashMap<MapData, u32, Endpoint>,
     /// What `lb_endpoints` holds, as the last write left it (`None`: read it first).
     endpoint_mirror: Option<BTreeMap<u32, Endpoint>>,
     /// The forward-hook rules last read in the network's namespace (`fast`).
@@ -311,6 +313,8 @@ impl EbpfNetwork {
             counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
             endpoints: HashMap::try_from(take(&mut ebpf, "lb_endpoints")?)?,
+            dsr_sessions: HashMap::try_from(take(&mut ebpf, "lb_dsr_sessions")?)?,
+            dsr_backends: HashMap::try_from(take(&mut ebpf, "lb_dsr_backends")?)?,
             endpoint_mirror: None,
             filters: None,
             path: None,
@@ -348,6 +352,21 @@ impl EbpfNetwork {
     /// Every flow entry (both directions and masquerade pairs), expired ones included.
     pub fn flow_entries(&self) -> Vec<(FlowKey, Flow)> {
         self.flows.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// Every DSR session, idle ones past their timeout included.
+    pub fn dsr_sessions(&self) -> Vec<(FlowKey, DsrSession)> {
+        self.dsr_sessions.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    /// The DSR session map (the collector's deletes; tests that take sessions away).
+    pub fn dsr_sessions_mut(&mut self) -> &mut HashMap<MapData, FlowKey, DsrSession> {
+        &mut self.dsr_sessions
+    }
+
+    /// The DSR backend map: backend address → how a DSR frame reaches it.
+    pub fn dsr_backends_mut(&mut self) -> &mut HashMap<MapData, u32, Endpoint> {
+        &mut self.dsr_backends
     }
 
     /// The flow map, for tests that take entries away as LRU eviction would.

@@ -6,7 +6,7 @@ use lb_common::{Backend, MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_IFACES, Service
 
 use crate::{
     core::compose::Composed,
-    core::model::{Masquerade, Network},
+    core::model::{Masquerade, Mode, Network},
 };
 
 /// A service map key: the VIP map's or the published-port map's.
@@ -24,6 +24,19 @@ pub struct Plan {
     pub masquerade: u32,
     pub timeouts: Timeouts,
     pub services: BTreeMap<ServiceKey, Vec<(u32, u16)>>,
+    /// A `dsr` network's session timeout in seconds (`None` for a `nat` network): its VIPs
+    /// are DSR VIPs (`SERVICE_DSR`), its published ports NAT as any.
+    pub dsr_timeout: Option<u32>,
+}
+
+impl Plan {
+    /// What the service entry of `key` carries besides its set: `(session_timeout, flags)`.
+    pub fn service_meta(&self, key: &ServiceKey) -> (u32, u32) {
+        match (key, self.dsr_timeout) {
+            (ServiceKey::Vip(_), Some(secs)) => (secs, lb_common::SERVICE_DSR),
+            _ => (0, 0),
+        }
+    }
 }
 
 pub fn plan(network: &Network, composed: &Composed) -> Plan {
@@ -56,6 +69,7 @@ pub fn plan(network: &Network, composed: &Composed) -> Plan {
         masquerade,
         timeouts: network.timeouts.resolve(),
         services,
+        dsr_timeout: (network.mode == Mode::Dsr).then(|| network.timeouts.dsr_secs()),
     }
 }
 

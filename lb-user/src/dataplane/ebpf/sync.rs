@@ -336,10 +336,26 @@ impl EbpfNetwork {
         }
 
         for (key, want) in &plan.services {
-            let old = m.services.get(key);
-            if old.is_some_and(|(_, have)| same_set(have, want)) {
+            let (session_timeout, flags) = plan.service_meta(key);
+            let old = m.services.get_mut(key);
+            if let Some((svc, have)) = old
+                && same_set(have, want)
+            {
+                // The same set under other settings (a network turned dsr, a new session
+                // timeout): the entry changes, the set stays.
+                if (svc.session_timeout, svc.flags) != (session_timeout, flags) {
+                    let new = Service {
+                        session_timeout,
+                        flags,
+                        ..*svc
+                    };
+                    *svc = new;
+                    self.put_service(key, new)?;
+                    stats.written += 1;
+                }
                 continue;
             }
+            let old = m.services.get(key);
             let set_id = m.set_ids.take().context("no free backend set id")?;
             let have: &[Backend] = old.map_or(&[], |(_, have)| have);
             let kept: Vec<Option<u32>> = matching_backends(have, want)
@@ -371,8 +387,8 @@ impl EbpfNetwork {
             let svc = Service {
                 set_id,
                 count: want.len() as u32,
-                session_timeout: 0,
-                flags: 0,
+                session_timeout,
+                flags,
             };
             self.put_service(key, svc)?;
             stats.written += 1;

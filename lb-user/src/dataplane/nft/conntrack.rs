@@ -77,6 +77,7 @@ pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
             backend: format!("{bsrc}:{bport}"),
             state: kernel_state(proto, &words).to_owned(),
             expires_secs: words.get(2).and_then(|w| w.parse().ok()),
+            idle_secs: None,
         });
     }
     flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
