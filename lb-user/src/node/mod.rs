@@ -1,11 +1,13 @@
 //! The live node: its namespaces ([`netns`]), addresses, aliases and links over rtnetlink
 //! ([`netlink`]), what a change is checked against before it is saved ([`check`]), and the
 //! events that tell the daemon the node changed under a network ([`watch`]), and whether the
-//! node's firewall filters forwarded traffic, which the fast path would skip ([`filter`]).
+//! node's firewall filters forwarded traffic, which the fast path would skip ([`filter`]), and
+//! whether a veth's peer takes what XDP sends out of it ([`veth`]).
 pub mod check;
 pub mod filter;
 pub mod netlink;
 pub mod netns;
+pub mod veth;
 pub mod watch;
 
 pub use filter::{NftEvents, forward_filters, nft_events};

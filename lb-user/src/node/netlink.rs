@@ -19,7 +19,9 @@ use netlink_packet_route::{
         InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
         LinkXdp,
     },
-    neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState},
+    neighbour::{
+        NeighbourAddress, NeighbourAttribute, NeighbourExtFlags, NeighbourFlags, NeighbourState,
+    },
 };
 
 /// The IFA_PROTO every VIP alias of lb carries ('l'): how an alias lb added is told from an
@@ -424,6 +426,10 @@ pub struct Link {
     pub mtu: u32,
     /// Administratively up with a carrier (IFF_UP and IFF_LOWER_UP).
     pub up: bool,
+    /// A veth's peer: its ifindex (IFLA_LINK) and, when it is in another namespace, that
+    /// namespace's id as this one knows it (IFLA_LINK_NETNSID).
+    pub peer: Option<u32>,
+    pub peer_netnsid: Option<i32>,
 }
 
 /// A neighbour entry: an address on a link with a MAC the kernel holds as good (reachable,
@@ -469,10 +475,14 @@ impl Netlink {
                     mtu: 0,
                     up: m.header.flags.contains(LinkFlags::Up)
                         && m.header.flags.contains(LinkFlags::LowerUp),
+                    peer: None,
+                    peer_netnsid: None,
                 };
                 for a in &m.attributes {
                     match a {
                         LinkAttribute::IfName(n) => link.name = n.clone(),
+                        LinkAttribute::Link(p) if kind == LinkKind::Veth => link.peer = Some(*p),
+                        LinkAttribute::LinkNetNsId(n) => link.peer_netnsid = Some(*n),
                         LinkAttribute::Controller(c) => link.master = Some(*c),
                         LinkAttribute::Address(a) => link.mac = mac(a),
                         LinkAttribute::Mtu(v) => link.mtu = *v,
@@ -534,6 +544,74 @@ impl Netlink {
                 })
             })
             .collect())
+    }
+
+    /// The neighbour entries lb keeps resolved ([`Netlink::manage_neighbour`]), as
+    /// (ifindex, address): managed and externally learned, which nothing else of a node makes
+    /// together by accident.
+    pub fn managed_neighbours(&self) -> Result<BTreeSet<(u32, Ipv4Addr)>> {
+        Ok(self
+            .neighbour_dump(AddressFamily::Inet, "listing neighbours")?
+            .iter()
+            .filter(|m| m.header.flags.contains(NeighbourFlags::ExtLearned))
+            .filter(|m| {
+                (m.attributes.iter()).any(|a| {
+                    matches!(a, NeighbourAttribute::ExtFlags(f) if f.contains(NeighbourExtFlags::Managed))
+                })
+            })
+            .filter_map(|m| {
+                m.attributes.iter().find_map(|a| match a {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
+                        Some((m.header.ifindex, *ip))
+                    }
+                    _ => None,
+                })
+            })
+            .collect())
+    }
+
+    /// Asks the kernel to resolve `addr` on `ifindex` and keep it resolved: a managed
+    /// neighbour entry (Linux 5.16), which the kernel re-probes on its own so that the MAC
+    /// stays current without traffic through the stack (DSR frames never use it). Marked
+    /// externally learned, which tells lb's entries from the node's ([`managed_neighbours`]).
+    /// A replace that keeps a MAC already known.
+    ///
+    /// [`managed_neighbours`]: Netlink::managed_neighbours
+    pub fn manage_neighbour(&self, ifindex: u32, addr: Ipv4Addr) -> Result<()> {
+        self.rt
+            .block_on(async {
+                let mut req = (self.handle.neighbours().add(ifindex, IpAddr::V4(addr)))
+                    .state(NeighbourState::None)
+                    .flags(NeighbourFlags::ExtLearned)
+                    .replace();
+                (req.message_mut().attributes)
+                    .push(NeighbourAttribute::ExtFlags(NeighbourExtFlags::Managed));
+                req.execute().await
+            })
+            .with_context(|| {
+                format!(
+                    "asking the kernel to resolve {addr} on if{ifindex} (a managed neighbour entry)"
+                )
+            })
+    }
+
+    /// Deletes lb's managed entry of `addr` on `ifindex` (gone already is fine).
+    pub fn forget_neighbour(&self, ifindex: u32, addr: Ipv4Addr) -> Result<()> {
+        let mut msg = netlink_packet_route::neighbour::NeighbourMessage::default();
+        msg.header.family = AddressFamily::Inet;
+        msg.header.ifindex = ifindex;
+        (msg.attributes).push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
+            addr,
+        )));
+        let r = self
+            .rt
+            .block_on(async { self.handle.neighbours().del(msg).execute().await });
+        match r {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENOENT => Ok(()),
+            Err(e) => Err(e)
+                .with_context(|| format!("deleting the neighbour entry of {addr} on if{ifindex}")),
+        }
     }
 
     /// The forwarding entries of every bridge (one dump), the bridges' own addresses left out.

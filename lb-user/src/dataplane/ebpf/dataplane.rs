@@ -28,9 +28,12 @@ use super::{
 use crate::{
     core::compose::{PortKey, compose},
     core::elements::SetKey,
-    core::model::{Attach, Network, Proto},
+    core::model::{Attach, Mode, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats},
-    node::{Netlink, in_netns, netlink},
+    node::{
+        LinkKind, Netlink, in_netns, netlink,
+        veth::{self, Peer},
+    },
 };
 
 pub struct EbpfDataplane {
@@ -160,7 +163,9 @@ fn apply_in_netns(
     )
     .context("detaching hooks the network no longer has")?;
     let composed = compose(network);
-    let plan = ebpf::plan(network, &composed);
+    let mut plan = ebpf::plan(network, &composed);
+    dp.sync_dsr(&nl, &indexes, &addrs, &mut plan)
+        .context("resolving the DSR backends")?;
     let alias_if = &network.interfaces[0];
     let want = network.vips();
     nl.add_aliases(alias_if, &want, &addrs)?;
@@ -275,8 +280,16 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn refresh(&mut self, network: &Network, firewall: bool) -> Result<()> {
-        let Some(mut dp) = self.nets.remove(&network.name) else {
+        if !self.nets.contains_key(&network.name) {
             // Never applied by this process: its next apply decides the path.
+            return Ok(());
+        }
+        if network.mode == Mode::Dsr {
+            // Which backends may take new sessions follows their MACs: the whole network is
+            // applied again (only what differs is written).
+            return self.apply(network, Some(network)).map(|_| ());
+        }
+        let Some(mut dp) = self.nets.remove(&network.name) else {
             return Ok(());
         };
         let net = network.clone();
@@ -319,7 +332,17 @@ impl Dataplane for EbpfDataplane {
                 );
             }
             ebpf::detach_all(&dir, &ifnames, tc_mode)?;
-            Netlink::new()?.remove_aliases(&net.interfaces[0], &net.vips())
+            let nl = Netlink::new()?;
+            // The neighbour entries lb kept resolved for the network's DSR backends.
+            let ours: Vec<u32> = (nl.present(&net.interfaces)?.into_iter())
+                .map(|(_, i)| i)
+                .collect();
+            for (i, a) in nl.managed_neighbours()? {
+                if ours.contains(&i) {
+                    nl.forget_neighbour(i, a)?;
+                }
+            }
+            nl.remove_aliases(&net.interfaces[0], &net.vips())
         })
         .with_context(|| format!("network {}: removing", network.name))?;
         tracing::info!(network = %network.name, "network removed");
@@ -350,7 +373,12 @@ impl Dataplane for EbpfDataplane {
 
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>> {
         let dp = self.net(&network.name)?;
-        Ok(gc::live_flows(&dp.flow_entries(), gc::monotonic_ns()))
+        let now = gc::monotonic_ns();
+        let mut flows = gc::live_flows(&dp.flow_entries(), now);
+        if network.mode == Mode::Dsr {
+            flows.extend(dp.dsr_flows(network.timeouts.dsr_secs(), now));
+        }
+        Ok(flows)
     }
 
     /// The collector's last pass (the writer never walks the table for this).
@@ -377,8 +405,18 @@ impl Dataplane for EbpfDataplane {
     /// xdp_buff (20-25% of packets per second measured here before the program does anything),
     /// while TC alone sees the same skb for free.
     fn warnings(&mut self, network: &Network) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        if network.mode == Mode::Dsr {
+            let dp = self.net(&network.name)?;
+            for (b, why) in dp.dsr_unresolved() {
+                out.push(format!("dsr backend {b} gets no new sessions: {why}"));
+            }
+            if network.attach == Attach::Xdp {
+                out.extend(xdp_tx_peers(network)?);
+            }
+        }
         if network.attach != Attach::Xdp {
-            return Ok(Vec::new());
+            return Ok(out);
         }
         let dp = self.net(&network.name)?;
         let (with, without): (Vec<String>, Vec<String>) = (network.interfaces.iter())
@@ -394,7 +432,6 @@ impl Dataplane for EbpfDataplane {
             }
             Ok(veths)
         })?;
-        let mut out = Vec::new();
         if !without.is_empty() {
             out.push(format!(
                 "attach xdp: {} has no native XDP; TC ingress serves it alone (generic XDP would only add cost)",
@@ -439,6 +476,36 @@ impl Dataplane for EbpfDataplane {
         }
         Ok(out)
     }
+}
+
+/// For a `dsr` network attached by XDP: the veths among its interfaces whose peer would drop
+/// what XDP_TX sends (neither GRO nor an XDP program there, `node::veth`), or could not be
+/// checked.
+fn xdp_tx_peers(network: &Network) -> Result<Vec<String>> {
+    let interfaces = network.interfaces.clone();
+    in_netns(network.netns.as_deref(), move || {
+        let nl = Netlink::new()?;
+        let links = nl.link_table()?;
+        let mut out = Vec::new();
+        for name in &interfaces {
+            let Some(link) = links
+                .iter()
+                .find(|l| &l.name == name && l.kind == LinkKind::Veth)
+            else {
+                continue;
+            };
+            match veth::peer_of(&nl, link) {
+                Peer::Takes => {}
+                Peer::Drops(peer) => out.push(format!(
+                    "dsr with attach xdp on veth {name}: XDP_TX out of a veth reaches its peer only while the peer has GRO on or an XDP program, and its peer {peer} has neither, so DSR frames are dropped; turn GRO on there (ethtool -K PEER gro on) or attach tc"
+                )),
+                Peer::Unknown(why) => out.push(format!(
+                    "dsr with attach xdp on veth {name}: XDP_TX out of a veth reaches its peer only while the peer has GRO on or an XDP program, which could not be checked ({why})"
+                )),
+            }
+        }
+        Ok(out)
+    })
 }
 
 /// The composed set a service entry holds, as [`SetKey`]'s `Display` names it for every

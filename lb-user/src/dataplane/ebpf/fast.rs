@@ -19,10 +19,9 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context as _, Result};
-use aya::maps::MapError;
 use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint};
 
-use super::{EbpfNetwork, TcMode, be};
+use super::{EbpfNetwork, TcMode, be, sync::write_exactly};
 use crate::{
     core::model::{FastPath, Network},
     node::{FdbEntry, Link, LinkKind, Neighbour, Netlink, filter},
@@ -192,28 +191,12 @@ impl EbpfNetwork {
     /// Makes `lb_endpoints` hold exactly `want`, writing only the difference with what it
     /// held (read once per loaded object).
     fn write_endpoints(&mut self, want: &BTreeMap<u32, Endpoint>) -> Result<()> {
-        let have = match self.endpoint_mirror.take() {
-            Some(m) => m,
-            None => (self.endpoints.iter())
-                .collect::<Result<_, _>>()
-                .context("reading lb_endpoints")?,
-        };
-        // The mirror is put back only once the map is known to match it.
-        for (addr, ep) in want {
-            if have.get(addr) != Some(ep) {
-                self.endpoints
-                    .insert(addr, ep, 0)
-                    .context("writing lb_endpoints")?;
-            }
-        }
-        for addr in have.keys().filter(|a| !want.contains_key(a)) {
-            match self.endpoints.remove(addr) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
-                Err(e) => return Err(e).context("deleting from lb_endpoints"),
-            }
-        }
-        self.endpoint_mirror = Some(want.clone());
-        Ok(())
+        write_exactly(
+            &mut self.endpoints,
+            &mut self.endpoint_mirror,
+            want,
+            "lb_endpoints",
+        )
     }
 
     /// The network's path as last decided (`None` before its first apply).
@@ -237,6 +220,8 @@ mod tests {
             mac: Some([2, 0, 0, 0, 0, index as u8]),
             mtu: 1500,
             up: true,
+            peer: None,
+            peer_netnsid: None,
         }
     }
 

@@ -4,7 +4,8 @@
 //! The programs already treat an expired entry as absent (`lb_common::flow`); the collector
 //! only gives the memory back and keeps the counts `lb status` and the metrics read, so the
 //! writer never walks the table for them. It runs on a thread of its own, with its own map
-//! handles opened from the pins, and touches nothing but `lb_flows` entries that are expired.
+//! handles opened from the pins, and touches nothing but `lb_flows` entries that are expired
+//! and DSR sessions that ended (`dsr::collect`).
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -170,6 +171,18 @@ pub fn spawn(bpffs: &Path, interval: Duration) -> Result<Collector> {
     Ok(Collector { stats, kick })
 }
 
+/// The DSR sessions of the network pinned in `dir` (a network pinned by an lb without DSR
+/// has none).
+fn collect_dsr(dir: &Path, now: u64) -> Result<u64> {
+    let (pin, vips) = (dir.join("lb_dsr_sessions"), dir.join("lb_vips"));
+    if !pin.exists() {
+        return Ok(0);
+    }
+    let mut sessions = HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pin)?))?;
+    let vips = HashMap::try_from(Map::HashMap(MapData::from_pin(&vips)?))?;
+    Ok(super::dsr::collect(&mut sessions, &vips, now))
+}
+
 fn run_once(bpffs: &Path, out: &Shared) {
     let Ok(dirs) = std::fs::read_dir(bpffs) else {
         return;
@@ -192,7 +205,11 @@ fn run_once(bpffs: &Path, out: &Shared) {
                 continue;
             }
         };
-        let mut stats = collect(&mut map, monotonic_ns());
+        let now = monotonic_ns();
+        let mut stats = collect(&mut map, now);
+        if let Err(e) = collect_dsr(&d.path(), now) {
+            tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: DSR sessions");
+        }
         let mut all = out.lock().expect("collector stats lock");
         let before = all.get(&name).and_then(|s| s.expired_total).unwrap_or(0);
         stats.expired_total = stats.expired_total.map(|n| n + before);

@@ -47,6 +47,7 @@ use lb_common::{
 
 mod attach;
 pub mod dataplane;
+pub mod dsr;
 pub mod fast;
 pub mod gc;
 mod plan;
@@ -134,6 +135,10 @@ pub struct EbpfNetwork {
     endpoints: HashMap<MapData, u32, Endpoint>,
     dsr_sessions: HashMap<MapData, FlowKey, DsrSession>,
     dsr_backends: HashMap<MapData, u32, Endpoint>,
+    /// What `lb_dsr_backends` holds, as the last write left it (`None`: read it first).
+    dsr_mirror: Option<BTreeMap<u32, Endpoint>>,
+    /// The DSR backends the last apply could not resolve, with why (`dsr`).
+    dsr_unresolved: BTreeMap<std::net::Ipv4Addr, String>,
     /// What `lb_endpoints` holds, as the last write left it (`None`: read it first).
     endpoint_mirror: Option<BTreeMap<u32, Endpoint>>,
     /// The forward-hook rules last read in the network's namespace (`fast`).
@@ -316,6 +321,8 @@ impl EbpfNetwork {
             dsr_sessions: HashMap::try_from(take(&mut ebpf, "lb_dsr_sessions")?)?,
             dsr_backends: HashMap::try_from(take(&mut ebpf, "lb_dsr_backends")?)?,
             endpoint_mirror: None,
+            dsr_mirror: None,
+            dsr_unresolved: BTreeMap::new(),
             filters: None,
             path: None,
             ebpf,

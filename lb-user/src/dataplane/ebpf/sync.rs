@@ -478,8 +478,17 @@ impl EbpfNetwork {
     /// clears stale UDP conntrack: a UDP client never learns its backend died and would keep
     /// sending to it. TCP and SCTP flows stay: a removed backend that is still running (a
     /// rolling update's old generation) finishes its connections, and one that is gone resets
-    /// them, which ends the flow; the collector then takes the entries.
+    /// them, which ends the flow; the collector then takes the entries. DSR sessions follow
+    /// the same rule.
     fn flush_flows(&mut self, keep: &BTreeSet<Ipv4Addr>) -> Result<usize> {
+        let sessions: Vec<_> = (self.dsr_sessions.iter())
+            .filter_map(|e| e.ok())
+            .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&ip(s.backend)))
+            .map(|(k, _)| k)
+            .collect();
+        for k in &sessions {
+            let _ = self.dsr_sessions.remove(k);
+        }
         let doomed: Vec<_> = self
             .flows
             .iter()
@@ -491,7 +500,7 @@ impl EbpfNetwork {
             // The LRU may have evicted it meanwhile: that is the same outcome.
             let _ = self.flows.remove(k);
         }
-        Ok(doomed.len())
+        Ok(doomed.len() + sessions.len())
     }
 }
 
@@ -503,6 +512,38 @@ fn not_found(e: &MapError) -> bool {
         MapError::SyscallError(e) => e.io_error.raw_os_error() == Some(libc::ENOENT),
         _ => false,
     }
+}
+
+/// Makes `map` hold exactly `want`, writing only the difference with `mirror` (what it held
+/// after the last write; `None`: read it first). The mirror is put back only once the map is
+/// known to match it. For maps the controller rewrites whole from the node at every apply.
+pub(super) fn write_exactly<V: aya::Pod + PartialEq>(
+    map: &mut HashMap<MapData, u32, V>,
+    mirror: &mut Option<BTreeMap<u32, V>>,
+    want: &BTreeMap<u32, V>,
+    name: &str,
+) -> Result<()> {
+    let have = match mirror.take() {
+        Some(m) => m,
+        None => (map.iter())
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("reading {name}"))?,
+    };
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            map.insert(k, v, 0)
+                .with_context(|| format!("writing {name}"))?;
+        }
+    }
+    for k in have.keys().filter(|k| !want.contains_key(k)) {
+        match map.remove(k) {
+            Ok(()) => {}
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(e).with_context(|| format!("deleting from {name}")),
+        }
+    }
+    *mirror = Some(want.clone());
+    Ok(())
 }
 
 /// Makes a small map (and its mirror `have`) hold exactly `want`.

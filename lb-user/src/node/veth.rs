@@ -1,0 +1,126 @@
+//! Whether the peer of a veth takes frames that XDP sends out of it.
+//!
+//! XDP_TX (and an XDP redirect) out of a veth hands the frame straight to the peer's NAPI
+//! queue, which exists only while the peer has an XDP program of its own or GRO on
+//! (`veth_xdp_xmit`); without it the frame is dropped and counted in the veth's
+//! `xdp_tx_errors`. A DSR balancer attached by XDP sends every VIP frame that way, so `lb
+//! status` checks the peer. The peer may sit in another namespace: it is found among the
+//! named ones (/run/netns), by its index and its own peer link back to the veth.
+use std::{mem::zeroed, os::fd::AsRawFd as _};
+
+use anyhow::{Context as _, Result, bail};
+
+use super::{Link, LinkKind, Netlink, in_netns};
+
+/// `ETHTOOL_GGRO` (linux/ethtool.h): read whether GRO is on.
+const ETHTOOL_GGRO: u32 = 0x0000_002b;
+/// `SIOCETHTOOL` (linux/sockios.h).
+const SIOCETHTOOL: libc::c_ulong = 0x8946;
+
+/// What the peer of a veth does with frames XDP sends it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// GRO on or an XDP program: frames are taken.
+    Takes,
+    /// Neither: frames are dropped. The peer's name and where it is.
+    Drops(String),
+    /// The peer could not be looked at (why).
+    Unknown(String),
+}
+
+/// Whether GRO is on for `ifname` in the calling thread's namespace.
+pub fn gro_on(ifname: &str) -> Result<bool> {
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_GGRO,
+        data: 0,
+    };
+    // SAFETY: an all-zero ifreq is valid; the name is copied in below within its size.
+    let mut ifr: libc::ifreq = unsafe { zeroed() };
+    let name = ifname.as_bytes();
+    if name.len() >= ifr.ifr_name.len() {
+        bail!("interface name {ifname:?} too long");
+    }
+    for (d, s) in ifr.ifr_name.iter_mut().zip(name) {
+        *d = *s as libc::c_char;
+    }
+    ifr.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+    // SAFETY: a plain socket call; the fd is owned below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("opening a socket for ethtool");
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: SIOCETHTOOL with an ifreq whose data points at a live ethtool_value.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL, &mut ifr) } != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("reading whether GRO is on for {ifname}"));
+    }
+    Ok(value.data != 0)
+}
+
+/// The state of `link`'s peer (a veth of the calling thread's namespace).
+pub fn peer_of(nl: &Netlink, link: &Link) -> Peer {
+    match peer(nl, link) {
+        Ok(p) => p,
+        Err(e) => Peer::Unknown(format!("{e:#}")),
+    }
+}
+
+fn peer(nl: &Netlink, link: &Link) -> Result<Peer> {
+    let Some(index) = link.peer else {
+        bail!("{} is not a veth with a peer", link.name);
+    };
+    if link.peer_netnsid.is_none() {
+        let links = nl.link_table()?;
+        let Some(p) = links.iter().find(|l| l.index == index) else {
+            bail!(
+                "the peer if{index} of {} is not in its namespace",
+                link.name
+            );
+        };
+        return judge(nl, p, "this namespace");
+    }
+    let entries = match std::fs::read_dir("/run/netns") {
+        Ok(e) => e,
+        Err(e) => bail!(
+            "the peer of {} is in another namespace, and /run/netns cannot be listed: {e}",
+            link.name
+        ),
+    };
+    let own = link.index;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let place = format!("namespace {name}");
+        let found = in_netns(Some(&name), move || {
+            let nl = Netlink::new()?;
+            let links = nl.link_table()?;
+            // Its index, a veth, and its own peer is the veth asked about.
+            let Some(p) = (links.iter())
+                .find(|l| l.index == index && l.kind == LinkKind::Veth && l.peer == Some(own))
+            else {
+                return Ok(None);
+            };
+            judge(&nl, p, &place).map(Some)
+        });
+        if let Ok(Some(p)) = found {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "the peer of {} is in a namespace without a name under /run/netns",
+        link.name
+    )
+}
+
+fn judge(nl: &Netlink, peer: &Link, place: &str) -> Result<Peer> {
+    if nl.xdp_prog_id(&peer.name)?.is_some() || gro_on(&peer.name)? {
+        return Ok(Peer::Takes);
+    }
+    Ok(Peer::Drops(format!("{} in {place}", peer.name)))
+}
