@@ -850,18 +850,8 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
             vec!["conntrack", "nosuch"],
         ),
         (
-            "dsr on the eBPF dataplane (not yet available)",
-            vec![
-                "network",
-                "add",
-                "n2",
-                "--interface",
-                "lo",
-                "--netns",
-                &ns,
-                "--mode",
-                "dsr",
-            ],
+            "dsr timeout on a nat network",
+            add_n2(&["--timeout", "dsr=5"]),
         ),
         ("timeout without seconds", add_n2(&["--timeout", "tcp_syn"])),
         ("unknown timeout", add_n2(&["--timeout", "tcp_fin=3"])),
@@ -893,7 +883,7 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
         println!("{what}: {}", msg.lines().next().unwrap());
         if what.starts_with("dsr") {
             assert!(
-                msg.contains("mode dsr is not available on the eBPF dataplane"),
+                msg.contains("timeout dsr is the session timeout of a dsr network"),
                 "{what}: says why: {msg}"
             );
         }

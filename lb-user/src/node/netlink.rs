@@ -279,6 +279,44 @@ impl Netlink {
         })
     }
 
+    /// The id this namespace knows the namespace at `path` by (RTM_GETNSID), as a link's
+    /// IFLA_LINK_NETNSID names it; `None` when it has none.
+    pub fn nsid_of(&self, path: &std::path::Path) -> Result<Option<i32>> {
+        use futures_util::StreamExt as _;
+        use netlink_packet_route::{
+            RouteNetlinkMessage,
+            nsid::{NsidAttribute, NsidMessage},
+        };
+        use rtnetlink::packet_core::{NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
+        let file = std::fs::File::open(path)
+            .with_context(|| format!("opening network namespace {}", path.display()))?;
+        let mut msg = NsidMessage::default();
+        (msg.attributes).push(NsidAttribute::Fd(
+            std::os::fd::AsRawFd::as_raw_fd(&file) as u32
+        ));
+        let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNsId(msg));
+        req.header.flags = NLM_F_REQUEST;
+        let mut handle = self.handle.clone();
+        self.rt.block_on(async {
+            let mut replies = handle.request(req).context("asking for a namespace id")?;
+            while let Some(reply) = replies.next().await {
+                match reply.payload {
+                    NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNsId(m)) => {
+                        return Ok(m.attributes.iter().find_map(|a| match a {
+                            NsidAttribute::Id(id) if *id >= 0 => Some(*id),
+                            _ => None,
+                        }));
+                    }
+                    NetlinkPayload::Error(e) if e.code.is_some() => {
+                        bail!("asking for the id of {}: {e}", path.display())
+                    }
+                    _ => {}
+                }
+            }
+            Ok(None)
+        })
+    }
+
     /// The id of the XDP program attached to `ifname`, if any.
     pub fn xdp_prog_id(&self, ifname: &str) -> Result<Option<u32>> {
         let index = self.ifindex(ifname)?;

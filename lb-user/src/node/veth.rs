@@ -5,12 +5,12 @@
 //! (`veth_xdp_xmit`); without it the frame is dropped and counted in the veth's
 //! `xdp_tx_errors`. A DSR balancer attached by XDP sends every VIP frame that way, so `lb
 //! status` checks the peer. The peer may sit in another namespace: it is found among the
-//! named ones (/run/netns), by its index and its own peer link back to the veth.
+//! named ones (/run/netns), as the one whose id here is the veth's link-netnsid.
 use std::{mem::zeroed, os::fd::AsRawFd as _};
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{Link, LinkKind, Netlink, in_netns};
+use super::{Link, Netlink, in_netns};
 
 /// `ETHTOOL_GGRO` (linux/ethtool.h): read whether GRO is on.
 const ETHTOOL_GGRO: u32 = 0x0000_002b;
@@ -93,24 +93,22 @@ fn peer(nl: &Netlink, link: &Link) -> Result<Peer> {
             link.name
         ),
     };
-    let own = link.index;
+    // The peer's namespace is the named one this namespace knows by the link's netnsid.
     for entry in entries.flatten() {
+        let path = entry.path();
+        if nl.nsid_of(&path).ok().flatten() != link.peer_netnsid {
+            continue;
+        }
         let name = entry.file_name().to_string_lossy().into_owned();
         let place = format!("namespace {name}");
-        let found = in_netns(Some(&name), move || {
+        return in_netns(Some(&name), move || {
             let nl = Netlink::new()?;
             let links = nl.link_table()?;
-            // Its index, a veth, and its own peer is the veth asked about.
-            let Some(p) = (links.iter())
-                .find(|l| l.index == index && l.kind == LinkKind::Veth && l.peer == Some(own))
-            else {
-                return Ok(None);
+            let Some(p) = links.iter().find(|l| l.index == index) else {
+                bail!("the peer if{index} is not in {place}");
             };
-            judge(&nl, p, &place).map(Some)
+            judge(&nl, p, &place)
         });
-        if let Ok(Some(p)) = found {
-            return Ok(p);
-        }
     }
     bail!(
         "the peer of {} is in a namespace without a name under /run/netns",

@@ -170,8 +170,8 @@ impl EbpfNetwork {
                 set.retain(|(addr, _)| res.endpoints.contains_key(addr));
             }
         }
-        if !res.unresolved.is_empty() {
-            tracing::info!(unresolved = ?res.unresolved, "dsr backends without a MAC get no new sessions");
+        if res.unresolved != self.dsr_unresolved {
+            tracing::info!(unresolved = ?res.unresolved, "dsr backends without a MAC (these get no new sessions) changed");
         }
         self.dsr_unresolved = res.unresolved;
         Ok(())
