@@ -302,8 +302,8 @@ impl Daemon {
             self.reconcile();
             return;
         }
-        // Neighbours or the ruleset: only the fast path of the networks applied there. One
-        // that is not applied gets all of it at its retry.
+        // Neighbours or the ruleset: only the fast path (and DSR backends' MACs) of the
+        // networks applied there. One that is not applied gets all of it at its retry.
         for name in names {
             if self.errors.contains_key(&name) {
                 continue;

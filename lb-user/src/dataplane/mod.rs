@@ -119,8 +119,8 @@ pub trait Dataplane: Send {
         Ok(Vec::new())
     }
     /// Looks at the node again for what decides the network's fast path (neighbours, bridge
-    /// ports; with `firewall` also the forward-hook rules) and applies only that. Dataplanes
-    /// without a fast path have nothing to do.
+    /// ports; with `firewall` also the forward-hook rules) and a `dsr` network's backend MACs,
+    /// and applies only that. Dataplanes without either have nothing to do.
     fn refresh(&mut self, _network: &Network, _firewall: bool) -> Result<()> {
         Ok(())
     }

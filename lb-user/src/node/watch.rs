@@ -2,7 +2,8 @@
 //! rtnetlink address, link and neighbour events and to its nftables changes, tells the actor
 //! which namespace changed and how. On address and link events the actor applies that
 //! namespace's networks again; on neighbour and ruleset changes it refreshes only their fast
-//! path (endpoints; whether forward-hook rules forbid it). So an address added to the node later is served
+//! path (endpoints; whether forward-hook rules forbid it) and a `dsr` network's backend MACs.
+//! So an address added to the node later is served
 //! (published ports answer on it), one removed is dropped, and an interface deleted and
 //! recreated gets its programs and aliases back — within a second, as nftables' `fib daddr
 //! type local` and `iifname` follow such changes at once.
@@ -57,7 +58,8 @@ pub type NetnsKey = Option<String>;
 pub struct Changes {
     /// Addresses or links (or the namespace itself): the networks there are applied again.
     pub node: bool,
-    /// Neighbours or bridge forwarding entries: only the fast path's endpoints can be stale.
+    /// Neighbours or bridge forwarding entries: only the fast path's endpoints and the DSR
+    /// backends' MACs can be stale.
     pub neighbours: bool,
     /// The nftables ruleset (other than lb's own tables): whether the fast path may run.
     pub firewall: bool,
@@ -250,7 +252,7 @@ fn follow(
 
 /// What a batch of rtnetlink messages changed that lb must act on: any link event, any
 /// address event that is not about one of lb's own aliases, and neighbour and bridge
-/// forwarding events (the fast path's endpoints).
+/// forwarding events (the fast path's endpoints, the DSR backends' MACs).
 fn relevant(mut bytes: &[u8]) -> Changes {
     let mut seen = Changes::default();
     while bytes.len() >= 16 {
