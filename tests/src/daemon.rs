@@ -201,6 +201,26 @@ impl LbDaemon {
         r.stdout
     }
 
+    /// The entry of `network` in `lb status --json`; panics (with the status) without one.
+    pub fn network_status(&self, network: &str) -> serde_json::Value {
+        let status: serde_json::Value =
+            serde_json::from_str(&self.ok(&["status", "--json"])).expect("lb status --json");
+        (status["networks"].as_array().into_iter().flatten())
+            .find(|n| n["name"] == network)
+            .unwrap_or_else(|| panic!("no network {network} in lb status: {status}"))
+            .clone()
+    }
+
+    /// The rows of `lb conntrack NETWORK --json`.
+    pub fn conntrack(&self, network: &str) -> Vec<serde_json::Value> {
+        let rows: serde_json::Value =
+            serde_json::from_str(&self.ok(&["conntrack", network, "--json"]))
+                .expect("lb conntrack --json");
+        rows.as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("not a list: {rows}"))
+    }
+
     /// Runs another `lb daemon` on `state_dir`, `socket` and `bpffs` (some of them this
     /// one's), which is expected to refuse and exit. One that still runs after 20s (it took
     /// the resources over) is killed and reported as `code: None`.

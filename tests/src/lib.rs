@@ -18,6 +18,25 @@ pub fn require_root(test: &str) -> bool {
     false
 }
 
+/// Polls `cond` every 50 ms until it holds, for at most `within`: how long it took, or `None`.
+/// `within` only keeps a broken run from hanging; what a test asserts is that `cond` came to
+/// hold, never how fast.
+pub fn poll_until(
+    within: std::time::Duration,
+    mut cond: impl FnMut() -> bool,
+) -> Option<std::time::Duration> {
+    let start = std::time::Instant::now();
+    loop {
+        if cond() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() >= within {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 pub mod bench;
 pub mod crc32c;
 pub mod fixture;
@@ -26,6 +45,7 @@ pub mod netns;
 pub mod packet;
 pub mod plane;
 pub mod scale;
+pub mod switch;
 pub mod tools;
 pub mod traffic;
 

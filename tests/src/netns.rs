@@ -30,6 +30,12 @@ pub const NODE_CLIENT_IF: &str = "lbc0";
 pub const NODE_BRIDGE: &str = "lbbr0";
 /// Every topology puts each link in one /24.
 const PREFIX_LEN: u8 = 24;
+/// The bridge of the switch namespace in [`Topology::single_interface`].
+pub const SWITCH_BRIDGE: &str = "br0";
+/// The switch's port facing the node in [`Topology::single_interface`].
+pub const SWITCH_NODE_PORT: &str = "sw0";
+/// The switch's port facing the client in [`Topology::single_interface`].
+pub const SWITCH_CLIENT_PORT: &str = "sw1";
 
 /// Runs `cmd` to completion and returns its stdout; a failure names the command line, its exit
 /// status and its stderr, which is all a test log needs to explain a broken setup.
@@ -279,11 +285,29 @@ impl Netns {
 
     /// Whether tx checksum offload of `ifname` is on (`ethtool -k`).
     pub fn tx_checksum(&self, ifname: &str) -> Result<bool> {
+        self.feature(ifname, "tx-checksumming")
+    }
+
+    /// Turns GRO of `ifname` on or off (`ethtool -K IF gro on|off`). A veth receives frames
+    /// its peer sends by XDP_TX or an XDP redirect only with NAPI on its side, which GRO (or
+    /// an XDP program of its own) turns on; without it they are dropped.
+    pub fn set_gro(&self, ifname: &str, on: bool) -> Result<()> {
+        let state = if on { "on" } else { "off" };
+        self.exec(["ethtool", "-K", ifname, "gro", state]).map(drop)
+    }
+
+    /// Whether GRO of `ifname` is on (`ethtool -k`).
+    pub fn gro(&self, ifname: &str) -> Result<bool> {
+        self.feature(ifname, "generic-receive-offload")
+    }
+
+    /// Whether the offload `feature` of `ifname` is on, as `ethtool -k` names it.
+    fn feature(&self, ifname: &str, feature: &str) -> Result<bool> {
         let out = self.exec(["ethtool", "-k", ifname])?;
         let state = out
             .lines()
-            .find_map(|l| l.strip_prefix("tx-checksumming:"))
-            .with_context(|| format!("no tx-checksumming in `ethtool -k {ifname}`: {out}"))?;
+            .find_map(|l| l.strip_prefix(feature)?.strip_prefix(':'))
+            .with_context(|| format!("no {feature} in `ethtool -k {ifname}`: {out}"))?;
         Ok(state.trim_start().starts_with("on"))
     }
 
@@ -433,7 +457,7 @@ impl Topology {
     /// traffic around on that interface.
     ///
     /// The segment is a bridge `br0` in its own `switch` namespace with one veth port `sw<k>` per
-    /// participant (sw0 = node, sw1 = client, sw2.. = backends), so that every participant,
+    /// participant (sw0 = node, sw1 = client, sw2.. = backends: [`Topology::switch_port`]), so that every participant,
     /// the node included, has exactly `lo` + `eth0` and lb's programs on the node's `eth0` see
     /// only the node's own traffic (a bridge in the node namespace would switch client↔backend
     /// frames without any hook of the node's address seeing them, and would give the node more
@@ -459,14 +483,16 @@ impl Topology {
             .switch
             .as_ref()
             .context("single_interface has a switch")?;
-        switch.create_bridge("br0")?;
-        let participants = iter::once(&topo.node)
-            .chain(iter::once(&topo.client))
-            .chain(&topo.backends);
-        for (k, ns) in participants.enumerate() {
-            let port = format!("sw{k}");
+        switch.create_bridge(SWITCH_BRIDGE)?;
+        let participants = [
+            (SWITCH_NODE_PORT.to_owned(), &topo.node),
+            (SWITCH_CLIENT_PORT.to_owned(), &topo.client),
+        ]
+        .into_iter()
+        .chain((topo.backends.iter().enumerate()).map(|(i, b)| (Self::switch_port(i), b)));
+        for (port, ns) in participants {
             switch.veth(&port, ns, ENDPOINT_IF)?;
-            switch.enslave(&port, "br0")?;
+            switch.enslave(&port, SWITCH_BRIDGE)?;
         }
         topo.node.make_router()?;
         topo.node.endpoint(topo.node_ip, None)?;
@@ -550,6 +576,12 @@ impl Topology {
     /// The node bridge's port facing backend `i` in [`Topology::new`].
     pub fn bridge_port(i: usize) -> String {
         format!("lbb{i}")
+    }
+
+    /// The switch's port facing backend `i` in [`Topology::single_interface`] (after the
+    /// node's and the client's).
+    pub fn switch_port(i: usize) -> String {
+        format!("sw{}", i + 2)
     }
 
     /// Sets hairpin mode on every port of the node bridge of [`Topology::new`], as Docker (with

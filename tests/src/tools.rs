@@ -243,6 +243,22 @@ pub fn tcp_listening(ns: &Netns, port: u16) -> Result<bool> {
     }))
 }
 
+/// Whether some TCP connection in `ns` whose remote end has port `remote_port` is established,
+/// from the namespace's `/proc/net/tcp`: a server's side of a client's connection, until a RST
+/// (or the server's own close) ends it.
+pub fn tcp_established(ns: &Netns, remote_port: u16) -> Result<bool> {
+    let table = proc_net(ns, "tcp")?;
+    // `sl local_address rem_address st ...`, 01 = ESTABLISHED.
+    Ok(table.lines().skip(1).any(|line| {
+        let mut fields = line.split_whitespace().skip(2);
+        let remote = fields
+            .next()
+            .and_then(|remote| remote.rsplit_once(':'))
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok());
+        remote == Some(remote_port) && fields.next() == Some("01")
+    }))
+}
+
 /// Whether some UDP socket in `ns` is bound to `port` (any address), from the namespace's
 /// `/proc/net/udp`.
 pub fn udp_bound(ns: &Netns, port: u16) -> Result<bool> {

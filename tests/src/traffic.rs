@@ -4,7 +4,10 @@
 //! life, so the serving and asking threads themselves need not be in it. The wire protocol is
 //! one line per request, answered by one [`Reply`] line `"<backend> <peer_ip>:<peer_port>\n"`:
 //! which backend answered, and which client address it saw (the real client, or the node when
-//! lb masquerades).
+//! lb masquerades). A backend answers from the address it was asked at — for TCP the
+//! connection's own, for UDP the datagram's destination (`IP_PKTINFO`) — so one that owns a VIP
+//! answers a direct-server-return client from the VIP, as a real server bound to any does.
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
@@ -83,15 +86,14 @@ impl Shared {
 
 /// Starts a backend called `name` in `ns`, answering TCP on `tcp_port` (many lines per
 /// connection: a long-lived connection keeps getting answers) and UDP on `udp_port` (one answer
-/// per datagram).
+/// per datagram, sent from the address the datagram was sent to), on every address of `ns`.
 pub fn spawn_backend(ns: &Netns, name: &str, tcp_port: u16, udp_port: u16) -> Result<Backend> {
     let any = Ipv4Addr::UNSPECIFIED;
     let (listener, udp) = ns
         .run(|| {
-            io::Result::Ok((
-                TcpListener::bind((any, tcp_port))?,
-                UdpSocket::bind((any, udp_port))?,
-            ))
+            let udp = UdpSocket::bind((any, udp_port))?;
+            set_int_option(&udp, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+            io::Result::Ok((TcpListener::bind((any, tcp_port))?, udp))
         })?
         .with_context(|| {
             format!(
@@ -239,13 +241,138 @@ fn serve_http(mut lines: BufReader<&TcpStream>, answer: &str) {
 fn udp_loop(name: &str, udp: &UdpSocket, shared: &Shared) {
     let mut buf = [0u8; 2048];
     while !shared.stopping() {
-        if let Ok((_, peer)) = udp.recv_from(&mut buf)
-            && let Some(answer) = reply_line(name, peer)
+        if let Ok(Some((peer, local))) = recv_with_local(udp, &mut buf)
+            && let Some(answer) = reply_line(name, peer.into())
             && !shared.stopping()
         {
-            let _ = udp.send_to(answer.as_bytes(), peer);
+            let _ = send_from(udp, answer.as_bytes(), peer, local);
         }
     }
+}
+
+/// `setsockopt(level, option, value)` of an `int` option.
+fn set_int_option(
+    sock: &impl AsRawFd,
+    level: libc::c_int,
+    option: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: the fd is open while `sock` lives; the value is a live int of the size given.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            option,
+            (&raw const value).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Room for one `IP_PKTINFO` control message, aligned as `cmsghdr` needs.
+#[repr(C, align(8))]
+struct PktinfoControl([u8; 64]);
+
+/// Receives one datagram on `udp` (`IP_PKTINFO` on) into `buf`: its sender and the local
+/// address to answer from (`ipi_spec_dst`: the destination, for a unicast datagram). `None`
+/// when the socket was shut down (no sender).
+fn recv_with_local(
+    udp: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<Option<(SocketAddrV4, Option<Ipv4Addr>)>> {
+    let mut from = sockaddr_in(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    let mut control = PktinfoControl([0; 64]);
+    // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&raw mut from).cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = control.0.len();
+    // SAFETY: `msg` describes live buffers of the sizes it states.
+    if unsafe { libc::recvmsg(udp.as_raw_fd(), &mut msg, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if msg.msg_namelen == 0 {
+        return Ok(None);
+    }
+    let mut local = None;
+    // SAFETY: the kernel filled `msg_controllen` bytes of `control` with well-formed cmsgs;
+    // CMSG_FIRSTHDR/NXTHDR stay within them and CMSG_DATA of an IP_PKTINFO one holds an
+    // in_pktinfo (read unaligned: the buffer's alignment is ours, not in_pktinfo's).
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::IPPROTO_IP && (*cmsg).cmsg_type == libc::IP_PKTINFO {
+                let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                local = Some(Ipv4Addr::from(u32::from_be(info.ipi_spec_dst.s_addr)));
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    let peer = SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr)),
+        u16::from_be(from.sin_port),
+    );
+    Ok(Some((peer, local)))
+}
+
+/// Sends `data` on `udp` to `peer`, from the local address `local` when given (an
+/// `IP_PKTINFO` control message), else from the one the route picks.
+fn send_from(
+    udp: &UdpSocket,
+    data: &[u8],
+    peer: SocketAddrV4,
+    local: Option<Ipv4Addr>,
+) -> io::Result<()> {
+    let to = sockaddr_in(peer);
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr().cast_mut().cast(),
+        iov_len: data.len(),
+    };
+    let mut control = PktinfoControl([0; 64]);
+    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&raw const to).cast_mut().cast();
+    msg.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    if let Some(local) = local {
+        let info = libc::in_pktinfo {
+            ipi_ifindex: 0,
+            ipi_spec_dst: libc::in_addr {
+                s_addr: u32::from(local).to_be(),
+            },
+            ipi_addr: libc::in_addr { s_addr: 0 },
+        };
+        // SAFETY: CMSG_SPACE of an in_pktinfo (32) fits the 64-byte buffer, so
+        // CMSG_FIRSTHDR is non-null and its data has room for the value written.
+        unsafe {
+            msg.msg_control = control.0.as_mut_ptr().cast();
+            msg.msg_controllen =
+                libc::CMSG_SPACE(size_of::<libc::in_pktinfo>() as libc::c_uint) as usize;
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::IPPROTO_IP;
+            (*cmsg).cmsg_type = libc::IP_PKTINFO;
+            (*cmsg).cmsg_len =
+                libc::CMSG_LEN(size_of::<libc::in_pktinfo>() as libc::c_uint) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast(), info);
+        }
+    }
+    // SAFETY: `msg` describes live buffers of the sizes it states.
+    if unsafe { libc::sendmsg(udp.as_raw_fd(), &msg, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 impl Drop for Backend {
@@ -375,6 +502,32 @@ impl TcpSession {
     pub fn local_addr(&self) -> Result<SocketAddr> {
         Ok(self.lines.get_ref().local_addr()?)
     }
+
+    /// Aborts the connection: closed with `SO_LINGER` 0, the kernel sends a RST instead of a
+    /// FIN, as a client that gives up on a connection does.
+    pub fn reset(self) -> Result<()> {
+        let stream = self.lines.into_inner();
+        let linger = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: the fd is open while `stream` lives; the value is a live linger.
+        let rc = unsafe {
+            libc::setsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const linger).cast(),
+                size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error())
+                .with_context(|| format!("SO_LINGER 0 on the connection to {}", self.peer));
+        }
+        drop(stream);
+        Ok(())
+    }
 }
 
 /// `sockaddr_in` of `addr`, for the calls std does not wrap.
@@ -465,6 +618,24 @@ impl UdpSession {
         })
     }
 
+    /// Like [`UdpSession::connect`], and the socket is connected to `addr:port`, as a client
+    /// library's is: the kernel takes answers from that source only, so an answer from any
+    /// other address (a direct-server-return backend answering from its own address instead
+    /// of the VIP) is never seen and the ask times out.
+    pub fn connected(
+        ns: &Netns,
+        addr: Ipv4Addr,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<UdpSession> {
+        let session = UdpSession::connect(ns, addr, port, timeout)?;
+        session
+            .sock
+            .connect(session.peer)
+            .with_context(|| format!("udp connect to {} in {}", session.peer, ns.name()))?;
+        Ok(session)
+    }
+
     /// Sends one datagram and returns the answer, without its newline. No retry: a lost first
     /// datagram is a dataplane bug to see, not to hide. The socket is unconnected, so that an
     /// answer from the wrong source (a missing reverse translation) is reported as such instead
@@ -498,6 +669,37 @@ impl UdpSession {
 /// One request on a fresh TCP connection from `ns` to `addr:port`: the answer line.
 pub fn tcp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
     TcpSession::connect(ns, addr, port, timeout)?.ask()
+}
+
+/// χ² of `counts` against the uniform distribution over `bins` bins (a bin no count names
+/// counts 0).
+pub fn chi_square(counts: &BTreeMap<String, usize>, bins: usize) -> f64 {
+    let total: usize = counts.values().sum();
+    let expected = total as f64 / bins as f64;
+    let missing = bins.saturating_sub(counts.len()) as f64 * expected;
+    counts
+        .values()
+        .map(|&o| (o as f64 - expected).powi(2) / expected)
+        .sum::<f64>()
+        + missing
+}
+
+/// The χ² bound above which 4 bins (3 degrees of freedom) reject uniformity at p = 1e-6. Cases
+/// run on three dataplanes in every CI run, so p = 0.001 failed a sound run about once in 300
+/// (it did: χ² = 17.34); a real defect is far beyond either bound — one of 4 backends given
+/// half its share of 4000 alone makes χ² ≈ 250.
+pub const CHI2_4_BINS_P1E6: f64 = 30.66;
+
+/// Asserts that `counts` (answers per backend) name all 4 backends and fit a uniform
+/// distribution ([`CHI2_4_BINS_P1E6`]); `what` names the sample in the failure.
+pub fn assert_uniform_over_4(counts: &BTreeMap<String, usize>, what: &str) {
+    let chi2 = chi_square(counts, 4);
+    println!("{what}: {counts:?} chi2 = {chi2:.2}");
+    assert_eq!(counts.len(), 4, "{what}: every backend answers: {counts:?}");
+    assert!(
+        chi2 < CHI2_4_BINS_P1E6,
+        "{what}: χ² = {chi2:.2} rejects uniformity at p = 1e-6: {counts:?}"
+    );
 }
 
 /// One datagram from a fresh UDP port in `ns` to `addr:port`: the answer line.

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use lb_tests::netns::{ENDPOINT_IF, NODE_BRIDGE, NODE_CLIENT_IF, Netns, Topology};
 use lb_tests::require_root;
+use lb_tests::switch::{Hop, Hops, Switch, VIP};
+use lb_tests::tools::link_mac;
 use lb_tests::traffic::{
     Reply, TIMEOUT, TcpSession, UdpSession, spawn_backends, tcp_request, udp_request,
 };
@@ -117,6 +119,153 @@ fn single_interface_topology_puts_everyone_on_one_segment() {
         client_route.contains(&format!("via {}", topo.node_ip)),
         "client default route: {client_route}"
     );
+}
+
+/// The DSR switch without lb: every host reaches every backend directly; the backends own the
+/// VIP yet nobody answers ARP for it (that is the balancer's alias, lb's); a backend the client
+/// is pointed at by MAC answers UDP and TCP to the VIP from the VIP, seeing the client; and the
+/// switch counts each packet once, on the ports it really took. What the DSR tests assert
+/// through lb rests on each of these.
+#[test]
+fn switch_topology_answers_from_the_vip_and_counts_every_hop() {
+    if !require_root("switch_topology_answers_from_the_vip_and_counts_every_hop") {
+        return;
+    }
+    let sw = Switch::new(4, true).unwrap();
+    let topo = &sw.topo;
+    let backends = spawn_backends(topo, TCP_PORT, UDP_PORT).unwrap();
+    for ns in topo
+        .namespaces()
+        .filter(|ns| ns.name() != sw.switch().name())
+    {
+        assert_eq!(ns.links().unwrap(), ["lo", ENDPOINT_IF], "{}", ns.name());
+    }
+    for backend in &topo.backends {
+        let lo = backend
+            .ip(["-4", "-o", "addr", "show", "dev", "lo"])
+            .unwrap();
+        assert!(lo.contains(&format!("{VIP}/32")), "the VIP on lo: {lo}");
+        let conf = |key: &str| {
+            backend
+                .exec([
+                    "sysctl",
+                    "-n",
+                    &format!("net.ipv4.conf.{ENDPOINT_IF}.{key}"),
+                ])
+                .unwrap()
+                .trim()
+                .to_owned()
+        };
+        assert_eq!(
+            [conf("arp_ignore"), conf("arp_announce"), conf("rp_filter")],
+            ["1", "2", "0"]
+        );
+    }
+    // Each backend directly, as itself (the UDP answer comes from the address asked).
+    assert_each_backend_answers(topo, &topo.client, topo.client_ip);
+
+    assert!(sw.balancer_peer_gro().unwrap());
+    sw.set_balancer_peer_gro(false).unwrap();
+    assert!(!sw.balancer_peer_gro().unwrap());
+    sw.set_balancer_peer_gro(true).unwrap();
+    assert!(sw.balancer_peer_gro().unwrap());
+    assert!(!Switch::new(1, false).unwrap().balancer_peer_gro().unwrap());
+
+    // No alias on the balancer (no lb): the VIP stays unresolved, the backends keep quiet.
+    let short = Duration::from_millis(500);
+    let unanswered = udp_request(&topo.client, VIP, UDP_PORT, short);
+    assert!(
+        unanswered.is_err(),
+        "nobody owns the VIP on the wire: {unanswered:?}"
+    );
+    let neigh = topo.client.ip(["neigh", "show", &VIP.to_string()]).unwrap();
+    assert!(
+        !neigh.contains("lladdr"),
+        "a backend answered ARP for the VIP: {neigh}"
+    );
+
+    // The client sends VIP traffic to b2's MAC, as the balancer will.
+    let b2_mac = link_mac(&topo.backends[2], ENDPOINT_IF)
+        .unwrap()
+        .to_string();
+    topo.client
+        .ip([
+            "neigh",
+            "replace",
+            &VIP.to_string(),
+            "lladdr",
+            &b2_mac,
+            "dev",
+            ENDPOINT_IF,
+            "nud",
+            "permanent",
+        ])
+        .unwrap();
+    sw.reset_counts().unwrap();
+    const QUERIES: u64 = 5;
+    for _ in 0..QUERIES {
+        // Connected: an answer from anywhere but the VIP would never be seen.
+        let answer = UdpSession::connected(&topo.client, VIP, UDP_PORT, TIMEOUT)
+            .unwrap()
+            .ask()
+            .unwrap();
+        let r = reply(&answer);
+        assert_eq!(
+            (r.backend.as_str(), *r.peer.ip()),
+            ("b2", topo.client_ip),
+            "{r}"
+        );
+    }
+    let hops = sw.counts().unwrap();
+    println!("{QUERIES} UDP queries to the VIP at b2's MAC:\n{hops}");
+    let (client, b2) = (sw.client_port(), sw.backend_port(2));
+    let expected = Hops(
+        [
+            ((topo.client_ip, VIP, client, b2.as_str()), QUERIES),
+            ((VIP, topo.client_ip, b2.as_str(), client), QUERIES),
+        ]
+        .into_iter()
+        .map(|((src, dst, i, o), n)| {
+            (
+                Hop {
+                    src,
+                    dst,
+                    in_port: i.to_owned(),
+                    out_port: o.to_owned(),
+                },
+                n,
+            )
+        })
+        .collect(),
+    );
+    assert_eq!(
+        hops, expected,
+        "each datagram counted once, on its own ports"
+    );
+
+    let r = reply(&tcp_request(&topo.client, VIP, TCP_PORT, TIMEOUT).unwrap());
+    assert_eq!(
+        (r.backend.as_str(), *r.peer.ip()),
+        ("b2", topo.client_ip),
+        "{r}"
+    );
+    let hops = sw.counts().unwrap();
+    let replies = hops.select(|h| h.src == VIP);
+    // SYN-ACK and the answer at least, one more datagram than before.
+    assert!(replies.packets(|_| true) >= QUERIES + 2, "{hops}");
+    assert_eq!(
+        replies.packets(|h| h.in_port == b2 && h.out_port == client),
+        replies.packets(|_| true),
+        "{hops}"
+    );
+    assert_eq!(hops.packets(|h| h.touches(sw.balancer_port())), 0, "{hops}");
+
+    sw.reset_counts().unwrap();
+    assert_eq!(sw.counts().unwrap(), Hops::default());
+    let all = names(topo);
+    drop(backends);
+    drop(sw);
+    assert_gone(&all);
 }
 
 /// Captures the first UDP datagram to `port` on `ifname` in `ns` while `send` runs and

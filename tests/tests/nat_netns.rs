@@ -8,7 +8,9 @@ use lb_tests::{
     netns::{NODE_BRIDGE, Topology},
     plane::{Plane, apply},
     require_root,
-    traffic::{Reply, TIMEOUT, TcpSession, spawn_backends, tcp_request, udp_request},
+    traffic::{
+        Reply, TIMEOUT, TcpSession, assert_uniform_over_4, spawn_backends, tcp_request, udp_request,
+    },
 };
 use lb_user::{
     core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
@@ -185,11 +187,8 @@ fn xdp_vip_and_published_port_without_offload() {
     }
 }
 
-/// 4000 new connections over 4 backends: the counts fit a uniform distribution (χ², 3 degrees
-/// of freedom, rejected at p = 1e-6 above 30.66). The case runs on three dataplanes in every
-/// CI run, so p = 0.001 failed a sound run about once in 300 (it did: χ² = 17.34); a real
-/// defect is far beyond either bound — one backend given half its share (500 of 1000
-/// expected) alone makes χ² ≈ 250.
+/// 4000 new connections over 4 backends: the counts fit a uniform distribution
+/// ([`assert_uniform_over_4`]).
 fn chi_square(plane: Plane, name: &str) {
     let topo = Topology::new(4).unwrap();
     let _servers = spawn_backends(&topo, TCP_PORT, UDP_PORT).unwrap();
@@ -200,24 +199,14 @@ fn chi_square(plane: Plane, name: &str) {
         &bpffs,
         None,
     );
-    let mut counts: BTreeMap<String, f64> = BTreeMap::new();
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     const N: usize = 4000;
     for _ in 0..N {
         *counts
             .entry(ask_tcp(&topo, VIP, TCP_PORT).backend)
-            .or_default() += 1.0;
+            .or_default() += 1;
     }
-    let expected = N as f64 / 4.0;
-    let chi2: f64 = counts
-        .values()
-        .map(|o| (o - expected).powi(2) / expected)
-        .sum();
-    println!("{name}: {counts:?} chi2 = {chi2:.2}");
-    assert_eq!(counts.len(), 4);
-    assert!(
-        chi2 < 30.66,
-        "χ² = {chi2:.2} rejects uniformity at p = 1e-6: {counts:?}"
-    );
+    assert_uniform_over_4(&counts, name);
 }
 
 #[test]

@@ -1,0 +1,514 @@
+//! DSR mode through `lb daemon`, on eBPF at TC, eBPF at XDP and nftables, over the switch
+//! topology ([`lb_tests::switch`]): client, balancer and 4 backends as hosts on one bridge,
+//! the backends owning the VIP on `lo`. The balancer sees the client's packets only; the
+//! backends answer the client directly from the VIP, and the switch counts which ports every
+//! packet took, so "no reply passed the balancer" is counted, not inferred.
+//!
+//! The network publishes a port too (served by NAT, as moby does on a dsr network). Its
+//! backends answer the client on the segment directly, not through the balancer, so it runs
+//! with `--masquerade always` (moby's ingress masquerades likewise): then the published port's
+//! replies come back through the balancer, while VIP traffic, never translated, still shows the
+//! backends the client's own address. Root only.
+use std::{
+    collections::BTreeMap,
+    net::Ipv4Addr,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::LbDaemon,
+    plane::Plane,
+    poll_until, require_root,
+    switch::{Switch, VIP},
+    tools::tcp_established,
+    traffic::{
+        Reply, TIMEOUT, TcpSession, UdpSession, assert_uniform_over_4, spawn_backends, tcp_request,
+    },
+};
+use serde_json::Value;
+
+const NET: &str = "dsr";
+/// Backends answer TCP and UDP on PORT; VIP traffic keeps its port (DSR rewrites MACs only).
+const PORT: u16 = 8080;
+/// Published on the balancer's address, `tcp/PUB:PORT`.
+const PUB: u16 = 9080;
+const BACKENDS: usize = 4;
+/// Long-lived connections that must keep their backend.
+const LONG_LIVED: usize = 8;
+/// What a broken dataplane gets before a wait fails (a bound against hanging, not a
+/// measurement: each wait asserts that something happened, not how fast).
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+fn reply(answer: &str) -> Reply {
+    answer.parse().unwrap()
+}
+
+/// `lb daemon` on `plane`'s dataplane.
+fn start(plane: Plane, bpffs: &Bpffs) -> LbDaemon {
+    let dataplane = if plane == Plane::Nft {
+        "nftables"
+    } else {
+        "ebpf"
+    };
+    LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dataplane]).expect("lb daemon starts")
+}
+
+/// `lb network add` of the dsr network on the balancer's interface, with `extra` flags.
+fn add_network(d: &LbDaemon, sw: &Switch, plane: Plane, extra: &[&str]) {
+    let mut args = vec![
+        "network",
+        "add",
+        NET,
+        "--netns",
+        sw.balancer().name(),
+        "--interface",
+        sw.balancer_if(),
+        "--mode",
+        "dsr",
+        "--masquerade",
+        "always",
+    ];
+    if plane == Plane::Xdp {
+        args.extend(["--attach", "xdp"]);
+    }
+    args.extend(extra);
+    d.ok(&args);
+}
+
+/// `lb service set` of the one service: the VIP, the published port and every backend,
+/// `disabled` marked so.
+fn set_service(d: &LbDaemon, sw: &Switch, disabled: Option<Ipv4Addr>) {
+    let mut args: Vec<String> = [
+        "service",
+        "set",
+        NET,
+        "web",
+        "--vip",
+        &VIP.to_string(),
+        "--port",
+        &format!("tcp/{PUB}:{PORT}"),
+    ]
+    .map(String::from)
+    .into();
+    for &b in &sw.topo.backend_ips {
+        let flag = if Some(b) == disabled { ",disabled" } else { "" };
+        args.extend(["--backend".into(), format!("{b}{flag}")]);
+    }
+    d.ok(&args);
+}
+
+/// The index of the backend that answered as `name` (`b<i>`).
+fn backend_index(name: &str) -> usize {
+    (name.strip_prefix('b').and_then(|i| i.parse().ok()))
+        .unwrap_or_else(|| panic!("not a backend name: {name}"))
+}
+
+/// The address of the backend that answered as `name`.
+fn backend_ip(sw: &Switch, name: &str) -> Ipv4Addr {
+    sw.topo.backend_ips[backend_index(name)]
+}
+
+/// One request on a fresh TCP connection to the VIP, answered by a backend that saw the
+/// client itself.
+fn ask_vip_tcp(sw: &Switch) -> Reply {
+    let r = reply(
+        &tcp_request(sw.client(), VIP, PORT, TIMEOUT).unwrap_or_else(|e| panic!("tcp VIP: {e:#}")),
+    );
+    assert_eq!(
+        *r.peer.ip(),
+        sw.client_ip(),
+        "the backend sees the client: {r}"
+    );
+    r
+}
+
+/// Until new connections to the VIP have reached every backend: the controller resolves the
+/// backends' MACs after the network is applied, and until then a backend takes no new
+/// sessions (so a count taken earlier would be skewed by setup, not by the hash).
+fn wait_all_backends(d: &LbDaemon, sw: &Switch) {
+    let mut seen = BTreeMap::new();
+    let short = Duration::from_millis(500);
+    let all = poll_until(PATIENCE, || {
+        if let Ok(a) = tcp_request(sw.client(), VIP, PORT, short) {
+            *seen.entry(reply(&a).backend).or_insert(0) += 1;
+        }
+        seen.len() == BACKENDS
+    });
+    assert!(
+        all.is_some(),
+        "new connections to the VIP reached only {seen:?} within {PATIENCE:?}\nstatus: {}\ndaemon log:\n{}",
+        d.network_status(NET),
+        d.log()
+    );
+}
+
+/// The network's warnings in `lb status --json`.
+fn warnings(d: &LbDaemon) -> Vec<String> {
+    let n = d.network_status(NET);
+    (n["warnings"].as_array().into_iter().flatten())
+        .map(|w| w.as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The `lb conntrack` row of the `proto` session from `client` (`ip:port`), if listed.
+fn session(d: &LbDaemon, proto: &str, client: &str) -> Option<Value> {
+    (d.conntrack(NET).into_iter()).find(|r| r["proto"] == proto && r["client"] == client)
+}
+
+/// A DSR session row: state `dsr`, the VIP and port as its service, `backend` as its
+/// backend (`IP` or `IP:PORT`), and its idle time.
+fn assert_dsr_row(row: &Value, backend: Ipv4Addr) {
+    assert_eq!(row["state"], "dsr", "{row}");
+    assert_eq!(row["service"], format!("{VIP}:{PORT}"), "{row}");
+    let listed = row["backend"].as_str().unwrap_or_default();
+    assert_eq!(
+        listed.split(':').next(),
+        Some(backend.to_string().as_str()),
+        "{row}"
+    );
+    assert!(
+        row["idle_secs"].is_u64(),
+        "a DSR session shows its idle time: {row}"
+    );
+}
+
+/// The whole contract on one dataplane; see each step.
+fn dsr(plane: Plane) {
+    let sw = Switch::new(BACKENDS, true).unwrap();
+    let _servers = spawn_backends(&sw.topo, PORT, PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(plane, &bpffs);
+    add_network(&d, &sw, plane, &[]);
+    set_service(&d, &sw, None);
+    wait_all_backends(&d, &sw);
+    println!("{}", d.ok(&["status"]));
+    if plane == Plane::Xdp {
+        let w = warnings(&d);
+        assert!(
+            !w.iter().any(|w| w.contains("GRO")),
+            "GRO is on at the balancer's peer: no GRO warning, got {w:?}"
+        );
+    }
+
+    spread_and_bypass(&d, &sw);
+    real_server_elements(&d, &sw);
+    let long = sticky_after_disable(&d, &sw);
+    let long = survives_restart(&mut d, long);
+    rst_ends_the_session(&d, &sw, &long);
+    drop(long);
+    published_port_is_nat(&sw);
+    idle_udp_session_expires(&d, &sw, plane);
+}
+
+/// 400 TCP connections and 100 UDP queries from connected sockets: all answered, from the VIP
+/// (a connected socket sees nothing else), uniformly over the 4 backends, each backend seeing
+/// the client; and at the switch, every packet from the VIP went from a backend's port to the
+/// client's, none by the balancer's port, while every client packet to the VIP went to the
+/// balancer (only the balancer answers ARP for the VIP) and the balancer sent it on to each
+/// backend.
+fn spread_and_bypass(d: &LbDaemon, sw: &Switch) {
+    const TCP: usize = 400;
+    const UDP: usize = 100;
+    sw.reset_counts().unwrap();
+    let mut tcp: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..TCP {
+        *tcp.entry(ask_vip_tcp(sw).backend).or_default() += 1;
+    }
+    let mut udp: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..UDP {
+        let r = reply(
+            &UdpSession::connected(sw.client(), VIP, PORT, TIMEOUT)
+                .and_then(|mut s| s.ask())
+                .unwrap_or_else(|e| panic!("udp VIP: {e:#}\nstatus: {}", d.network_status(NET))),
+        );
+        assert_eq!(
+            *r.peer.ip(),
+            sw.client_ip(),
+            "the backend sees the client: {r}"
+        );
+        *udp.entry(r.backend).or_default() += 1;
+    }
+    assert_uniform_over_4(&tcp, "400 TCP connections to the VIP");
+    assert_uniform_over_4(&udp, "100 UDP queries to the VIP");
+
+    let hops = sw.counts().unwrap();
+    println!("at the switch:\n{hops}");
+    let replies = hops.select(|h| h.src == VIP);
+    let backend_ports: Vec<String> = (0..BACKENDS).map(|i| sw.backend_port(i)).collect();
+    let total = replies.packets(|_| true);
+    // A TCP exchange is at least SYN-ACK and the answer from the backend; a query one datagram.
+    assert!(
+        total >= (2 * TCP + UDP) as u64,
+        "{total} replies counted:\n{hops}"
+    );
+    assert_eq!(
+        replies.packets(|h| h.touches(sw.balancer_port())),
+        0,
+        "no reply passes the balancer's port:\n{replies}"
+    );
+    assert_eq!(
+        replies.packets(|h| h.out_port == sw.client_port() && backend_ports.contains(&h.in_port)),
+        total,
+        "every reply goes from a backend's port to the client's:\n{replies}"
+    );
+    let requests = hops.select(|h| h.src == sw.client_ip() && h.dst == VIP);
+    assert_eq!(
+        requests.packets(|h| h.in_port == sw.client_port() && h.out_port == sw.balancer_port()),
+        requests.packets(|h| h.in_port == sw.client_port()),
+        "the client sends every VIP packet to the balancer:\n{requests}"
+    );
+    for port in &backend_ports {
+        assert!(
+            requests.packets(|h| h.in_port == sw.balancer_port() && h.out_port == *port) > 0,
+            "the balancer sends VIP packets on to {port}:\n{requests}"
+        );
+        assert!(
+            replies.packets(|h| h.in_port == *port) > 0,
+            "the backend on {port} answers directly:\n{replies}"
+        );
+    }
+}
+
+/// `lb elements` prints the real-server partition of the VIP over the 4 backends.
+fn real_server_elements(d: &LbDaemon, sw: &Switch) {
+    let elements = d.ok(&["elements", NET]);
+    println!("{elements}");
+    let prefix = format!("real-server {VIP} . ");
+    let mut backends: Vec<Ipv4Addr> = (elements.lines())
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .map(|rest| {
+            let (interval, backend) = rest
+                .split_once(" : ")
+                .unwrap_or_else(|| panic!("not `a-b : BACKEND`: {rest}"));
+            assert!(
+                interval.split_once('-').is_some(),
+                "not an interval: {rest}"
+            );
+            backend
+                .parse()
+                .unwrap_or_else(|_| panic!("not a backend: {rest}"))
+        })
+        .collect();
+    backends.sort();
+    assert_eq!(
+        backends, sw.topo.backend_ips,
+        "one interval per backend:\n{elements}"
+    );
+}
+
+/// 8 long-lived connections, then the backend of the first disabled: every connection keeps
+/// answering from its own backend, the disabled one's included, and 40 new connections all
+/// go elsewhere. Returns the connections with their backends.
+fn sticky_after_disable(d: &LbDaemon, sw: &Switch) -> Vec<(TcpSession, String)> {
+    let mut long: Vec<(TcpSession, String)> = (0..LONG_LIVED)
+        .map(|_| {
+            let mut s = TcpSession::connect(sw.client(), VIP, PORT, TIMEOUT).unwrap();
+            let backend = reply(&s.ask().unwrap()).backend;
+            (s, backend)
+        })
+        .collect();
+    let victim = long[0].1.clone();
+    set_service(d, sw, Some(backend_ip(sw, &victim)));
+    println!("{victim} disabled");
+    ask_long_lived(&mut long, "after its backend was disabled");
+    for _ in 0..40 {
+        let r = ask_vip_tcp(sw);
+        assert_ne!(
+            r.backend, victim,
+            "a new connection went to the disabled backend"
+        );
+    }
+    long
+}
+
+/// Each long-lived connection answers again, from its own backend.
+fn ask_long_lived(long: &mut [(TcpSession, String)], when: &str) {
+    for (i, (s, backend)) in long.iter_mut().enumerate() {
+        let r = reply(
+            &s.ask()
+                .unwrap_or_else(|e| panic!("long-lived connection {i} ({backend}) {when}: {e:#}")),
+        );
+        assert_eq!(r.backend, *backend, "long-lived connection {i} {when}");
+    }
+}
+
+/// The daemon killed (SIGKILL, by its pid) and started again: the long-lived connections —
+/// those on the disabled backend too, which no new session would reach, so only a kept
+/// session serves them — answer from their backends while it is gone and after it is back.
+fn survives_restart(
+    d: &mut LbDaemon,
+    mut long: Vec<(TcpSession, String)>,
+) -> Vec<(TcpSession, String)> {
+    let pid = d.pid().expect("the daemon runs");
+    d.kill9();
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the daemon (pid {pid}) is gone"
+    );
+    ask_long_lived(&mut long, "while the daemon is gone");
+    d.restart().expect("lb daemon restarts");
+    let applied = poll_until(PATIENCE, || d.network_status(NET)["applied"] == true);
+    assert!(
+        applied.is_some(),
+        "the restarted daemon applies the network: {}\n{}",
+        d.network_status(NET),
+        d.log()
+    );
+    ask_long_lived(&mut long, "after the daemon restarted");
+    long
+}
+
+/// A connection's session is listed (state `dsr`, its backend, idle time); the client resets
+/// the connection, and once the backend has seen the RST — which passed the balancer first —
+/// the session is no longer listed, while the long-lived ones still are. The RST ends the
+/// session on the packet path, so no timeout (60 s by default) is waited for.
+fn rst_ends_the_session(d: &LbDaemon, sw: &Switch, long: &[(TcpSession, String)]) {
+    let mut s = TcpSession::connect(sw.client(), VIP, PORT, TIMEOUT).unwrap();
+    let r = reply(&s.ask().unwrap());
+    let port = s.local_addr().unwrap().port();
+    let client = format!("{}:{port}", sw.client_ip());
+    let row = session(d, "tcp", &client)
+        .unwrap_or_else(|| panic!("no session of {client}: {:?}", d.conntrack(NET)));
+    println!("{}", d.ok(&["conntrack", NET]));
+    assert_dsr_row(&row, backend_ip(sw, &r.backend));
+
+    let backend = &sw.topo.backends[backend_index(&r.backend)];
+    assert!(tcp_established(backend, port).unwrap());
+    let reset = Instant::now();
+    s.reset().unwrap();
+    let seen = poll_until(PATIENCE, || !tcp_established(backend, port).unwrap());
+    assert!(
+        seen.is_some(),
+        "the RST of {client} never reached {}",
+        r.backend
+    );
+    let after = session(d, "tcp", &client);
+    println!("the RST reached the backend after {:?}", reset.elapsed());
+    assert!(
+        after.is_none(),
+        "the RST ends the session at once: {after:?}"
+    );
+    for (s, backend) in long {
+        let client = format!("{}:{}", sw.client_ip(), s.local_addr().unwrap().port());
+        let row = session(d, "tcp", &client)
+            .unwrap_or_else(|| panic!("the long-lived {client} ({backend}) is still listed"));
+        assert_dsr_row(&row, backend_ip(sw, backend));
+    }
+}
+
+/// The published port, on the balancer's address: NAT, so a backend answers (seeing the
+/// balancer: masquerade `always`) and every packet of the exchange passes the balancer's port
+/// — backend → balancer, balancer → client — and no backend answers the client with its own
+/// address.
+fn published_port_is_nat(sw: &Switch) {
+    sw.reset_counts().unwrap();
+    let r = reply(
+        &tcp_request(sw.client(), sw.balancer_ip(), PUB, TIMEOUT)
+            .unwrap_or_else(|e| panic!("tcp {}:{PUB}: {e:#}", sw.balancer_ip())),
+    );
+    assert_eq!(*r.peer.ip(), sw.balancer_ip(), "masqueraded: {r}");
+    let (backend, i) = (backend_ip(sw, &r.backend), backend_index(&r.backend));
+    let hops = sw.counts().unwrap();
+    println!("published port, answered by {}:\n{hops}", r.backend);
+    let (balancer, client) = (sw.balancer_port(), sw.client_port());
+    let hop = |src, dst, from: &str, to: &str| {
+        hops.packets(|h| h.src == src && h.dst == dst && h.in_port == from && h.out_port == to)
+    };
+    assert!(
+        hop(sw.client_ip(), sw.balancer_ip(), client, balancer) > 0,
+        "{hops}"
+    );
+    assert!(
+        hop(sw.balancer_ip(), backend, balancer, &sw.backend_port(i)) > 0,
+        "{hops}"
+    );
+    assert!(
+        hop(backend, sw.balancer_ip(), &sw.backend_port(i), balancer) > 0,
+        "{hops}"
+    );
+    assert!(
+        hop(sw.balancer_ip(), sw.client_ip(), balancer, client) > 0,
+        "{hops}"
+    );
+    assert_eq!(
+        hops.packets(|h| h.dst == sw.client_ip() && sw.topo.backend_ips.contains(&h.src)),
+        0,
+        "no backend answers the client with its own address:\n{hops}"
+    );
+}
+
+/// With `--timeout dsr=2` (the network added again with it), a UDP session is listed with at
+/// most 2 s left, and once idle past that it is no longer listed; the same socket is then
+/// served again (a new session).
+fn idle_udp_session_expires(d: &LbDaemon, sw: &Switch, plane: Plane) {
+    d.ok(&["network", "rm", NET]);
+    add_network(d, sw, plane, &["--timeout", "dsr=2"]);
+    set_service(d, sw, None);
+    wait_all_backends(d, sw);
+    let mut u = UdpSession::connected(sw.client(), VIP, PORT, TIMEOUT).unwrap();
+    let r = reply(&u.ask().unwrap());
+    let client = format!("{}:{}", sw.client_ip(), u.local_addr().unwrap().port());
+    let row = session(d, "udp", &client)
+        .unwrap_or_else(|| panic!("no session of {client}: {:?}", d.conntrack(NET)));
+    assert_dsr_row(&row, backend_ip(sw, &r.backend));
+    let left = row["expires_secs"].as_u64().unwrap_or(u64::MAX);
+    assert!(left <= 2, "the dsr timeout applies: {row}");
+    let gone = poll_until(PATIENCE, || session(d, "udp", &client).is_none());
+    let took = gone.unwrap_or_else(|| {
+        panic!(
+            "the idle session is still listed: {:?}",
+            session(d, "udp", &client)
+        )
+    });
+    println!("the idle UDP session left lb conntrack after {took:?}");
+    reply(&u.ask().expect("a new session for the same socket"));
+}
+
+#[test]
+fn dsr_on_ebpf_tc() {
+    if require_root("dsr_on_ebpf_tc") {
+        dsr(Plane::Tc);
+    }
+}
+
+#[test]
+fn dsr_on_ebpf_xdp() {
+    if require_root("dsr_on_ebpf_xdp") {
+        dsr(Plane::Xdp);
+    }
+}
+
+#[test]
+fn dsr_on_nftables() {
+    if require_root("dsr_on_nftables") {
+        dsr(Plane::Nft);
+    }
+}
+
+/// XDP_TX out of the balancer's veth reaches the switch only if the peer (`sw0`) has GRO or an
+/// XDP program: without either, `lb status` says so (a warning naming GRO).
+#[test]
+fn dsr_on_xdp_warns_when_the_balancers_peer_has_no_gro() {
+    if !require_root("dsr_on_xdp_warns_when_the_balancers_peer_has_no_gro") {
+        return;
+    }
+    let sw = Switch::new(BACKENDS, false).unwrap();
+    assert!(!sw.balancer_peer_gro().unwrap());
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(Plane::Xdp, &bpffs);
+    add_network(&d, &sw, Plane::Xdp, &[]);
+    set_service(&d, &sw, None);
+    let warned = poll_until(PATIENCE, || warnings(&d).iter().any(|w| w.contains("GRO")));
+    assert!(
+        warned.is_some(),
+        "no GRO warning: {}",
+        d.network_status(NET)
+    );
+    println!("{:?}", warnings(&d));
+}

@@ -1,0 +1,244 @@
+//! The direct-server-return topology: client, balancer and backends as hosts on one switch, and
+//! the switch counting which port every packet came in and went out by.
+//!
+//! It is [`Topology::single_interface`] (every host has `lo` + `eth0` on one /24, the segment a
+//! bridge in its own `switch` namespace), set up as a DSR segment is:
+//! ```text
+//!            switch (br0; nft bridge table `lbt_switch` counts every IPv4 hop)
+//!   sw0 ─ balancer 10.30.0.1   (lb's dsr network; lb's VIP alias on eth0 answers ARP)
+//!   sw1 ─ client   10.30.0.2   (arp_announce 2)
+//!   sw2 ─ b0       10.30.0.10  ┐ VIP 10.30.0.100/32 on lo, arp_ignore 1, arp_announce 2:
+//!   sw3 ─ b1       10.30.0.11  │ each accepts VIP traffic sent to its MAC and answers the
+//!   …                          ┘ client directly from the VIP, but never answers ARP for it
+//! ```
+//! - The VIP is on the segment: the client ARPs for it, and only the balancer may answer (lb adds
+//!   the alias when a dsr network serves the VIP; without it nobody answers).
+//! - `arp_announce` 2 makes a host's ARP requests carry the address of the interface they leave
+//!   by: with the default, a backend asking for the client while answering from the VIP would
+//!   announce VIP → its own MAC and teach the client to bypass the balancer (and a client with
+//!   several addresses would teach the wrong source likewise).
+//! - rp_filter is off everywhere (every harness namespace's `all` and `default`, which `eth0`
+//!   inherits): a backend receives the client's packets from the balancer's MAC.
+//! - The balancer's switch port `sw0` has GRO on unless asked otherwise: a veth delivers what
+//!   its peer sends with XDP_TX or an XDP redirect only with NAPI on its side, which GRO (or an
+//!   XDP program) turns on — DSR on XDP over a veth needs it, and `lb status` warns without it.
+//!
+//! The switch's counters are an nftables `bridge` table in the switch namespace (one this
+//! harness created, holding nothing else): a dynamic set with a counter per (source, destination,
+//! ingress port, egress port) of every IPv4 packet the bridge forwards. A flooded frame counts
+//! once per port it goes out by. So "every reply went backend → client, none through the
+//! balancer's port" is a query over [`Hops`].
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::netns::{ENDPOINT_IF, Netns, SWITCH_CLIENT_PORT, SWITCH_NODE_PORT, Topology};
+
+/// The VIP of the topology: on the segment's /24, owned by every backend.
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 30, 0, 100);
+
+/// The nftables table (family bridge) of the switch namespace, and its set of hop counters.
+const TABLE: &str = "lbt_switch";
+const HOPS: &str = "hops";
+
+/// See the module documentation. Dropping it deletes every namespace, the switch's table with
+/// its own.
+#[derive(Debug)]
+pub struct Switch {
+    /// The namespaces: `node` is the balancer, `switch` holds the bridge.
+    pub topo: Topology,
+}
+
+impl Switch {
+    /// A client, a balancer and `n_backends` backends on one switch, as in the module
+    /// documentation; the balancer's switch port has GRO on iff `balancer_peer_gro`.
+    pub fn new(n_backends: usize, balancer_peer_gro: bool) -> Result<Switch> {
+        let sw = Switch {
+            topo: Topology::single_interface(n_backends)?,
+        };
+        let vip = format!("{VIP}/32");
+        for backend in &sw.topo.backends {
+            backend.ip(["addr", "add", &vip, "dev", "lo"])?;
+            for conf in ["all", ENDPOINT_IF] {
+                backend.sysctl(&format!("net.ipv4.conf.{conf}.arp_ignore"), "1")?;
+                backend.sysctl(&format!("net.ipv4.conf.{conf}.arp_announce"), "2")?;
+            }
+        }
+        for conf in ["all", ENDPOINT_IF] {
+            (sw.topo.client).sysctl(&format!("net.ipv4.conf.{conf}.arp_announce"), "2")?;
+        }
+        sw.set_balancer_peer_gro(balancer_peer_gro)?;
+        sw.switch().sh(&format!(
+            "nft -f - <<'EOF'\n\
+             table bridge {TABLE} {{\n\
+               set {HOPS} {{\n\
+                 type ipv4_addr . ipv4_addr . ifname . ifname\n\
+                 flags dynamic\n\
+                 counter\n\
+                 size 4096\n\
+               }}\n\
+               chain forward {{\n\
+                 type filter hook forward priority 0; policy accept;\n\
+                 ether type ip add @{HOPS} {{ ip saddr . ip daddr . iifname . oifname }}\n\
+               }}\n\
+             }}\n\
+             EOF"
+        ))?;
+        Ok(sw)
+    }
+
+    /// The balancer's namespace (lb's `--netns`).
+    pub fn balancer(&self) -> &Netns {
+        &self.topo.node
+    }
+
+    /// The balancer's interface (lb's `--interface`).
+    pub fn balancer_if(&self) -> &'static str {
+        ENDPOINT_IF
+    }
+
+    pub fn balancer_ip(&self) -> Ipv4Addr {
+        self.topo.node_ip
+    }
+
+    pub fn client(&self) -> &Netns {
+        &self.topo.client
+    }
+
+    pub fn client_ip(&self) -> Ipv4Addr {
+        self.topo.client_ip
+    }
+
+    /// The switch namespace.
+    pub fn switch(&self) -> &Netns {
+        self.topo
+            .switch
+            .as_ref()
+            .expect("single_interface has a switch")
+    }
+
+    /// The switch port facing the balancer, the client, backend `i`.
+    pub fn balancer_port(&self) -> &'static str {
+        SWITCH_NODE_PORT
+    }
+
+    pub fn client_port(&self) -> &'static str {
+        SWITCH_CLIENT_PORT
+    }
+
+    pub fn backend_port(&self, i: usize) -> String {
+        Topology::switch_port(i)
+    }
+
+    /// Sets GRO of the balancer's switch port (the peer of the balancer's `eth0`).
+    pub fn set_balancer_peer_gro(&self, on: bool) -> Result<()> {
+        self.switch().set_gro(self.balancer_port(), on)
+    }
+
+    /// Whether GRO of the balancer's switch port is on, as `ethtool -k` reads it.
+    pub fn balancer_peer_gro(&self) -> Result<bool> {
+        self.switch().gro(self.balancer_port())
+    }
+
+    /// The switch's counters so far (since it was made, or since [`Switch::reset_counts`]).
+    pub fn counts(&self) -> Result<Hops> {
+        let out = self
+            .switch()
+            .exec(["nft", "-j", "list", "set", "bridge", TABLE, HOPS])?;
+        Hops::parse(&out).with_context(|| format!("`nft -j list set bridge {TABLE} {HOPS}`: {out}"))
+    }
+
+    /// Forgets every counter.
+    pub fn reset_counts(&self) -> Result<()> {
+        self.switch()
+            .exec(["nft", "flush", "set", "bridge", TABLE, HOPS])
+            .map(drop)
+    }
+}
+
+/// Packets of one source, destination, and ports of the switch they came in and went out by.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Hop {
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub in_port: String,
+    pub out_port: String,
+}
+
+impl Hop {
+    /// Whether the packets came in or went out by `port`.
+    pub fn touches(&self, port: &str) -> bool {
+        self.in_port == port || self.out_port == port
+    }
+}
+
+/// The switch's packet counts per [`Hop`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Hops(pub BTreeMap<Hop, u64>);
+
+impl Hops {
+    /// The counts `nft -j list set` prints.
+    fn parse(json: &str) -> Result<Hops> {
+        let v: Value = serde_json::from_str(json)?;
+        let set = (v["nftables"].as_array().context("no nftables array")?)
+            .iter()
+            .find_map(|o| o.get("set"))
+            .context("no set")?;
+        let mut hops = BTreeMap::new();
+        // An empty set has no `elem` at all.
+        for e in set["elem"].as_array().into_iter().flatten() {
+            let elem = &e["elem"];
+            let fields = elem["val"]["concat"]
+                .as_array()
+                .with_context(|| format!("not a concatenation: {e}"))?;
+            let field = |i: usize| {
+                (fields.get(i).and_then(Value::as_str)).with_context(|| format!("field {i} of {e}"))
+            };
+            let hop = Hop {
+                src: field(0)?.parse()?,
+                dst: field(1)?.parse()?,
+                in_port: field(2)?.to_owned(),
+                out_port: field(3)?.to_owned(),
+            };
+            let packets = (elem["counter"]["packets"].as_u64())
+                .with_context(|| format!("no counter in {e}"))?;
+            hops.insert(hop, packets);
+        }
+        Ok(Hops(hops))
+    }
+
+    /// Packets of the hops `which` selects.
+    pub fn packets(&self, which: impl Fn(&Hop) -> bool) -> u64 {
+        (self.0.iter())
+            .filter(|(h, _)| which(h))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// The hops `which` selects, with their packets.
+    pub fn select(&self, which: impl Fn(&Hop) -> bool) -> Hops {
+        Hops(
+            (self.0.iter())
+                .filter(|(h, _)| which(h))
+                .map(|(h, n)| (h.clone(), *n))
+                .collect(),
+        )
+    }
+}
+
+impl fmt::Display for Hops {
+    /// One hop per line: `10.30.0.100 -> 10.30.0.2 sw2 -> sw1: 12`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (h, n) in &self.0 {
+            writeln!(
+                f,
+                "{} -> {} {} -> {}: {n}",
+                h.src, h.dst, h.in_port, h.out_port
+            )?;
+        }
+        Ok(())
+    }
+}
