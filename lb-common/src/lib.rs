@@ -11,6 +11,7 @@
 
 pub mod crc32c;
 pub mod csum;
+pub mod dsr;
 pub mod flow;
 pub mod hash;
 

@@ -7,8 +7,8 @@ use aya_ebpf::{
     helpers::{bpf_sk_lookup_tcp, bpf_sk_lookup_udp, bpf_sk_release},
 };
 use lb_common::{
-    BackendKey, Config, Flow, FlowKey, IPPROTO_TCP, IPPROTO_UDP, MASQ_PORT_MAX, MASQ_PORT_MIN,
-    PortKey, Reason, Service, VipKey, flow,
+    Backend, BackendKey, Config, Flow, FlowKey, IPPROTO_TCP, IPPROTO_UDP, MASQ_PORT_MAX,
+    MASQ_PORT_MIN, PortKey, Reason, Service, VipKey, flow,
     flow::{NS_PER_SEC, Opener},
     hash::{self, CLASH_PROBES, PortRange},
     slot_for_bucket,
@@ -122,21 +122,39 @@ const CLASH_PORTS: PortRange = PortRange {
     hole_max: 0,
 };
 
+/// The backend the flow hash gives a packet of tuple `key` in `svc`'s set, with the hash:
+/// the one choice of both modes (a NAT flow's, a DSR session's), so that `lb elements`'
+/// partition is what either sends. `None` for an empty set (or a slot the controller is
+/// rewriting, which a sync never leaves behind).
+#[inline(always)]
+pub fn pick(key: &FlowKey, svc: &Service, cfg: &Config) -> Option<(u32, Backend)> {
+    let hash = hash::flow_hash(key, cfg.hash_key);
+    let slot = slot_for_bucket(hash::bucket(hash), svc.count)?;
+    // SAFETY: plain data copied out.
+    let backend = *unsafe {
+        BACKENDS.get(&BackendKey {
+            set_id: svc.set_id,
+            slot,
+        })
+    }?;
+    Some((hash, backend))
+}
+
 /// Opens a flow for `p`, which has no live entry (`reopen`: its tuple's previous connection
-/// is closing): finds its service, checks that the packet may open a flow and is not the
-/// node's own, picks the backend by the flow hash, claims a reply tuple no other flow holds
-/// and writes both entries. Returns the original-direction entry (F), or why the packet
-/// passes (or, when no reply tuple is free, is dropped: `Err(NatFailed)`).
+/// is closing), to its service `svc` (`service_for`): checks that the packet may open a flow
+/// and is not the node's own, picks the backend by the flow hash, claims a reply tuple no
+/// other flow holds and writes both entries. Returns the original-direction entry (F), or
+/// why the packet passes (or, when no reply tuple is free, is dropped: `Err(NatFailed)`).
 #[inline(always)]
 pub fn new_flow(
     f: &impl Frame,
     hook: u32,
     p: &Packet,
+    svc: &Service,
     cfg: &Config,
     now: u64,
     reopen: bool,
 ) -> Result<Flow, Reason> {
-    let svc = service_for(&p.key).ok_or(Reason::NotService)?;
     let opener = flow::opener(p.key.proto, p.tcp_flags).ok_or(Reason::NoFlowOpener)?;
     if svc.count == 0 {
         return Err(Reason::NoBackend);
@@ -146,16 +164,7 @@ pub fn new_flow(
     if opener != Opener::Syn && node_socket(f, &p.key, Sockets::Connected) {
         return Err(Reason::NodeSocket);
     }
-    let hash = hash::flow_hash(&p.key, cfg.hash_key);
-    let slot = slot_for_bucket(hash::bucket(hash), svc.count).ok_or(Reason::NoBackend)?;
-    // SAFETY: plain data copied out.
-    let backend = *unsafe {
-        BACKENDS.get(&BackendKey {
-            set_id: svc.set_id,
-            slot,
-        })
-    }
-    .ok_or(Reason::NoBackend)?;
+    let (hash, backend) = pick(&p.key, svc, cfg).ok_or(Reason::NoBackend)?;
     let dport = if backend.port != 0 {
         backend.port
     } else {

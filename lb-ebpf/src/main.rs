@@ -7,6 +7,7 @@
 
 mod conntrack;
 mod csum;
+mod dsr;
 mod frag;
 mod icmp;
 mod lb;
@@ -25,8 +26,8 @@ use aya_ebpf::{
 use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_REPLY, HOOK_XDP, Reason};
 use nat::Verdict;
 
-/// Ingress fast path (`attach xdp`): DNAT of what it can prove it rewrites right, before an
-/// skb exists. Frags-aware, so a multi-buffer frame (a GRO'd or jumbo one) reaches it instead
+/// Ingress fast path (`attach xdp`): DNAT of what it can prove it rewrites right, and DSR
+/// (sent back out, or to the device the backend is on), before an skb exists. Frags-aware, so a multi-buffer frame (a GRO'd or jumbo one) reaches it instead
 /// of being dropped. The TC ingress program is attached beside it for the rest.
 #[xdp(frags)]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
@@ -38,12 +39,14 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
         }
         Verdict::Pass(_) | Verdict::Redirect(_) => xdp_action::XDP_PASS,
         Verdict::Drop(_) => xdp_action::XDP_DROP,
+        Verdict::Dsr { ifindex, .. } => dsr::xdp_action(&ctx, ifindex),
     }
 }
 
 /// Ingress on the skb (`attach tc`, and beside XDP for what XDP leaves). A translated
 /// packet, here or by XDP, takes the fast path where it may (`redirect`): the helper that
-/// delivers into a veth's peer exists at TC ingress only.
+/// delivers into a veth's peer exists at TC ingress only. A DSR frame is redirected to its
+/// device's egress.
 #[classifier]
 pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
     let ctx = parse::Skb(ctx);
@@ -89,6 +92,8 @@ fn tc(v: Verdict) -> i32 {
         Verdict::Redirect(action) => action,
         Verdict::Pass(_) => TC_ACT_UNSPEC,
         Verdict::Drop(_) => TC_ACT_SHOT as i32,
+        // Produced at ingress only (`dsr`).
+        Verdict::Dsr { ifindex, .. } => dsr::tc_action(ifindex),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The NAT packet paths (DESIGN.md "Packet paths", NAT mode) and the rewrite of a packet by a
-//! flow entry.
+//! flow entry. A DSR VIP's packets leave the ingress path for `dsr` where their service is
+//! found.
 //!
 //! Ingress (XDP, TC ingress) rewrites destinations: a new flow to a service gets a backend
 //! (`lb`), a tracked flow follows its entry, a reply to a masqueraded flow gets its client
@@ -9,14 +10,14 @@
 //! dropped as martian when it is routed on input.
 use aya_ebpf::helpers::bpf_xdp_adjust_meta;
 use lb_common::{
-    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, Reason,
+    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, Reason, SERVICE_DSR,
     csum::{IP_DADDR, IP_SADDR, L4Sum, Rewrite, set_addr, set_ports},
     flow,
 };
 
 use crate::{
     conntrack::{self, Found},
-    frag, icmp, lb,
+    dsr, frag, icmp, lb,
     maps::CONFIG,
     parse::{self, Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
     redirect::{self, Towards},
@@ -34,12 +35,16 @@ pub enum Verdict {
     Drop(Reason),
     /// Translated and handed to a local endpoint past the stack (`redirect`): the TC action.
     Redirect(i32),
+    /// A DSR VIP's frame readdressed to its backend's MAC, L3 and L4 untouched (`dsr`), to be
+    /// sent out of device `ifindex`: each hook turns it into its own action
+    /// (`dsr::xdp_action`, `dsr::tc_action`).
+    Dsr { reason: Reason, ifindex: u32 },
 }
 
 impl Verdict {
     pub fn reason(&self) -> Reason {
         match self {
-            Verdict::Pass(r) | Verdict::Drop(r) => *r,
+            Verdict::Pass(r) | Verdict::Drop(r) | Verdict::Dsr { reason: r, .. } => *r,
             Verdict::Translated => Reason::Translated,
             Verdict::Redirect(_) => Reason::Redirected,
         }
@@ -90,7 +95,12 @@ pub fn ingress<C: Ctx>(ctx: &C, hook: u32, xdp: bool) -> Verdict {
     }
 }
 
-/// The entry an ingress packet is rewritten by: its live entry, or a new flow's.
+/// The entry an ingress packet is rewritten by: its live entry, or a new flow's; otherwise
+/// the run's verdict (not ours, dropped, or sent on by DSR).
+///
+/// A DSR VIP's packet is taken where a packet without a live flow finds its service, since
+/// DSR packets never have flow entries: a NAT network's packets pay no lookup for DSR (one
+/// test of the service's flags, on a flow's first packet only).
 #[inline(always)]
 fn ingress_entry<C: Ctx>(ctx: &C, hook: u32, p: &Packet, cfg: &Config) -> Result<Flow, Verdict> {
     let now = conntrack::now();
@@ -108,10 +118,17 @@ fn ingress_entry<C: Ctx>(ctx: &C, hook: u32, p: &Packet, cfg: &Config) -> Result
             return Ok(entry);
         }
     }
+    let svc = lb::service_for(&p.key);
+    if let Some(svc) = &svc
+        && svc.flags & SERVICE_DSR != 0
+    {
+        return Err(dsr::send(ctx, hook, p, svc, cfg, now));
+    }
     if let Frag::Later(_) = p.frag {
         return Err(Verdict::Pass(Reason::FragUnknown));
     }
-    lb::new_flow(ctx, hook, p, cfg, now, reopen).map_err(|r| match r {
+    let svc = svc.ok_or(Verdict::Pass(Reason::NotService))?;
+    lb::new_flow(ctx, hook, p, &svc, cfg, now, reopen).map_err(|r| match r {
         Reason::NatFailed => Verdict::Drop(r),
         r => Verdict::Pass(r),
     })
@@ -215,7 +232,7 @@ fn apply<C: Ctx>(ctx: &C, p: &Packet, e: &Flow) -> Verdict {
     // A flow is counted once per packet, by its own pair (F or R), not again by the
     // masquerade pair the same packet also passes.
     if e.flags & FLOW_MASQ == 0 {
-        stats::account(e, p.len);
+        stats::account(e.counter, p.len);
     }
     Verdict::Translated
 }

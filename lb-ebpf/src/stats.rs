@@ -8,7 +8,7 @@
 //! counter one sync after its owner is gone, before its id is handed out again, so a new
 //! owner starts at zero.
 use aya_ebpf::bindings::BPF_NOEXIST;
-use lb_common::{Counters, Flow, REASONS, Reason};
+use lb_common::{Counters, REASONS, Reason};
 
 use crate::maps::{COUNTERS, REASON_COUNTS};
 
@@ -36,12 +36,13 @@ fn add(id: u32, bytes: u16) {
     }
 }
 
-/// Accounts one packet of a translated flow to its backend. Its service's total is the sum
-/// of its backends', summed by the controller: one counter lookup per packet, not two (a
-/// per-CPU hash lookup is ~35 ns of a tracked packet's ~170 here).
+/// Accounts one packet of a translated flow or a DSR session to its backend's counter
+/// (`counter`). Its service's total is the sum of its backends', summed by the controller:
+/// one counter lookup per packet, not two (a per-CPU hash lookup is ~35 ns of a tracked
+/// packet's ~170 here).
 #[inline(always)]
-pub fn account(f: &Flow, bytes: u16) {
-    add(f.counter, bytes);
+pub fn account(counter: u32, bytes: u16) {
+    add(counter, bytes);
 }
 
 /// Counts one run of program `hook` that ended for `reason`.

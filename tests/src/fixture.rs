@@ -12,12 +12,16 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
     programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
 };
-use lb_common::{Config, Flow, FlowKey, FragKey, FragPorts};
+use lb_common::{Config, Flow, FlowKey, FragKey, FragPorts, Reason};
 use lb_user::{
     core::compose::compose,
     core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
-    dataplane::ebpf::{self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP},
+    dataplane::ebpf::{
+        self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be,
+    },
 };
+
+use crate::packet::Ipv4Packet;
 
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
@@ -366,6 +370,33 @@ impl Fixture {
         )))
         .unwrap()
     }
+}
+
+/// A flow key as the programs build it from `p` (addresses and ports in network order).
+pub fn key(p: &Ipv4Packet) -> FlowKey {
+    FlowKey {
+        saddr: be(p.saddr),
+        daddr: be(p.daddr),
+        sport: p.sport.to_be(),
+        dport: p.dport.to_be(),
+        proto: p.proto,
+        _pad: [0; 3],
+    }
+}
+
+/// Runs `input` through `prog`, which must pass it byte-identical.
+pub fn expect_untouched(f: &mut Fixture, prog: Prog, input: &[u8]) {
+    let (_, out) = f.run(prog, input);
+    assert_eq!(out, input, "{prog:?} must pass this byte-identical");
+}
+
+/// `count` of `reason` on program `hook` (as `lb_datapath_packets_total` names them).
+pub fn reason_count(f: &Fixture, hook: &str, reason: Reason) -> u64 {
+    f.dp.reasons()
+        .unwrap()
+        .into_iter()
+        .find(|(h, r, _)| *h == hook && *r == reason)
+        .map_or(0, |(_, _, n)| n)
 }
 
 /// The largest frame an skb test run is sure to take: a 4 KiB page less the skb's headroom

@@ -632,7 +632,13 @@ fn is_outcome(r: Reason) -> bool {
         | Reason::MasqFailed
         | Reason::SctpFragment
         | Reason::Redirected
-        | Reason::NotRedirected => true,
+        | Reason::NotRedirected
+        // DSR's (this fuzz runs NAT networks, where none of them may occur).
+        | Reason::DsrNew
+        | Reason::DsrSession
+        | Reason::DsrReset
+        | Reason::DsrNoBackend
+        | Reason::DsrUnresolved => true,
         Reason::FlowNew
         | Reason::FlowReopened
         | Reason::FlowRecreated
@@ -666,7 +672,15 @@ fn reason_fits(prog: Prog, input: &[u8], o: Outcome, r: Reason) -> bool {
         },
         Outcome::Passed => !matches!(
             r,
-            Reason::Translated | Reason::Redirected | Reason::NatFailed | Reason::MasqFailed
+            Reason::Translated
+                | Reason::Redirected
+                | Reason::NatFailed
+                | Reason::MasqFailed
+                | Reason::DsrNew
+                | Reason::DsrSession
+                | Reason::DsrReset
+                | Reason::DsrNoBackend
+                | Reason::DsrUnresolved
         ),
         Outcome::Refused => false,
     }

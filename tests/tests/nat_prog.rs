@@ -15,7 +15,7 @@ use lb_common::{
 use lb_tests::{
     fixture::{
         CLIENT, CLIENT2, DB, DB_VIP, EMPTY_VIP, Fixture, HOST_IP, LOOPBACK_PORT, NODE, NOT_LOCAL,
-        Prog, TC_ACT_OK, VIP, WEB, service,
+        Prog, TC_ACT_OK, VIP, WEB, expect_untouched, key, reason_count, service,
     },
     packet::{
         Ipv4Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN, arp_request, icmp_error, ip_of,
@@ -27,18 +27,6 @@ use lb_user::{
     core::model::Masquerade,
     dataplane::ebpf::{ServiceKey, be, gc::monotonic_ns},
 };
-
-/// A flow key as the programs build it from `p` (addresses and ports in network order).
-fn key(p: &Ipv4Packet) -> FlowKey {
-    FlowKey {
-        saddr: be(p.saddr),
-        daddr: be(p.daddr),
-        sport: p.sport.to_be(),
-        dport: p.dport.to_be(),
-        proto: p.proto,
-        _pad: [0; 3],
-    }
-}
 
 /// Destination address and port of an output frame (IPv4 without options unless `l4_off`).
 fn dst(frame: &[u8]) -> (Ipv4Addr, u16) {
@@ -104,11 +92,6 @@ fn expect_dnat(
         "{prog:?}: only the destination changes"
     );
     backend
-}
-
-fn expect_untouched(f: &mut Fixture, prog: Prog, input: &[u8]) {
-    let (_, out) = f.run(prog, input);
-    assert_eq!(out, input, "{prog:?} must pass this byte-identical");
 }
 
 fn fixture() -> Option<Fixture> {
@@ -738,15 +721,6 @@ fn tcp(sport: u16, daddr: Ipv4Addr, dport: u16, flags: u8) -> Ipv4Packet {
         tcp_flags: flags,
         ..Ipv4Packet::tcp(CLIENT, sport, daddr, dport)
     }
-}
-
-/// `count` of `reason` on program `hook` (as `lb_datapath_packets_total` names them).
-fn reason_count(f: &Fixture, hook: &str, reason: Reason) -> u64 {
-    f.dp.reasons()
-        .unwrap()
-        .into_iter()
-        .find(|(h, r, _)| *h == hook && *r == reason)
-        .map_or(0, |(_, _, n)| n)
 }
 
 /// Seconds from now until `e` expires (CLOCK_MONOTONIC, the programs' clock).
