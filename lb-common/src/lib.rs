@@ -278,7 +278,8 @@ map_layout! {
         pub hash: u32,
         /// The counter the flow's packets are accounted to: its backend's.
         pub counter: u32,
-        /// Unused (0), kept so the layout of `lb_flows` stays (see [`Service::counter`]).
+        /// Unused (0), kept so the layout of `lb_flows` stays (a per-service counter id once:
+        /// see [`Service::session_timeout`]).
         pub service_counter: u32,
         /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) after which the entry counts as absent.
         pub expires_ns: u64,
@@ -418,8 +419,9 @@ map_layout! {
         pub smac: [u8; 6],
         /// The backend's counter in `lb_counters`.
         pub counter: u32,
-        /// `bpf_ktime_get_ns` of the session's last packet; a session idle past its VIP's
-        /// [`Service::session_timeout`] counts as absent.
+        /// `bpf_ktime_get_ns` of the session's last packet (of a recent one: it lags by at
+        /// most [`dsr::refresh_ns`]); a session idle past its VIP's
+        /// [`Service::session_timeout`] counts as absent ([`dsr::live`]).
         pub seen_ns: u64,
     }
 }
