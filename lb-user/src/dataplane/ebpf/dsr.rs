@@ -22,7 +22,9 @@ use std::{
 
 use anyhow::Result;
 use aya::maps::{HashMap, MapData};
-use lb_common::{DsrSession, Endpoint, FlowKey, SERVICE_DSR, Service, VipKey, flow::NS_PER_SEC};
+use lb_common::{
+    DsrSession, Endpoint, FlowKey, SERVICE_DSR, Service, VipKey, dsr, flow::NS_PER_SEC,
+};
 
 use super::{EbpfNetwork, Plan, ServiceKey, be, gc, ip, sync::write_exactly};
 use crate::{
@@ -198,9 +200,7 @@ impl EbpfNetwork {
 /// `now`: idle past its VIP's timeout, or its VIP no longer a DSR VIP.
 pub fn session_ended(s: &DsrSession, svc: Option<&Service>, now: u64) -> bool {
     match svc {
-        Some(svc) if svc.flags & SERVICE_DSR != 0 => {
-            now.saturating_sub(s.seen_ns) > u64::from(svc.session_timeout) * NS_PER_SEC
-        }
+        Some(svc) if svc.flags & SERVICE_DSR != 0 => !dsr::live(s, svc.session_timeout, now),
         _ => true,
     }
 }
@@ -229,13 +229,14 @@ pub fn collect(
     deleted
 }
 
-/// One session's row, `None` once it is idle past `timeout`.
+/// One session's row, `None` once it is idle past `timeout`. Its idle time may lag its last
+/// packet by up to `lb_common::dsr::refresh_ns`, as the programs write it.
 pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Option<Flow> {
-    let idle = now.saturating_sub(s.seen_ns);
-    let limit = u64::from(timeout) * NS_PER_SEC;
-    if idle > limit {
+    if !dsr::live(s, timeout, now) {
         return None;
     }
+    let idle = now.saturating_sub(s.seen_ns);
+    let limit = u64::from(timeout) * NS_PER_SEC;
     Some(Flow {
         proto: gc::proto_name(k.proto),
         client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
