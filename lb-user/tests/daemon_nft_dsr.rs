@@ -16,7 +16,7 @@ use std::{
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::LbDaemon,
+    daemon::{LbDaemon, free_metrics_addr, scrape},
     netns::{ENDPOINT_IF, Netns, Topology},
     require_root,
     tools::link_mac,
@@ -216,7 +216,13 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     let topo = dsr_topology(2);
     let _servers = spawn_backends(&topo, PORT, UDP_PORT).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let mut d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    let metrics = free_metrics_addr().unwrap();
+    let mut d = LbDaemon::start(
+        lb(),
+        bpffs.path(),
+        &["--dataplane", "nftables", "--metrics", &metrics],
+    )
+    .unwrap();
     add_dsr_network(&d, &topo);
     let ips: Vec<String> = topo.backend_ips.iter().map(|b| b.to_string()).collect();
     set_service(&d, &ips);
@@ -248,6 +254,22 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     let placed: u64 = real_server(&topo).iter().map(|l| l.packets).sum();
     assert_eq!(placed, n, "one real-server lookup per new connection");
     assert_eq!(nat_vip_packets(&topo), 0, "the VIP took no NAT path");
+    // The metrics count them per service and backend, from the real-server elements.
+    let text = scrape(&metrics).unwrap();
+    let counted = |backend: &str| -> u64 {
+        let series = format!(
+            "lb_packets_total{{network=\"{NET}\",service=\"vip {VIP}\",backend=\"{backend}\"}} "
+        );
+        (text.lines())
+            .find_map(|l| l.strip_prefix(&series))
+            .unwrap_or_else(|| panic!("no {series} in {text}"))
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(counted(""), n, "{text}");
+    for l in real_server(&topo) {
+        assert_eq!(counted(&l.element.value), l.packets, "{text}");
+    }
     // The published port of the dsr network is served by NAT.
     let r: Reply = tcp_request(&topo.client, topo.node_ip, PUBLISHED, TIMEOUT)
         .unwrap()
