@@ -92,6 +92,30 @@ impl Sync {
     }
 }
 
+/// The most `real-server` elements a network's DSR table takes. nft 1.0.6 cuts a set's
+/// elements into netlink messages of 1,365 of this map's, and the kernel's concatenated
+/// interval map (pipapo) refuses the first element of a later message at some boundaries,
+/// depending on the intervals (measured with kernel 6.18: 300 VIPs × 5 backends, 1,500
+/// elements, fail with "File exists"; every shape tried up to 1,365 passes). The NAT table
+/// avoids that map (see `dataplane::nft`); the DSR table is moby's, so it stays in one message.
+pub const MAX_REAL_SERVER: usize = 1365;
+
+/// Refuses a network whose `real-server` elements the table cannot take (see
+/// [`MAX_REAL_SERVER`]), saying what to do instead.
+pub fn check_capacity(network: &Network) -> anyhow::Result<()> {
+    let n = real_server(network).len();
+    if n > MAX_REAL_SERVER {
+        anyhow::bail!(
+            "network {}: {n} real-server elements (one per backend of each VIP), more than the \
+             {MAX_REAL_SERVER} the nftables DSR table takes (nft 1.0.6 splits more into several \
+             netlink messages, which the kernel's concatenated interval map refuses); use the \
+             eBPF dataplane, or fewer VIPs or backends per network",
+            network.name
+        );
+    }
+    Ok(())
+}
+
 /// `KEY : BACKEND` of every `real-server` element of `network` (the core's elements, the
 /// source of `lb elements`; never partitioned here).
 pub fn real_server(network: &Network) -> BTreeSet<String> {

@@ -282,6 +282,15 @@ impl Dataplane for NftDataplane {
         "nftables"
     }
 
+    /// A dsr network's DSR table has a size limit (`dsr::MAX_REAL_SERVER`); where the kernel
+    /// cannot run that table the network is NAT only, which has none.
+    fn check_capacity(&mut self, network: &Network) -> Result<()> {
+        if network.mode == Mode::Dsr && dsr_support().is_ok() {
+            dsr::check_capacity(network)?;
+        }
+        Ok(())
+    }
+
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
         let mut previous = previous;
         if let Some(prev) = previous
@@ -545,5 +554,34 @@ mod tests {
         };
         assert!(!dsr_on(&nat, &works));
         assert_eq!(dsr_warning(&nat, &missing), None);
+    }
+
+    /// The DSR table's size limit, counted in real-server elements (one per backend of each
+    /// VIP): 1,365 fit, more are refused with what to do instead.
+    #[test]
+    fn a_dsr_table_takes_at_most_one_netlink_message_of_real_server_elements() {
+        let with_vips = |vips: u32, backends: u32| Network {
+            services: (0..vips)
+                .map(|v| crate::core::model::Service {
+                    id: format!("s{v}"),
+                    generation: "1".into(),
+                    vip: Ipv4Addr::from(0x0a63_0000 + v),
+                    backends: (0..backends)
+                        .map(|b| crate::core::model::Backend {
+                            ip: Ipv4Addr::from(0x0a1e_0000 + v * 16 + b),
+                            disabled: false,
+                        })
+                        .collect(),
+                    ports: Vec::new(),
+                })
+                .collect(),
+            ..edge()
+        };
+        dsr::check_capacity(&with_vips(273, 5)).expect("1,365 elements fit");
+        let err = dsr::check_capacity(&with_vips(342, 4)).unwrap_err();
+        assert!(
+            err.to_string().contains("1368 real-server elements"),
+            "{err}"
+        );
     }
 }
