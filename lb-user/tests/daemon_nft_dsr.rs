@@ -407,6 +407,31 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
         "the idle UDP session did not expire"
     );
     println!("udp session {s:?} expired");
+
+    // Turned nat, the network loses its DSR table by a difference and its VIP is NAT; turned
+    // dsr again, it gets it back.
+    let mut state: Value = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
+    let network = &mut state["networks"][0];
+    network["mode"] = "nat".into();
+    network["timeouts"] = serde_json::json!({});
+    let file = d.state_dir().join("nat.json");
+    std::fs::write(&file, state.to_string()).unwrap();
+    d.ok(&["apply", "-f", file.to_str().unwrap()]);
+    let no_table = (topo.node).exec(["nft", "list", "table", "netdev", &table_name(NET)]);
+    assert!(no_table.is_err(), "{no_table:?}");
+    // NAT: a masqueraded client (hairpin on one segment) and a NAT element counted. (Exact
+    // counts would not hold: the last packets of a connection that began on the other path
+    // are counted where they land.)
+    let before = nat_vip_packets(&topo);
+    assert_eq!(ask_vip(&topo).peer.ip(), &topo.node_ip);
+    let after = nat_vip_packets(&topo);
+    assert!(after > before, "{before} -> {after}");
+    state["networks"][0]["mode"] = "dsr".into();
+    std::fs::write(&file, state.to_string()).unwrap();
+    d.ok(&["apply", "-f", file.to_str().unwrap()]);
+    assert_eq!(ask_vip(&topo).peer.ip(), &topo.client_ip);
+    assert!(real_server(&topo).iter().any(|l| l.packets > 0));
+    assert_eq!(d.log().matches("declaring it whole").count(), wholes);
 }
 
 /// Where the kernel cannot run the DSR table (the probe's failure injected), a dsr network

@@ -445,7 +445,9 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
     }
     let mut flows = Vec::new();
     for proto in dsr::PROTOS {
-        let json = exec::list_dsr_map(&network.name, &dsr::session_map(proto))?;
+        let map = dsr::session_map(proto);
+        let json = exec::list_dsr_map(&network.name, &map)
+            .with_context(|| format!("listing the DSR sessions of network {}", network.name))?;
         for s in listing::sessions(&json)? {
             let backend = match by_mac.get(&s.mac.to_ascii_lowercase()) {
                 Some(ip) => format!("{ip}:{}", s.service.port()),
