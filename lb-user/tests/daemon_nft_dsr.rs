@@ -432,6 +432,13 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     assert_eq!(ask_vip(&topo).peer.ip(), &topo.client_ip);
     assert!(real_server(&topo).iter().any(|l| l.packets > 0));
     assert_eq!(d.log().matches("declaring it whole").count(), wholes);
+
+    // Both tables go with the network.
+    d.ok(&["network", "rm", NET]);
+    for family in ["ip", "netdev"] {
+        let table = (topo.node).exec(["nft", "list", "table", family, &table_name(NET)]);
+        assert!(table.is_err(), "{family}: {table:?}");
+    }
 }
 
 /// Where the kernel cannot run the DSR table (the probe's failure injected), a dsr network
