@@ -81,7 +81,7 @@ impl NftDataplane {
     /// The elements of the network's tables with their counters: the NAT table's, and the
     /// DSR table's `real-server` map where the network has one.
     fn list(network: &Network) -> Result<Vec<Listed>> {
-        let (name, dsr) = (network.name.clone(), dsr_on(network, dsr_support()));
+        let (name, dsr) = (network.name.clone(), has_dsr_table(network));
         in_netns(network.netns.as_deref(), move || {
             let mut listed = listed_elements(&exec::list_table(&name)?)?;
             if dsr {
@@ -123,6 +123,11 @@ const DSR_BY_NAT: &str = "the kernel does not run the nftables DSR table (it nee
 /// Whether `network` gets its DSR table, given what the kernel runs.
 fn dsr_on(network: &Network, support: &Result<(), String>) -> bool {
     network.mode == Mode::Dsr && support.is_ok()
+}
+
+/// Whether `network` has its DSR table on this kernel (probing only for a dsr network).
+fn has_dsr_table(network: &Network) -> bool {
+    network.mode == Mode::Dsr && dsr_support().is_ok()
 }
 
 /// `lb status`'s line for a dsr network served by NAT.
@@ -285,7 +290,7 @@ impl Dataplane for NftDataplane {
     /// A dsr network's DSR table has a size limit (`dsr::MAX_REAL_SERVER`); where the kernel
     /// cannot run that table the network is NAT only, which has none.
     fn check_capacity(&mut self, network: &Network) -> Result<()> {
-        if network.mode == Mode::Dsr && dsr_support().is_ok() {
+        if has_dsr_table(network) {
             dsr::check_capacity(network)?;
         }
         Ok(())
@@ -398,7 +403,7 @@ impl Dataplane for NftDataplane {
     /// dsr network's sessions.
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>> {
         let composed = compose(network);
-        let dsr = dsr_on(network, dsr_support()).then(|| network.clone());
+        let dsr = has_dsr_table(network).then(|| network.clone());
         in_netns(network.netns.as_deref(), move || {
             let mut flows = conntrack::flows(&composed)?;
             if let Some(network) = dsr {
@@ -460,6 +465,7 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
                 backend,
                 state: DSR_STATE.to_owned(),
                 expires_secs: Some(s.expires_secs),
+                // nft lists whole seconds left, rounded down: idle rounds up.
                 idle_secs: Some(s.timeout_secs.saturating_sub(s.expires_secs)),
             });
         }
