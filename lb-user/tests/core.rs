@@ -1205,9 +1205,30 @@ fn golden_nft_ruleset() {
         .unwrap();
     }
     assert_eq!(got, include_str!("golden/shared_port.web.nft"));
-    let edge = state.network("edge").unwrap();
-    let err = lb_user::dataplane::nft::ruleset(edge, &[]).unwrap_err();
-    assert!(err.to_string().contains("dsr"), "{err}");
+}
+
+/// A dsr network's whole transaction, pinned: its NAT table (the VIP's NAT elements serve
+/// where the DSR table cannot run) and moby's DSR table `netdev lb-edge` — the VIP set, the
+/// `real-server` elements `lb elements` prints, the per-protocol session maps with the
+/// network's session timeout, and per interface an ingress and an egress chain with the RST
+/// `delete`. `daemon_nft_dsr` runs the same rendering in a namespace.
+#[test]
+fn golden_nft_ruleset_dsr() {
+    let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();
+    let mut edge = state.network("edge").unwrap().clone();
+    edge.timeouts.dsr = Some(30);
+    let got = lb_user::dataplane::nft::ruleset(&edge, &[]).unwrap();
+    if std::env::var_os("LB_BLESS").is_some() {
+        std::fs::write(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/golden/shared_port.edge.nft"
+            ),
+            &got,
+        )
+        .unwrap();
+    }
+    assert_eq!(got, include_str!("golden/shared_port.edge.nft"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ use std::fmt::Write as _;
 use anyhow::Result;
 use lb_common::BUCKETS;
 
+use super::dsr;
 use super::ruleset::{
-    Kind, Layout, SYNC_SET, Subnets, Unit, VIP_SET, add_elements, add_unit, base, check,
-    delete_elements, delete_unit, dispatch_elements, kind, nft_key, shape_name, slot, sync_token,
-    table_name,
+    Kind, Layout, SYNC_SET, Subnets, Unit, VIP_SET, add_elements, add_unit, base, delete_elements,
+    delete_unit, dispatch_elements, kind, nft_key, shape_name, slot, sync_token, table_name,
 };
 use crate::core::{
     compose::compose,
@@ -117,12 +117,17 @@ pub struct Update {
 /// not touched, so their counters keep counting. It starts by replacing [`SYNC_SET`]'s
 /// element `sync_token(previous)`, so a table that is not the one written for `previous`
 /// (deleted, flushed, declared by someone else) fails the whole transaction, which changes
-/// nothing; the caller then declares the table whole.
-pub fn update(previous: &Network, network: &Network, subnets: &Subnets) -> Result<Update> {
-    check(network)?;
+/// nothing; the caller then declares the table whole. The DSR table follows in the same
+/// transaction as `dsr` says (`dsr::update`).
+pub fn update(
+    previous: &Network,
+    network: &Network,
+    subnets: &Subnets,
+    dsr: &dsr::Sync,
+) -> Result<Update> {
     let t = table_name(&network.name);
-    let (old, new, rest) = changed_parts(previous, network);
-    let (old, new) = (Layout::of(&old), Layout::of(&new));
+    let (old_cut, new_cut, rest) = changed_parts(previous, network);
+    let (old, new) = (Layout::of(&old_cut), Layout::of(&new_cut));
     // The cut networks show the units their sets use; whether the table has a unit also
     // depends on the rest, which is only composed when a unit may come or go.
     let same_units = old.units.keys().eq(new.units.keys());
@@ -211,6 +216,9 @@ pub fn update(previous: &Network, network: &Network, subnets: &Subnets) -> Resul
         }
     }
     base(&mut s, &t, network, subnets);
+    let (dsr_written, dsr_deleted) = dsr::update(&mut s, network, (&old_cut, &new_cut), dsr);
+    written += dsr_written;
+    deleted += dsr_deleted;
     Ok(Update {
         script: s,
         written,

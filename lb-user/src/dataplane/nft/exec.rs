@@ -48,10 +48,45 @@ pub fn transaction(script: &str) -> Result<()> {
     nft(&["-f", "-"], Some(script)).map(drop)
 }
 
-/// Deletes network `name`'s table in the calling thread's namespace, if there is one.
+/// Deletes network `name`'s tables (its NAT table and its DSR table) in the calling
+/// thread's namespace, those there are.
 pub fn delete_table(name: &str) -> Result<()> {
     let table = table_name(name);
-    transaction(&format!("add table ip {table}\ndelete table ip {table}\n"))
+    let mut s = format!("add table ip {table}\ndelete table ip {table}\n");
+    super::dsr::delete_table(&mut s, name);
+    transaction(&s)
+}
+
+/// `nft -j list map netdev` of one map of network `name`'s DSR table.
+pub fn list_dsr_map(name: &str, map: &str) -> Result<String> {
+    nft(
+        &["-j", "list", "map", "netdev", &table_name(name), map],
+        None,
+    )
+}
+
+/// The chains of network `name`'s DSR table (none when it has no such table).
+pub fn dsr_chains(name: &str) -> Result<Vec<String>> {
+    let table = table_name(name);
+    // `-t`: without the sessions' elements. An absent table is the only expected failure,
+    // told apart by listing the family's tables (nft's message is not a contract).
+    let tables = nft(&["-j", "list", "tables", "netdev"], None)?;
+    if !names(&tables, "table")?.contains(&table) {
+        return Ok(Vec::new());
+    }
+    names(
+        &nft(&["-t", "-j", "list", "table", "netdev", &table], None)?,
+        "chain",
+    )
+}
+
+/// The `name` of every object of kind `kind` in `nft -j` output.
+pub fn names(json: &str, kind: &str) -> Result<Vec<String>> {
+    let v: serde_json::Value = serde_json::from_str(json).context("nft's JSON output")?;
+    Ok((v["nftables"].as_array().into_iter().flatten())
+        .filter_map(|o| o[kind]["name"].as_str())
+        .map(str::to_owned)
+        .collect())
 }
 
 /// `nft -j list table` of network `name`'s table.

@@ -1,17 +1,18 @@
-//! Reading a network's table back (`nft -j list table`) into DESIGN.md's notation, with each
-//! element's counter: what `counts` reports and what the tests compare with `lb elements`.
+//! Reading a network's tables back (`nft -j list table`, and a dsr network's `real-server`
+//! map) into DESIGN.md's notation, with each element's counter: what `counts` reports and
+//! what the tests compare with `lb elements`; and a dsr network's sessions.
 //!
 //! Read through the kernel's own references, not the names: each shape vmap (a map of
 //! verdicts keyed by `numgen`) says which interval jumps to which slot chain, and the slot
 //! map of that name holds `set key : translation`; together, moby's `set key . interval :
 //! translation`.
-use std::collections::HashMap;
+use std::{collections::HashMap, net::SocketAddrV4};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
 use super::ruleset::Kind;
-use crate::core::elements::{Element, NAT_PUBLISH_PORT, NAT_SERVICE_VIP};
+use crate::core::elements::{Element, NAT_PUBLISH_PORT, NAT_SERVICE_VIP, REAL_SERVER};
 
 /// One element in DESIGN.md's notation, with its counter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,9 +66,7 @@ fn design_map(slot: &str) -> Option<&'static str> {
 /// is printed by nft as a plain number; it reads back as `N-N`.
 pub fn listed_elements(json: &str) -> Result<Vec<Listed>> {
     let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
-    let maps: Vec<&Value> = (v["nftables"].as_array().into_iter().flatten())
-        .filter_map(|o| o.get("map"))
-        .collect();
+    let maps: Vec<&Value> = maps_of(&v).collect();
     // Slot chain → interval, from every shape vmap (the verdict maps other than dispatch).
     let mut interval: HashMap<String, String> = HashMap::new();
     for map in &maps {
@@ -106,6 +105,86 @@ pub fn listed_elements(json: &str) -> Result<Vec<Listed>> {
                 },
                 packets,
                 bytes,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The maps of `nft -j list ...` output.
+fn maps_of(v: &Value) -> impl Iterator<Item = &Value> {
+    (v["nftables"].as_array().into_iter().flatten()).filter_map(|o| o.get("map"))
+}
+
+/// The `real-server` elements in `nft -j list map netdev lb-NET real-server` output, in
+/// DESIGN.md's notation (`VIP . a-b : BACKEND`), with their counters.
+pub fn listed_real_server(json: &str) -> Result<Vec<Listed>> {
+    let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
+    let mut out = Vec::new();
+    for map in maps_of(&v).filter(|m| m["name"] == REAL_SERVER) {
+        for e in map["elem"].as_array().into_iter().flatten() {
+            let key = scalar(&e[0])?;
+            // An interval of one bucket is printed as a plain number.
+            let key = match key.rsplit_once(" . ") {
+                Some((vip, bucket)) if !bucket.contains('-') => {
+                    format!("{vip} . {bucket}-{bucket}")
+                }
+                _ => key,
+            };
+            let (packets, bytes) = counter(&e[0]);
+            out.push(Listed {
+                element: Element {
+                    map: REAL_SERVER,
+                    key,
+                    value: scalar(&e[1])?,
+                },
+                packets,
+                bytes,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// One DSR session as its map holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Session {
+    pub client: SocketAddrV4,
+    pub service: SocketAddrV4,
+    /// The backend's MAC, as nft prints it (`aa:bb:cc:dd:ee:ff`).
+    pub mac: String,
+    /// The session's timeout and the seconds left of it (whole seconds, rounded down).
+    pub timeout_secs: u64,
+    pub expires_secs: u64,
+}
+
+/// The sessions in `nft -j list map netdev lb-NET dsr-conntrack-P` output. An element
+/// updated with the map's own default timeout is listed without one: it takes the map's.
+pub fn sessions(json: &str) -> Result<Vec<Session>> {
+    let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
+    let mut out = Vec::new();
+    for map in maps_of(&v) {
+        let default = map["timeout"].as_u64().unwrap_or(0);
+        for e in map["elem"].as_array().into_iter().flatten() {
+            let elem = &e[0]["elem"];
+            let parts = elem["val"]["concat"]
+                .as_array()
+                .with_context(|| format!("a session key is a concatenation: {e}"))?;
+            let part = |i: usize| scalar(parts.get(i).unwrap_or(&Value::Null));
+            let addr = |a: usize, p: usize| -> Result<SocketAddrV4> {
+                Ok(SocketAddrV4::new(
+                    part(a)?
+                        .parse()
+                        .with_context(|| format!("address in {e}"))?,
+                    part(p)?.parse().with_context(|| format!("port in {e}"))?,
+                ))
+            };
+            out.push(Session {
+                client: addr(0, 1)?,
+                service: addr(2, 3)?,
+                mac: scalar(&e[1])?,
+                timeout_secs: elem["timeout"].as_u64().unwrap_or(default),
+                expires_secs: elem["expires"].as_u64().unwrap_or(0),
             });
         }
     }

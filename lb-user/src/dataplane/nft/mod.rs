@@ -4,7 +4,9 @@
 //!
 //! One table per network, `ip lb-<network>`, with one writer (this daemon); `ruleset.rs`
 //! renders it whole (its doc has the layout), `diff.rs` renders a sync's difference, `exec.rs` runs `nft`, `listing.rs` reads elements and
-//! counters back, `conntrack.rs` lists flows.
+//! counters back, `conntrack.rs` lists flows. A `dsr` network also has moby's DSR table,
+//! `netdev lb-<network>` (`dsr.rs`), written in the same transactions; its published ports,
+//! and its VIPs where the kernel cannot run that table, are served by the NAT table.
 //!
 //! Why not moby's layout. Its maps are keyed by a concatenation ending in a bucket interval
 //! (`typeof ip daddr . numgen random mod 65536`, flags interval): the kernel stores them as
@@ -46,28 +48,29 @@
 use std::{
     collections::{BTreeMap, HashMap},
     net::Ipv4Addr,
+    sync::OnceLock,
 };
 
-use anyhow::{Context as _, Result, bail};
-use serde_json::Value;
+use anyhow::{Context as _, Result};
 
-use super::{Count, Dataplane, Flow, FlowStats, SyncStats};
+use super::{Count, DSR_STATE, Dataplane, Flow, FlowStats, SyncStats};
 use crate::{
     core::compose::compose,
     core::elements::{Element, SetKey, placed_elements},
-    core::model::{Masquerade, Mode, Network},
+    core::model::{FlowTimeouts, Masquerade, Mode, Network},
     node::{Netlink, NodeAddr, in_netns, netlink},
 };
 
 mod conntrack;
 mod diff;
+pub mod dsr;
 mod exec;
 pub mod listing;
 pub mod ruleset;
 
 pub use diff::{Update, update};
 pub use exec::{delete_table, nft};
-pub use listing::{Listed, listed_elements};
+pub use listing::{Listed, listed_elements, listed_real_server};
 pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name};
 
 /// The nftables dataplane. It holds no state of its own: the kernel's tables are the record.
@@ -75,11 +78,89 @@ pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name};
 pub struct NftDataplane;
 
 impl NftDataplane {
+    /// The elements of the network's tables with their counters: the NAT table's, and the
+    /// DSR table's `real-server` map where the network has one.
     fn list(network: &Network) -> Result<Vec<Listed>> {
-        let name = network.name.clone();
-        let json = in_netns(network.netns.as_deref(), move || exec::list_table(&name))?;
-        listed_elements(&json)
+        let (name, dsr) = (network.name.clone(), has_dsr_table(network));
+        in_netns(network.netns.as_deref(), move || {
+            let mut listed = listed_elements(&exec::list_table(&name)?)?;
+            if dsr {
+                let json = exec::list_dsr_map(&name, crate::core::elements::REAL_SERVER)?;
+                listed.extend(listed_real_server(&json)?);
+            }
+            Ok(listed)
+        })
     }
+}
+
+/// `LB_NFT_DSR_FAIL=REASON` in the daemon's environment makes the DSR probe fail with REASON,
+/// as on a kernel without the netdev egress hook (no kernel that runs the tests lacks it).
+pub const DSR_FAIL_ENV: &str = "LB_NFT_DSR_FAIL";
+
+/// Whether this kernel runs the DSR table (`Err`: why not, as the kernel or nft said): probed
+/// once per daemon, on the first need, in the namespace of the network that needs it (a
+/// kernel feature is the same in every namespace; `lo` is in each).
+fn dsr_support() -> &'static Result<(), String> {
+    static SUPPORT: OnceLock<Result<(), String>> = OnceLock::new();
+    SUPPORT.get_or_init(|| {
+        let probed = match std::env::var(DSR_FAIL_ENV) {
+            Ok(reason) => Err(anyhow::anyhow!("{reason}")),
+            Err(_) => exec::transaction(&dsr::probe_script()),
+        };
+        let support = probed.map_err(|e| format!("{e:#}"));
+        if let Err(why) = &support {
+            tracing::warn!(error = %why, "{}", DSR_BY_NAT);
+        }
+        support
+    })
+}
+
+/// What a dsr network gets where the DSR table cannot run (moby's message, and its answer).
+const DSR_BY_NAT: &str = "the kernel does not run the nftables DSR table (it needs the netdev \
+    egress hook, Linux 5.16 or later): the VIPs of dsr networks are load-balanced by NAT \
+    instead of direct server return";
+
+/// Whether `network` gets its DSR table, given what the kernel runs.
+fn dsr_on(network: &Network, support: &Result<(), String>) -> bool {
+    network.mode == Mode::Dsr && support.is_ok()
+}
+
+/// Whether `network` has its DSR table on this kernel (probing only for a dsr network).
+fn has_dsr_table(network: &Network) -> bool {
+    network.mode == Mode::Dsr && dsr_support().is_ok()
+}
+
+/// `lb status`'s line for a dsr network served by NAT.
+fn dsr_warning(network: &Network, support: &Result<(), String>) -> Option<String> {
+    match support {
+        Err(why) if network.mode == Mode::Dsr => Some(format!("{DSR_BY_NAT} ({why})")),
+        _ => None,
+    }
+}
+
+/// The DSR part of a sync in the calling thread's namespace (see [`dsr::Sync`]): `whole` for
+/// a whole declaration, which reads back the chains the table has.
+fn dsr_sync(
+    network: &Network,
+    previous: Option<&Network>,
+    present: &[(&str, u32)],
+    support: &Result<(), String>,
+    whole: bool,
+) -> Result<dsr::Sync> {
+    let on = dsr_on(network, support);
+    let chains = match previous {
+        _ if whole && on => exec::dsr_chains(&network.name)?,
+        Some(prev) if !whole => (prev.interfaces.iter())
+            .flat_map(|i| [dsr::ingress_chain(i), dsr::egress_chain(i)])
+            .collect(),
+        _ => Vec::new(),
+    };
+    Ok(dsr::Sync {
+        on,
+        was_on: !whole && previous.is_some_and(|p| dsr_on(p, support)),
+        present: present.iter().map(|(i, _)| (*i).to_owned()).collect(),
+        chains,
+    })
 }
 
 /// The IPv4 subnets on the network's interfaces, for hairpin masquerade.
@@ -107,13 +188,20 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     // One dump per apply, shared by the subnets and the aliases (see the eBPF dataplane).
     let addrs = nl.addresses()?;
     let subnets = subnets(&nl, network, &addrs)?;
+    let present = nl.present(&network.interfaces)?;
+    let support = if network.mode == Mode::Dsr || previous.is_some_and(|p| p.mode == Mode::Dsr) {
+        dsr_support()
+    } else {
+        &Ok(())
+    };
     let alias_if = &network.interfaces[0];
     let want = network.vips();
     nl.add_aliases(alias_if, &want, &addrs)?;
     let mut stats = SyncStats::default();
     let applied = match previous {
         Some(prev) => {
-            let diff = update(prev, network, &subnets)?;
+            let dsr = dsr_sync(network, previous, &present, support, false)?;
+            let diff = update(prev, network, &subnets, &dsr)?;
             match exec::transaction(&diff.script) {
                 Ok(()) => {
                     (stats.written, stats.deleted) = (diff.written, diff.deleted);
@@ -129,7 +217,8 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
         None => false,
     };
     if !applied {
-        let (script, elements) = ruleset::declare(network, &subnets)?;
+        let dsr = dsr_sync(network, previous, &present, support, true)?;
+        let (script, elements) = ruleset::declare(network, &subnets, &dsr)?;
         exec::transaction(&script)?;
         stats.written = elements;
     }
@@ -188,18 +277,23 @@ fn hairpin_warnings_here(network: &Network) -> Result<Vec<String>> {
 }
 
 impl Dataplane for NftDataplane {
-    fn supports(&self, network: &Network) -> Result<()> {
-        if network.mode == Mode::Dsr {
-            bail!(
-                "network {}: mode dsr is not available on the nftables dataplane",
-                network.name
-            );
-        }
+    /// Every network: a dsr network's VIPs are served by NAT where the kernel cannot run the
+    /// DSR table (said by `warnings`), as moby does.
+    fn supports(&self, _network: &Network) -> Result<()> {
         Ok(())
     }
 
     fn name(&self) -> &'static str {
         "nftables"
+    }
+
+    /// A dsr network's DSR table has a size limit (`dsr::MAX_REAL_SERVER`); where the kernel
+    /// cannot run that table the network is NAT only, which has none.
+    fn check_capacity(&mut self, network: &Network) -> Result<()> {
+        if has_dsr_table(network) {
+            dsr::check_capacity(network)?;
+        }
+        Ok(())
     }
 
     fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
@@ -248,25 +342,27 @@ impl Dataplane for NftDataplane {
     /// Tables of networks not in `keep`, in the daemon's own namespace (a network in another
     /// namespace is known from applied.json and removed by `remove`).
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
-        let json = exec::nft(&["-j", "list", "tables", "ip"], None)?;
-        let v: Value = serde_json::from_str(&json).context("nft's JSON output")?;
         let mut removed = Vec::new();
-        for obj in v["nftables"].as_array().into_iter().flatten() {
-            let Some(name) = obj["table"]["name"].as_str() else {
-                continue;
-            };
-            let Some(network) = name.strip_prefix(TABLE_PREFIX) else {
-                continue;
-            };
-            if keep.contains(&network) {
-                continue;
+        // A network's NAT table, and its DSR table where it was a dsr network.
+        for family in ["ip", "netdev"] {
+            let json = exec::nft(&["-j", "list", "tables", family], None)?;
+            for name in exec::names(&json, "table")? {
+                let Some(network) = name.strip_prefix(TABLE_PREFIX) else {
+                    continue;
+                };
+                if keep.contains(&network) {
+                    continue;
+                }
+                exec::nft(&["delete", "table", family, &name], None)?;
+                tracing::info!(
+                    network,
+                    family,
+                    "removed the table of a network that is no longer configured"
+                );
+                if !removed.iter().any(|r| r == network) {
+                    removed.push(network.to_owned());
+                }
             }
-            exec::nft(&["delete", "table", "ip", name], None)?;
-            tracing::info!(
-                network,
-                "removed the table of a network that is no longer configured"
-            );
-            removed.push(network.to_owned());
         }
         Ok(removed)
     }
@@ -282,7 +378,14 @@ impl Dataplane for NftDataplane {
             hairpin_warnings_here(&net)
         })
         .with_context(|| format!("network {}", network.name))?;
-        if !network.timeouts.is_default() {
+        if network.mode == Mode::Dsr {
+            warnings.extend(dsr_warning(network, dsr_support()));
+        }
+        let nat_timeouts = FlowTimeouts {
+            dsr: None,
+            ..network.timeouts
+        };
+        if !nat_timeouts.is_default() {
             warnings.push(
                 "the network's flow timeouts are not applied on the nftables dataplane: the kernel's conntrack keeps its own (net.netfilter.nf_conntrack_*timeout* in the network's namespace)"
                     .to_owned(),
@@ -296,11 +399,17 @@ impl Dataplane for NftDataplane {
         self.flows(network).ok().map(|f| FlowStats::of(&f))
     }
 
-    /// The kernel's conntrack entries translated to one of this network's services.
+    /// The kernel's conntrack entries translated to one of this network's services, and a
+    /// dsr network's sessions.
     fn flows(&mut self, network: &Network) -> Result<Vec<Flow>> {
         let composed = compose(network);
+        let dsr = has_dsr_table(network).then(|| network.clone());
         in_netns(network.netns.as_deref(), move || {
-            conntrack::flows(&composed)
+            let mut flows = conntrack::flows(&composed)?;
+            if let Some(network) = dsr {
+                flows.extend(dsr_flows(&network)?);
+            }
+            Ok(flows)
         })
     }
 
@@ -318,6 +427,51 @@ impl Dataplane for NftDataplane {
     fn counts_reader(&self) -> Option<super::CountsReader> {
         Some(Self::read_counts)
     }
+}
+
+/// The DSR sessions of `network` in the calling thread's namespace, each with the backend
+/// whose MAC it holds: the namespace's neighbour of that MAC, a backend of the network
+/// first (`fwd ip to` resolved it as a neighbour when the session began), or `-[MAC]` when
+/// no neighbour has it any more.
+fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
+    let backends: std::collections::BTreeSet<Ipv4Addr> = (network.services.iter())
+        .flat_map(|s| s.backends.iter().map(|b| b.ip))
+        .collect();
+    let mut by_mac: HashMap<String, Ipv4Addr> = HashMap::new();
+    for n in Netlink::new()?.neighbours()? {
+        let mac = (n.mac.iter())
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(":");
+        let theirs = by_mac.get(&mac).is_some_and(|ip| backends.contains(ip));
+        if !theirs {
+            by_mac.insert(mac, n.addr);
+        }
+    }
+    let mut flows = Vec::new();
+    for proto in dsr::PROTOS {
+        let map = dsr::session_map(proto);
+        let json = exec::list_dsr_map(&network.name, &map)
+            .with_context(|| format!("listing the DSR sessions of network {}", network.name))?;
+        for s in listing::sessions(&json)? {
+            let backend = match by_mac.get(&s.mac.to_ascii_lowercase()) {
+                Some(ip) => format!("{ip}:{}", s.service.port()),
+                None => format!("-[{}]", s.mac),
+            };
+            flows.push(Flow {
+                proto: proto.to_owned(),
+                client: s.client.to_string(),
+                service: s.service.to_string(),
+                backend,
+                state: DSR_STATE.to_owned(),
+                expires_secs: Some(s.expires_secs),
+                // nft lists whole seconds left, rounded down: idle rounds up.
+                idle_secs: Some(s.timeout_secs.saturating_sub(s.expires_secs)),
+            });
+        }
+    }
+    flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    Ok(flows)
 }
 
 impl NftDataplane {
@@ -347,5 +501,95 @@ impl NftDataplane {
                 bytes,
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::DesiredState;
+
+    fn edge() -> Network {
+        let state = DesiredState::from_json(include_str!("../../../tests/golden/shared_port.json"))
+            .expect("golden state");
+        state.network("edge").expect("the dsr network").clone()
+    }
+
+    /// Where the probe fails (a kernel before 5.16 has no netdev egress hook; the failure is
+    /// injected here), a dsr network's syncs write no DSR table — a whole declaration deletes
+    /// one left over, a difference leaves it alone — while its VIPs keep their NAT elements,
+    /// and `lb status` says why; with the probe passing the same network gets its chains.
+    #[test]
+    fn without_the_egress_hook_a_dsr_network_is_served_by_nat_and_says_so() {
+        let edge = edge();
+        let present = [("veth-dsr", 7)];
+        let missing: Result<(), String> = Err("Operation not supported".to_owned());
+
+        let sync = dsr_sync(&edge, None, &present, &missing, true).unwrap();
+        assert!(!sync.on, "{sync:?}");
+        let (script, _) = ruleset::declare(&edge, &[], &sync).unwrap();
+        assert!(!script.contains("add chain netdev"), "{script}");
+        assert!(script.contains("delete table netdev lb-edge"), "{script}");
+        assert!(
+            script.contains("add element ip lb-edge vip-dispatch { 10.1.0.53 : goto"),
+            "the VIP keeps its NAT elements: {script}"
+        );
+        let sync = dsr_sync(&edge, Some(&edge), &present, &missing, false).unwrap();
+        let diff = update(&edge, &edge, &[], &sync).unwrap();
+        assert!(!diff.script.contains("netdev"), "{}", diff.script);
+        let warning = dsr_warning(&edge, &missing).expect("a warning");
+        assert!(
+            warning.contains("Linux 5.16") && warning.ends_with("(Operation not supported)"),
+            "{warning}"
+        );
+
+        let works = Ok(());
+        assert_eq!(dsr_warning(&edge, &works), None);
+        let sync = dsr_sync(&edge, Some(&edge), &present, &works, false).unwrap();
+        assert!(sync.on && sync.was_on, "{sync:?}");
+        let diff = update(&edge, &edge, &[], &sync).unwrap();
+        assert!(
+            diff.script
+                .contains("add chain netdev lb-edge egress-veth-dsr { type filter hook egress"),
+            "{}",
+            diff.script
+        );
+
+        // A nat network never has the table, and nothing to say about it.
+        let nat = Network {
+            mode: Mode::Nat,
+            ..edge
+        };
+        assert!(!dsr_on(&nat, &works));
+        assert_eq!(dsr_warning(&nat, &missing), None);
+    }
+
+    /// The DSR table's size limit, counted in real-server elements (one per backend of each
+    /// VIP): 1,365 fit, more are refused with what to do instead.
+    #[test]
+    fn a_dsr_table_takes_at_most_one_netlink_message_of_real_server_elements() {
+        let with_vips = |vips: u32, backends: u32| Network {
+            services: (0..vips)
+                .map(|v| crate::core::model::Service {
+                    id: format!("s{v}"),
+                    generation: "1".into(),
+                    vip: Ipv4Addr::from(0x0a63_0000 + v),
+                    backends: (0..backends)
+                        .map(|b| crate::core::model::Backend {
+                            ip: Ipv4Addr::from(0x0a1e_0000 + v * 16 + b),
+                            disabled: false,
+                        })
+                        .collect(),
+                    ports: Vec::new(),
+                })
+                .collect(),
+            ..edge()
+        };
+        dsr::check_capacity(&with_vips(273, 5)).expect("1,365 elements fit");
+        let err = dsr::check_capacity(&with_vips(342, 4)).unwrap_err();
+        assert!(
+            err.to_string().contains("1368 real-server elements"),
+            "{err}"
+        );
     }
 }

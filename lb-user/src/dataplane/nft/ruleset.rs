@@ -26,12 +26,14 @@ use std::{
     net::Ipv4Addr,
 };
 
-use anyhow::{Result, bail};
+use anyhow::Result;
+
+use super::dsr;
 
 use crate::core::{
     compose::PortKey,
-    elements::{SetKey, placed_elements},
-    model::{Masquerade, Mode, Network},
+    elements::{REAL_SERVER, SetKey, placed_elements},
+    model::{Masquerade, Network},
 };
 
 /// Tables of this dataplane start with this: `lb` owns no other tables.
@@ -203,9 +205,13 @@ pub struct Layout {
 impl Layout {
     /// From the core's elements (`placed_elements`, the source of `lb elements`).
     pub fn of(network: &Network) -> Layout {
-        // Per set, its elements in interval order (placed_elements' order).
+        // Per set, its elements in interval order (placed_elements' order); a dsr network's
+        // real-server elements are the DSR table's (`dsr.rs`).
         let mut sets: BTreeMap<SetKey, Vec<(String, String)>> = BTreeMap::new();
-        for p in placed_elements(network) {
+        for p in placed_elements(network)
+            .into_iter()
+            .filter(|p| p.element.map != REAL_SERVER)
+        {
             let (_, interval) = (p.element.key.rsplit_once(" . "))
                 .expect("an element key ends in its bucket interval");
             sets.entry(p.set)
@@ -249,16 +255,6 @@ pub(super) fn slot(kind: Kind, shape: &str, k: usize) -> String {
 /// The IPv4 subnets on each of a network's interfaces (aliases excluded): what hairpin
 /// masquerade needs to know.
 pub type Subnets = [(String, Ipv4Addr, u8)];
-
-pub(super) fn check(network: &Network) -> Result<()> {
-    if network.mode == Mode::Dsr {
-        bail!(
-            "network {}: mode dsr is not available on the nftables dataplane",
-            network.name
-        );
-    }
-    Ok(())
-}
 
 fn quoted_set(names: &[String]) -> String {
     let q: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
@@ -382,14 +378,14 @@ pub(super) fn base(s: &mut String, t: &str, network: &Network, subnets: &Subnets
 }
 
 /// The whole `nft -f` transaction of a first sync of `network`, given the `subnets` on its
-/// interfaces: the table deleted if it exists and declared again with every element.
+/// interfaces, into a namespace where all of them exist: the table deleted if it exists and
+/// declared again with every element, and for a dsr network its DSR table (see `dsr.rs`).
 pub fn ruleset(network: &Network, subnets: &Subnets) -> Result<String> {
-    declare(network, subnets).map(|(s, _)| s)
+    declare(network, subnets, &dsr::Sync::fresh(network)).map(|(s, _)| s)
 }
 
-/// [`ruleset`], and how many of moby's elements it writes.
-pub fn declare(network: &Network, subnets: &Subnets) -> Result<(String, usize)> {
-    check(network)?;
+/// [`ruleset`] with the DSR table as `dsr` says, and how many of moby's elements it writes.
+pub fn declare(network: &Network, subnets: &Subnets, dsr: &dsr::Sync) -> Result<(String, usize)> {
     let t = table_name(&network.name);
     let layout = Layout::of(network);
     let mut s = String::new();
@@ -426,7 +422,8 @@ pub fn declare(network: &Network, subnets: &Subnets) -> Result<(String, usize)> 
     }
     dispatch_elements(&mut s, &t, &layout.dispatch, |_| true);
     base(&mut s, &t, network, subnets);
-    Ok((s, layout.element_count()))
+    let dsr_elements = dsr::declare(&mut s, network, dsr);
+    Ok((s, layout.element_count() + dsr_elements))
 }
 
 /// Adds the dispatch entries that `keep` selects, one command per kind.
