@@ -241,7 +241,8 @@ pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Optio
         proto: gc::proto_name(k.proto),
         client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
         service: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
-        backend: ip(s.backend).to_string(),
+        // Backend and port as NAT rows show them: DSR keeps the VIP's port.
+        backend: format!("{}:{}", ip(s.backend), u16::from_be(k.dport)),
         state: DSR_STATE.to_owned(),
         expires_secs: Some((limit - idle).div_ceil(NS_PER_SEC)),
         idle_secs: Some(idle / NS_PER_SEC),
@@ -354,7 +355,7 @@ mod tests {
                 row.backend.as_str(),
                 row.state.as_str()
             ),
-            ("10.0.0.2:40000", "10.0.0.100:80", "10.0.0.5", "dsr")
+            ("10.0.0.2:40000", "10.0.0.100:80", "10.0.0.5:80", "dsr")
         );
         assert_eq!((row.idle_secs, row.expires_secs), (Some(10), Some(50)));
         assert!(session_row(&k, &s, 60, 161 * NS_PER_SEC).is_none());
