@@ -370,7 +370,7 @@ fn rst_ends_the_session(d: &LbDaemon, sw: &Switch, long: &[(TcpSession, String)]
     let client = format!("{}:{port}", sw.client_ip());
     let row = session(d, "tcp", &client)
         .unwrap_or_else(|| panic!("no session of {client}: {:?}", d.conntrack(NET)));
-    println!("{}", d.ok(&["conntrack", NET]));
+    println!("before the RST: {row}");
     assert_dsr_row(&row, backend_ip(sw, &r.backend));
 
     let backend = &sw.topo.backends[backend_index(&r.backend)];
