@@ -18,7 +18,7 @@ use std::{
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::LbDaemon,
+    daemon::{LbDaemon, datapath, free_metrics_addr, scrape},
     plane::Plane,
     poll_until, require_root,
     switch::{Switch, VIP},
@@ -49,14 +49,23 @@ fn reply(answer: &str) -> Reply {
     answer.parse().unwrap()
 }
 
-/// `lb daemon` on `plane`'s dataplane.
-fn start(plane: Plane, bpffs: &Bpffs) -> LbDaemon {
+/// `lb daemon` on `plane`'s dataplane, its metrics on `metrics`, the flow collector every
+/// second (it counts the DSR sessions `lb status` shows).
+fn start(plane: Plane, bpffs: &Bpffs, metrics: &str) -> LbDaemon {
     let dataplane = if plane == Plane::Nft {
         "nftables"
     } else {
         "ebpf"
     };
-    LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dataplane]).expect("lb daemon starts")
+    let args = [
+        "--dataplane",
+        dataplane,
+        "--metrics",
+        metrics,
+        "--gc-secs",
+        "1",
+    ];
+    LbDaemon::start(lb(), bpffs.path(), &args).expect("lb daemon starts")
 }
 
 /// `lb network add` of the dsr network on the balancer's interface, with `extra` flags.
@@ -176,9 +185,16 @@ fn assert_dsr_row(row: &Value, backend: Ipv4Addr) {
 /// The whole contract on one dataplane; see each step.
 fn dsr(plane: Plane) {
     let sw = Switch::new(BACKENDS, true).unwrap();
+    if plane == Plane::Xdp {
+        // XDP leaves a packet whose checksum may be a CHECKSUM_PARTIAL seed (what a veth
+        // carries from a sender with offload on) to TC: the client computes its checksums,
+        // so XDP sends every VIP frame itself (XDP_TX, to the XDP program of its peer).
+        sw.client().set_tx_checksum("eth0", false).unwrap();
+    }
     let _servers = spawn_backends(&sw.topo, PORT, PORT).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let mut d = start(plane, &bpffs);
+    let metrics = free_metrics_addr().unwrap();
+    let mut d = start(plane, &bpffs, &metrics);
     add_network(&d, &sw, plane, &[]);
     set_service(&d, &sw, None);
     wait_all_backends(&d, &sw);
@@ -186,12 +202,13 @@ fn dsr(plane: Plane) {
     if plane == Plane::Xdp {
         let w = warnings(&d);
         assert!(
-            !w.iter().any(|w| w.contains("GRO")),
-            "GRO is on at the balancer's peer: no GRO warning, got {w:?}"
+            !w.iter().any(|w| w.contains("has no XDP program")),
+            "the balancer's peer has an XDP program: no warning about it, got {w:?}"
         );
     }
 
     spread_and_bypass(&d, &sw);
+    counted(&d, &sw, plane, &metrics);
     real_server_elements(&d, &sw);
     let long = sticky_after_disable(&d, &sw);
     let long = survives_restart(&mut d, long);
@@ -268,6 +285,52 @@ fn spread_and_bypass(d: &LbDaemon, sw: &Switch) {
             "the backend on {port} answers directly:\n{replies}"
         );
     }
+}
+
+/// After `spread_and_bypass`: the metrics count every backend of the VIP (eBPF: every packet
+/// the balancer sent it, at least one per connection and query; nftables: the sessions it
+/// started), eBPF counts the sessions opened by the program that took them, and `lb status`
+/// counts live sessions as flows in state `dsr`.
+fn counted(d: &LbDaemon, sw: &Switch, plane: Plane, metrics: &str) {
+    let text = scrape(metrics).unwrap();
+    for b in &sw.topo.backend_ips {
+        let series =
+            format!("lb_packets_total{{network=\"{NET}\",service=\"vip {VIP}\",backend=\"{b}\"}} ");
+        let n: u64 = (text.lines())
+            .find_map(|l| l.strip_prefix(&series))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series}in:\n{text}"));
+        assert!(
+            n >= 60,
+            "backend {b} counted {n} packets (about 125 sessions each)"
+        );
+    }
+    if plane != Plane::Nft {
+        let hook = if plane == Plane::Xdp {
+            "xdp"
+        } else {
+            "tc_ingress"
+        };
+        let new = datapath(&text, NET, hook, "dsr_new");
+        assert!(
+            new >= 500,
+            "{hook} opened {new} DSR sessions for 500 clients"
+        );
+        assert!(
+            datapath(&text, NET, hook, "dsr_session") > 0,
+            "{hook} carried packets of live sessions"
+        );
+    }
+    let sessions = poll_until(PATIENCE, || {
+        let st = d.network_status(NET);
+        let n = st["flows_by_state"]["dsr"].as_u64().unwrap_or(0);
+        n >= 400
+    });
+    assert!(
+        sessions.is_some(),
+        "lb status counts the live sessions as dsr flows: {}",
+        d.network_status(NET)
+    );
 }
 
 /// `lb elements` prints the real-server partition of the VIP over the 4 backends.
@@ -486,24 +549,103 @@ fn dsr_on_nftables() {
     }
 }
 
-/// XDP_TX out of the balancer's veth reaches the switch only if the peer (`sw0`) has GRO or an
-/// XDP program: without either, `lb status` says so (a warning naming GRO).
+/// XDP_TX out of the balancer's veth reaches the switch only through the peer's (`sw0`) XDP
+/// receive path: with GRO alone there (which the kernel documents as enough) the frames are
+/// lost on this kernel, and `lb status` says so; with an XDP program there, they arrive and
+/// the warning goes.
 #[test]
-fn dsr_on_xdp_warns_when_the_balancers_peer_has_no_gro() {
-    if !require_root("dsr_on_xdp_warns_when_the_balancers_peer_has_no_gro") {
+fn dsr_on_xdp_warns_when_the_balancers_peer_has_no_xdp_program() {
+    if !require_root("dsr_on_xdp_warns_when_the_balancers_peer_has_no_xdp_program") {
         return;
     }
-    let sw = Switch::new(BACKENDS, false).unwrap();
-    assert!(!sw.balancer_peer_gro().unwrap());
+    let mut sw = Switch::new(BACKENDS, false).unwrap();
+    sw.set_balancer_peer_gro(true).unwrap();
+    // Full checksums from the client, so that XDP (not TC) sends the VIP frames.
+    sw.client().set_tx_checksum("eth0", false).unwrap();
+    let _servers = spawn_backends(&sw.topo, PORT, PORT).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = start(Plane::Xdp, &bpffs);
+    let d = start(Plane::Xdp, &bpffs, &free_metrics_addr().unwrap());
     add_network(&d, &sw, Plane::Xdp, &[]);
     set_service(&d, &sw, None);
-    let warned = poll_until(PATIENCE, || warnings(&d).iter().any(|w| w.contains("GRO")));
+    let missing = |w: &[String]| w.iter().any(|w| w.contains("has no XDP program"));
+    let warned = poll_until(PATIENCE, || missing(&warnings(&d)));
+    assert!(warned.is_some(), "no warning: {}", d.network_status(NET));
+    let w = warnings(&d);
+    println!("{w:?}");
     assert!(
-        warned.is_some(),
-        "no GRO warning: {}",
-        d.network_status(NET)
+        w.iter().any(|w| w.contains("it has GRO on")),
+        "the warning says GRO is not enough: {w:?}"
     );
-    println!("{:?}", warnings(&d));
+    let ask = |sw: &Switch| {
+        UdpSession::connected(sw.client(), VIP, PORT, Duration::from_secs(1))
+            .and_then(|mut s| s.ask())
+    };
+    assert!(
+        ask(&sw).is_err(),
+        "a query answered although XDP_TX frames to a GRO-only peer are lost (the warning would be wrong)"
+    );
+
+    sw.attach_balancer_peer_xdp().unwrap();
+    let gone = poll_until(PATIENCE, || !missing(&warnings(&d)));
+    assert!(gone.is_some(), "the warning stays: {:?}", warnings(&d));
+    let r = reply(&ask(&sw).expect("answered once the peer has an XDP program"));
+    assert_eq!(*r.peer.ip(), sw.client_ip(), "{r}");
+}
+
+/// A backend the balancer cannot reach by MAC (on the segment's subnet, but no host answers
+/// ARP for it) gets no new sessions on eBPF: every connection is served by the others, and
+/// `lb status` says why. The daemon keeps the backends resolved with managed neighbour
+/// entries of its own (`managed extern_learn`), and removes them with the network.
+#[test]
+fn dsr_unresolved_backend_gets_no_sessions_and_status_says_why() {
+    if !require_root("dsr_unresolved_backend_gets_no_sessions_and_status_says_why") {
+        return;
+    }
+    let sw = Switch::new(2, false).unwrap();
+    let _servers = spawn_backends(&sw.topo, PORT, PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(Plane::Tc, &bpffs, &free_metrics_addr().unwrap());
+    add_network(&d, &sw, Plane::Tc, &[]);
+    let ghost = Ipv4Addr::new(10, 30, 0, 200);
+    let mut args: Vec<String> = ["service", "set", NET, "web", "--vip", &VIP.to_string()]
+        .map(String::from)
+        .into();
+    for b in sw.topo.backend_ips.iter().chain([&ghost]) {
+        args.extend(["--backend".into(), b.to_string()]);
+    }
+    d.ok(&args);
+    let why = format!("dsr backend {ghost} gets no new sessions");
+    let warned = poll_until(PATIENCE, || warnings(&d).iter().any(|w| w.contains(&why)));
+    assert!(warned.is_some(), "{why}: {:?}", warnings(&d));
+    let mut seen = BTreeMap::new();
+    for _ in 0..40 {
+        *seen.entry(ask_vip_tcp(&sw).backend).or_insert(0) += 1;
+    }
+    assert_eq!(
+        seen.len(),
+        2,
+        "both real backends serve, nothing is lost: {seen:?}"
+    );
+    let managed = |sw: &Switch| -> Vec<String> {
+        (sw.balancer()
+            .ip(["-4", "neigh", "show", "nud", "all"])
+            .unwrap()
+            .lines())
+        .filter(|l| l.contains("managed") && l.contains("extern_learn"))
+        .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+        .collect()
+    };
+    let mut ours = managed(&sw);
+    ours.sort();
+    let mut want: Vec<String> = (sw.topo.backend_ips.iter().chain([&ghost]))
+        .map(|b| b.to_string())
+        .collect();
+    want.sort();
+    assert_eq!(ours, want, "lb keeps every backend resolved");
+    d.ok(&["network", "rm", NET]);
+    assert_eq!(
+        managed(&sw),
+        Vec::<String>::new(),
+        "removed with the network"
+    );
 }

@@ -288,9 +288,7 @@ impl Netns {
         self.feature(ifname, "tx-checksumming")
     }
 
-    /// Turns GRO of `ifname` on or off (`ethtool -K IF gro on|off`). A veth receives frames
-    /// its peer sends by XDP_TX or an XDP redirect only with NAPI on its side, which GRO (or
-    /// an XDP program of its own) turns on; without it they are dropped.
+    /// Turns GRO of `ifname` on or off (`ethtool -K IF gro on|off`).
     pub fn set_gro(&self, ifname: &str, on: bool) -> Result<()> {
         let state = if on { "on" } else { "off" };
         self.exec(["ethtool", "-K", ifname, "gro", state]).map(drop)

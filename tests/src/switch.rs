@@ -19,9 +19,14 @@
 //!   several addresses would teach the wrong source likewise).
 //! - rp_filter is off everywhere (every harness namespace's `all` and `default`, which `eth0`
 //!   inherits): a backend receives the client's packets from the balancer's MAC.
-//! - The balancer's switch port `sw0` has GRO on unless asked otherwise: a veth delivers what
-//!   its peer sends with XDP_TX or an XDP redirect only with NAPI on its side, which GRO (or an
-//!   XDP program) turns on — DSR on XDP over a veth needs it, and `lb status` warns without it.
+//! - The balancer's switch port `sw0` runs an XDP program that passes every frame, unless
+//!   asked otherwise: a veth delivers what its peer sends by XDP_TX or an XDP redirect only
+//!   through its own XDP receive path. The kernel documents GRO on the receiving veth as
+//!   enough too, but on Linux 6.18 here frames XDP_TX sent to a peer with GRO alone never
+//!   arrived (counted as sent, no error, seen by nothing on the peer), while an XDP program
+//!   there delivers them: DSR on XDP over a veth needs it, and `lb status` warns without it.
+//!   The program is lb's own `lb_xdp` loaded with private, empty maps, which passes every
+//!   frame (nothing is a service).
 //!
 //! The switch's counters are an nftables `bridge` table in the switch namespace (one this
 //! harness created, holding nothing else): a dynamic set with a counter per (source, destination,
@@ -33,6 +38,11 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use anyhow::{Context, Result};
+use aya::programs::{Xdp, XdpMode};
+use lb_user::{
+    dataplane::ebpf::{EbpfNetwork, PROG_XDP},
+    node::in_netns,
+};
 use serde_json::Value;
 
 use crate::netns::{ENDPOINT_IF, Netns, SWITCH_CLIENT_PORT, SWITCH_NODE_PORT, Topology};
@@ -45,19 +55,30 @@ const TABLE: &str = "lbt_switch";
 const HOPS: &str = "hops";
 
 /// See the module documentation. Dropping it deletes every namespace, the switch's table with
-/// its own.
-#[derive(Debug)]
+/// its own, and the program on the balancer's switch port with its namespace.
 pub struct Switch {
     /// The namespaces: `node` is the balancer, `switch` holds the bridge.
     pub topo: Topology,
+    /// The XDP program on the balancer's switch port, while it is attached.
+    peer_xdp: Option<EbpfNetwork>,
+}
+
+impl fmt::Debug for Switch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Switch")
+            .field("topo", &self.topo)
+            .field("peer_xdp", &self.peer_xdp.is_some())
+            .finish()
+    }
 }
 
 impl Switch {
     /// A client, a balancer and `n_backends` backends on one switch, as in the module
-    /// documentation; the balancer's switch port has GRO on iff `balancer_peer_gro`.
-    pub fn new(n_backends: usize, balancer_peer_gro: bool) -> Result<Switch> {
-        let sw = Switch {
+    /// documentation; the balancer's switch port runs an XDP program iff `balancer_peer_xdp`.
+    pub fn new(n_backends: usize, balancer_peer_xdp: bool) -> Result<Switch> {
+        let mut sw = Switch {
             topo: Topology::single_interface(n_backends)?,
+            peer_xdp: None,
         };
         let vip = format!("{VIP}/32");
         for backend in &sw.topo.backends {
@@ -70,7 +91,9 @@ impl Switch {
         for conf in ["all", ENDPOINT_IF] {
             (sw.topo.client).sysctl(&format!("net.ipv4.conf.{conf}.arp_announce"), "2")?;
         }
-        sw.set_balancer_peer_gro(balancer_peer_gro)?;
+        if balancer_peer_xdp {
+            sw.attach_balancer_peer_xdp()?;
+        }
         sw.switch().sh(&format!(
             "nft -f - <<'EOF'\n\
              table bridge {TABLE} {{\n\
@@ -141,6 +164,29 @@ impl Switch {
     /// Whether GRO of the balancer's switch port is on, as `ethtool -k` reads it.
     pub fn balancer_peer_gro(&self) -> Result<bool> {
         self.switch().gro(self.balancer_port())
+    }
+
+    /// Attaches the pass-everything XDP program to the balancer's switch port (see the module
+    /// documentation), natively, in the switch namespace.
+    pub fn attach_balancer_peer_xdp(&mut self) -> Result<()> {
+        let mut net = EbpfNetwork::unpinned()?;
+        let port = self.balancer_port();
+        let net = in_netns(Some(&self.switch().path().to_string_lossy()), move || {
+            let prog: &mut Xdp = (net.ebpf_mut().program_mut(PROG_XDP))
+                .context("lb_xdp in the object")?
+                .try_into()?;
+            prog.load().context("loading lb_xdp")?;
+            prog.attach(port, XdpMode::Driver)
+                .with_context(|| format!("attaching lb_xdp to {port}"))?;
+            Ok(net)
+        })?;
+        self.peer_xdp = Some(net);
+        Ok(())
+    }
+
+    /// Detaches it again.
+    pub fn detach_balancer_peer_xdp(&mut self) {
+        self.peer_xdp = None;
     }
 
     /// The switch's counters so far (since it was made, or since [`Switch::reset_counts`]).

@@ -104,7 +104,9 @@ impl Daemon {
             if let Some(c) = self.dp.flow_stats(&n) {
                 flows.add(&net, c.by_state.iter().sum());
                 for (state, count) in STATES.iter().zip(c.by_state) {
-                    states.add(&format!("{net},state=\"{state}\""), count);
+                    if super::shows_state(&n, state) {
+                        states.add(&format!("{net},state=\"{state}\""), count);
+                    }
                 }
                 if let Some(e) = c.entries {
                     entries.add(&net, e);

@@ -31,10 +31,10 @@ use crate::{
     },
     core::{
         elements::network_elements,
-        model::{DesiredState, Network},
+        model::{DesiredState, Mode, Network},
     },
     dataplane::{
-        Dataplane, STATES, SyncStats,
+        DSR_STATE, Dataplane, STATES, SyncStats,
         ebpf::{MapSizes, OnIncompatible, TcMode},
     },
     node::{
@@ -530,6 +530,7 @@ impl Daemon {
                 flows_by_state: counted.as_ref().map(|c| {
                     (STATES.iter())
                         .zip(c.by_state)
+                        .filter(|(s, _)| shows_state(&n, s))
                         .map(|(s, n)| (s.to_string(), n))
                         .collect()
                 }),
@@ -559,4 +560,9 @@ fn create_private_dir(dir: &Path) -> Result<()> {
             .with_context(|| format!("restricting {}", dir.display()))?;
     }
     Ok(())
+}
+
+/// Whether `network`'s flows are shown in `state`: DSR sessions only for a `dsr` network.
+pub(crate) fn shows_state(network: &Network, state: &str) -> bool {
+    network.mode == Mode::Dsr || state != DSR_STATE
 }

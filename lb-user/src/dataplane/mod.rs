@@ -51,14 +51,15 @@ pub struct Count {
     pub bytes: u64,
 }
 
-/// The states a flow is listed in (`Flow::state`), in the order metrics list them.
-pub const STATES: [&str; 3] = ["opening", "established", "closing"];
+/// The states a flow is listed in (`Flow::state`), in the order metrics list them; a DSR
+/// session is a flow in state [`DSR_STATE`] (shown for `dsr` networks only).
+pub const STATES: [&str; 4] = ["opening", "established", "closing", DSR_STATE];
 
 /// What status and metrics say of a network's flows; `None` where the dataplane cannot tell.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlowStats {
     /// Live flows by state, in [`STATES`] order.
-    pub by_state: [u64; 3],
+    pub by_state: [u64; 4],
     /// Entries in the flow table (eBPF: every kind, expired ones not yet collected).
     pub entries: Option<u64>,
     /// Expired entries deleted since the daemon started.
@@ -68,7 +69,7 @@ pub struct FlowStats {
 impl FlowStats {
     /// Counts `flows` by state.
     pub fn of(flows: &[Flow]) -> FlowStats {
-        let mut by_state = [0; 3];
+        let mut by_state = [0; 4];
         for f in flows {
             if let Some(i) = STATES.iter().position(|s| *s == f.state) {
                 by_state[i] += 1;

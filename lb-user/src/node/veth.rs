@@ -1,11 +1,13 @@
 //! Whether the peer of a veth takes frames that XDP sends out of it.
 //!
-//! XDP_TX (and an XDP redirect) out of a veth hands the frame straight to the peer's NAPI
-//! queue, which exists only while the peer has an XDP program of its own or GRO on
-//! (`veth_xdp_xmit`); without it the frame is dropped and counted in the veth's
-//! `xdp_tx_errors`. A DSR balancer attached by XDP sends every VIP frame that way, so `lb
-//! status` checks the peer. The peer may sit in another namespace: it is found among the
-//! named ones (/run/netns), as the one whose id here is the veth's link-netnsid.
+//! XDP_TX (and an XDP redirect) out of a veth hands the frame straight to the peer's XDP
+//! receive queue (`veth_xdp_xmit`). The kernel runs that queue while the peer has an XDP
+//! program or GRO on, but on Linux 6.18 here frames sent to a peer with GRO alone were never
+//! delivered (counted as sent, no error, never seen on the peer), while a peer with an XDP
+//! program (one that passes every frame will do) takes them. A DSR balancer attached by XDP
+//! sends every VIP frame that way, so `lb status` checks the peer for an XDP program. The peer
+//! may sit in another namespace: it is found among the named ones (/run/netns), as the one
+//! whose id here is the veth's link-netnsid.
 use std::{mem::zeroed, os::fd::AsRawFd as _};
 
 use anyhow::{Context as _, Result, bail};
@@ -20,10 +22,10 @@ const SIOCETHTOOL: libc::c_ulong = 0x8946;
 /// What the peer of a veth does with frames XDP sends it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Peer {
-    /// GRO on or an XDP program: frames are taken.
+    /// An XDP program: frames are taken.
     Takes,
-    /// Neither: frames are dropped. The peer's name and where it is.
-    Drops(String),
+    /// None: frames are lost. The peer's name and where it is, and whether it has GRO on.
+    Drops { peer: String, gro: bool },
     /// The peer could not be looked at (why).
     Unknown(String),
 }
@@ -117,8 +119,11 @@ fn peer(nl: &Netlink, link: &Link) -> Result<Peer> {
 }
 
 fn judge(nl: &Netlink, peer: &Link, place: &str) -> Result<Peer> {
-    if nl.xdp_prog_id(&peer.name)?.is_some() || gro_on(&peer.name)? {
+    if nl.xdp_prog_id(&peer.name)?.is_some() {
         return Ok(Peer::Takes);
     }
-    Ok(Peer::Drops(format!("{} in {place}", peer.name)))
+    Ok(Peer::Drops {
+        peer: format!("{} in {place}", peer.name),
+        gro: gro_on(&peer.name)?,
+    })
 }

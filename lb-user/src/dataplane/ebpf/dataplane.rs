@@ -478,9 +478,8 @@ impl Dataplane for EbpfDataplane {
     }
 }
 
-/// For a `dsr` network attached by XDP: the veths among its interfaces whose peer would drop
-/// what XDP_TX sends (neither GRO nor an XDP program there, `node::veth`), or could not be
-/// checked.
+/// For a `dsr` network attached by XDP: the veths among its interfaces whose peer would lose
+/// what XDP_TX sends (no XDP program there, `node::veth`), or could not be checked.
 fn xdp_tx_peers(network: &Network) -> Result<Vec<String>> {
     let interfaces = network.interfaces.clone();
     in_netns(network.netns.as_deref(), move || {
@@ -496,11 +495,16 @@ fn xdp_tx_peers(network: &Network) -> Result<Vec<String>> {
             };
             match veth::peer_of(&nl, link) {
                 Peer::Takes => {}
-                Peer::Drops(peer) => out.push(format!(
-                    "dsr with attach xdp on veth {name}: XDP_TX out of a veth reaches its peer only while the peer has GRO on or an XDP program, and its peer {peer} has neither, so DSR frames are dropped; turn GRO on there (ethtool -K PEER gro on) or attach tc"
+                Peer::Drops { peer, gro } => out.push(format!(
+                    "dsr with attach xdp on veth {name}: XDP_TX out of a veth reaches its peer through the peer's XDP receive path, and its peer {peer} has no XDP program, so DSR frames are lost{}; attach an XDP program that passes frames to the peer, or use attach tc",
+                    if gro {
+                        " (it has GRO on, which the kernel documents as enough, but frames to a peer with GRO alone were lost on Linux 6.18 in lb's tests)"
+                    } else {
+                        ""
+                    }
                 )),
                 Peer::Unknown(why) => out.push(format!(
-                    "dsr with attach xdp on veth {name}: XDP_TX out of a veth reaches its peer only while the peer has GRO on or an XDP program, which could not be checked ({why})"
+                    "dsr with attach xdp on veth {name}: XDP_TX out of a veth reaches its peer only while the peer has an XDP program, which could not be checked ({why})"
                 )),
             }
         }

@@ -207,17 +207,19 @@ pub fn session_ended(s: &DsrSession, svc: Option<&Service>, now: u64) -> bool {
 
 /// Deletes the ended sessions of one network (the collector's pass, off the writer's path;
 /// the programs already treat them as absent). Read first, deleted after, each re-read
-/// before its delete so that a session a packet just refreshed stays. Returns how many went.
+/// before its delete so that a session a packet just refreshed stays. Returns how many are
+/// live and how many went.
 pub fn collect(
     sessions: &mut HashMap<MapData, FlowKey, DsrSession>,
     vips: &HashMap<MapData, VipKey, Service>,
     now: u64,
-) -> u64 {
+) -> (u64, u64) {
     let all: Vec<(FlowKey, DsrSession)> = sessions.iter().filter_map(|e| e.ok()).collect();
-    let mut deleted = 0;
+    let (mut live, mut deleted) = (0, 0);
     for (k, s) in &all {
         let svc = vips.get(&VipKey { addr: k.daddr }, 0).ok();
         if !session_ended(s, svc.as_ref(), now) {
+            live += 1;
             continue;
         }
         if (sessions.get(k, 0)).is_ok_and(|again| session_ended(&again, svc.as_ref(), now))
@@ -226,7 +228,7 @@ pub fn collect(
             deleted += 1;
         }
     }
-    deleted
+    (live, deleted)
 }
 
 /// One session's row, `None` once it is idle past `timeout`. Its idle time may lag its last

@@ -171,12 +171,16 @@ pub fn spawn(bpffs: &Path, interval: Duration) -> Result<Collector> {
     Ok(Collector { stats, kick })
 }
 
+/// Where DSR sessions are counted in [`FlowStats::by_state`].
+const DSR_SLOT: usize = STATES.len() - 1;
+const _: () = assert!(matches!(STATES[DSR_SLOT].as_bytes(), b"dsr"));
+
 /// The DSR sessions of the network pinned in `dir` (a network pinned by an lb without DSR
-/// has none).
-fn collect_dsr(dir: &Path, now: u64) -> Result<u64> {
+/// has none): how many are live, and how many ended ones were deleted.
+fn collect_dsr(dir: &Path, now: u64) -> Result<(u64, u64)> {
     let (pin, vips) = (dir.join("lb_dsr_sessions"), dir.join("lb_vips"));
     if !pin.exists() {
-        return Ok(0);
+        return Ok((0, 0));
     }
     let mut sessions = HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pin)?))?;
     let vips = HashMap::try_from(Map::HashMap(MapData::from_pin(&vips)?))?;
@@ -207,8 +211,14 @@ fn run_once(bpffs: &Path, out: &Shared) {
         };
         let now = monotonic_ns();
         let mut stats = collect(&mut map, now);
-        if let Err(e) = collect_dsr(&d.path(), now) {
-            tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: DSR sessions");
+        match collect_dsr(&d.path(), now) {
+            Ok((live, deleted)) => {
+                stats.by_state[DSR_SLOT] = live;
+                stats.expired_total = stats.expired_total.map(|n| n + deleted);
+            }
+            Err(e) => {
+                tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: DSR sessions")
+            }
         }
         let mut all = out.lock().expect("collector stats lock");
         let before = all.get(&name).and_then(|s| s.expired_total).unwrap_or(0);
