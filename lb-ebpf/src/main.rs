@@ -27,8 +27,9 @@ use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_REPLY, HOOK_XDP, Reason
 use nat::Verdict;
 
 /// Ingress fast path (`attach xdp`): DNAT of what it can prove it rewrites right, and DSR
-/// (sent back out, or to the device the backend is on), before an skb exists. Frags-aware, so a multi-buffer frame (a GRO'd or jumbo one) reaches it instead
-/// of being dropped. The TC ingress program is attached beside it for the rest.
+/// (sent back out, or to the device the backend is on), before an skb exists. Frags-aware,
+/// so a multi-buffer frame (a GRO'd or jumbo one) reaches it instead of being dropped. The
+/// TC ingress program is attached beside it for the rest.
 #[xdp(frags)]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let ctx = parse::Xdp(ctx);
