@@ -271,8 +271,14 @@ impl Dataplane for EbpfDataplane {
         .with_context(|| format!("network {}", network.name))?;
         self.nets.insert(network.name.clone(), dp);
         let stats = result.with_context(|| format!("network {}", network.name))?;
-        tracing::info!(network = %network.name, written = stats.written, deleted = stats.deleted,
-            flushed = stats.flows_flushed, "network applied");
+        // A dsr network is applied again at every neighbour event (its backends' MACs), most
+        // of which change nothing: those are not worth an info line each.
+        if stats == SyncStats::default() {
+            tracing::debug!(network = %network.name, "network applied, nothing changed");
+        } else {
+            tracing::info!(network = %network.name, written = stats.written, deleted = stats.deleted,
+                flushed = stats.flows_flushed, "network applied");
+        }
         if let Some(c) = &self.collector {
             c.kick();
         }
