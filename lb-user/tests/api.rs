@@ -87,6 +87,7 @@ fn sample_network(name: &str) -> Network {
         attach: Attach::Tc,
         masquerade: Masquerade::Auto,
         fast_path: Default::default(),
+        hold_ports: Default::default(),
         timeouts: Default::default(),
         services: vec![Service {
             id: "web".into(),

@@ -40,6 +40,7 @@ fn state(topo: &Topology, attach: Attach) -> DesiredState {
             attach,
             masquerade: Masquerade::Auto,
             fast_path: Default::default(),
+            hold_ports: Default::default(),
             timeouts: Default::default(),
             services: vec![Service {
                 id: "web".into(),

@@ -54,6 +54,7 @@ fn network(name: &str, interface: &str, mode: Mode, services: Vec<Service>) -> N
         attach: Attach::Tc,
         masquerade: Masquerade::Auto,
         fast_path: Default::default(),
+        hold_ports: Default::default(),
         timeouts: Default::default(),
         services,
     }

@@ -160,6 +160,7 @@ fn full_state(topo: &Topology) -> DesiredState {
             attach: Attach::Xdp,
             masquerade: Masquerade::Always,
             fast_path: Default::default(),
+            hold_ports: Default::default(),
             timeouts: Default::default(),
             services: vec![
                 Service {

@@ -111,6 +111,7 @@ pub fn network(masquerade: Masquerade) -> Network {
         attach: Attach::Tc,
         masquerade,
         fast_path: Default::default(),
+        hold_ports: Default::default(),
         timeouts: Default::default(),
         services: vec![
             service(

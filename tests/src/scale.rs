@@ -77,6 +77,7 @@ pub fn state(
             attach: Attach::Tc,
             masquerade: Masquerade::Auto,
             fast_path: Default::default(),
+            hold_ports: Default::default(),
             timeouts: Default::default(),
             services,
         }],

@@ -31,6 +31,7 @@ fn network(topo: &Topology, name: &str, attach: Attach, backends: &[Backend]) ->
         attach,
         masquerade: Masquerade::Never,
         fast_path: Default::default(),
+        hold_ports: Default::default(),
         timeouts: Default::default(),
         services: vec![Service {
             id: "web".into(),

@@ -91,6 +91,7 @@ fn network(
         attach: plane.attach(),
         masquerade,
         fast_path: Default::default(),
+        hold_ports: Default::default(),
         timeouts: FlowTimeouts::default(),
         services: vec![Service {
             id: "web".into(),

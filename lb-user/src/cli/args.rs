@@ -175,6 +175,10 @@ pub enum NetworkCmd {
         /// forward-hook rule applies), on (even past such rules), off.
         #[arg(long, default_value = "auto")]
         fast_path: String,
+        /// Whether the daemon holds a socket bound to each published port so that no process
+        /// of the node takes it, as kubelet and Docker do: on, off.
+        #[arg(long, default_value = "on")]
+        hold_ports: String,
         /// A flow timeout, NAME=SECONDS (tcp_syn, tcp_established, tcp_closing,
         /// tcp_unreplied, udp; dsr for a dsr network's sessions); repeatable.
         #[arg(long = "timeout")]

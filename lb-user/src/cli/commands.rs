@@ -88,6 +88,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
                 attach,
                 masquerade,
                 fast_path,
+                hold_ports,
                 timeouts: specs,
             } => {
                 let mut timeouts = FlowTimeouts::default();
@@ -102,6 +103,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
                     attach: attach.parse()?,
                     masquerade: masquerade.parse()?,
                     fast_path: fast_path.parse()?,
+                    hold_ports: hold_ports.parse()?,
                     timeouts,
                     services: vec![],
                 };

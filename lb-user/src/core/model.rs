@@ -126,6 +126,24 @@ impl FastPath {
 }
 
 keyword_enum! {
+    /// Whether the daemon holds a socket bound to each published port of the network, as
+    /// kubelet's `openLocalPort` and Docker's proxy do, so that no process of the node takes a
+    /// port that is published (SCTP is not held, as kubelet).
+    #[derive(Default)]
+    pub enum HoldPorts as "hold-ports" {
+        #[default]
+        On = "on",
+        Off = "off",
+    }
+}
+
+impl HoldPorts {
+    fn is_default(&self) -> bool {
+        *self == HoldPorts::On
+    }
+}
+
+keyword_enum! {
     /// The L4 protocols a port can be published for. Declared in protocol-number order, which
     /// is therefore also the order of [`PortKey`] and of rendered elements.
     pub enum Proto as "protocol" {
@@ -181,6 +199,9 @@ pub struct Network {
     /// eBPF dataplane only; nftables always uses the stack.
     #[serde(default, skip_serializing_if = "FastPath::is_default")]
     pub fast_path: FastPath,
+    /// Published ports held by the daemon (both dataplanes).
+    #[serde(default, skip_serializing_if = "HoldPorts::is_default")]
+    pub hold_ports: HoldPorts,
     /// Flow timeouts, where the defaults do not suit (eBPF dataplane; the nftables one keeps
     /// the kernel's conntrack timeouts), and the DSR session timeout (both dataplanes).
     #[serde(default, skip_serializing_if = "FlowTimeouts::is_default")]

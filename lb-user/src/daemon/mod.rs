@@ -39,6 +39,7 @@ use crate::{
     },
     node::{
         check,
+        hold::{self, Holder},
         watch::{Changes, NetnsKey},
     },
 };
@@ -104,6 +105,8 @@ pub struct Daemon {
     dp: Box<dyn Dataplane>,
     dataplane_reason: String,
     stats: Stats,
+    /// The published ports held for each applied network (`node::hold`).
+    holder: Holder,
 }
 
 fn read_state(path: &Path) -> Result<Option<DesiredState>> {
@@ -147,6 +150,7 @@ impl Daemon {
             dp,
             dataplane_reason,
             stats: Stats::default(),
+            holder: Holder::default(),
         };
         let keep: Vec<&str> = d.desired.networks.iter().map(|n| n.name.as_str()).collect();
         let gone: Vec<Network> = (d.applied.values())
@@ -178,6 +182,14 @@ impl Daemon {
         Ok(d)
     }
 
+    /// Holds `net`'s published ports as they are now (after its apply: the dataplane serves
+    /// them first). A failure is `lb status`'s to show, not the apply's.
+    fn hold(&mut self, net: &Network) {
+        if let Err(e) = self.holder.sync(net) {
+            tracing::warn!(network = %net.name, error = %format!("{e:#}"), "holding published ports");
+        }
+    }
+
     pub fn desired(&self) -> &DesiredState {
         &self.desired
     }
@@ -198,6 +210,7 @@ impl Daemon {
             let net = self.applied[&name].clone();
             match self.dp.remove(&net) {
                 Ok(()) => {
+                    self.holder.release(&name);
                     self.applied.remove(&name);
                     self.unrecorded = true;
                     self.errors.remove(&name);
@@ -218,10 +231,14 @@ impl Daemon {
                 && !self.errors.contains_key(&net.name)
                 && !self.stale.contains(&net.name)
             {
+                if self.holder.has_failed(&net.name) {
+                    self.hold(&net);
+                }
                 continue;
             }
             match self.dp.apply(&net, previous) {
                 Ok(stats) => {
+                    self.hold(&net);
                     self.errors.remove(&net.name);
                     self.stale.remove(&net.name);
                     self.stats.last_sync.insert(net.name.clone(), stats);
@@ -345,6 +362,12 @@ impl Daemon {
                 self.dp.check_capacity(net).map_err(rejected)?;
                 check::check(net, self.desired.network(&net.name), lb_vips.clone())
                     .map_err(rejected)?;
+                hold::check_free(
+                    net,
+                    self.desired.network(&net.name),
+                    self.holder.held(&net.name),
+                )
+                .map_err(rejected)?;
             }
         }
         crate::write_atomically(&self.state_dir.join(STATE), new.to_json().as_bytes())
@@ -510,6 +533,7 @@ impl Daemon {
                 .dp
                 .warnings(&n)
                 .unwrap_or_else(|e| vec![format!("checking the node: {e:#}")]);
+            warnings.extend(self.holder.warnings(&n.name));
             if let Ok(missing) = check::missing_interfaces(&n)
                 && !missing.is_empty()
             {

@@ -2,9 +2,11 @@
 //! ([`netlink`]), what a change is checked against before it is saved ([`check`]), and the
 //! events that tell the daemon the node changed under a network ([`watch`]), and whether the
 //! node's firewall filters forwarded traffic, which the fast path would skip ([`filter`]), and
-//! whether a veth's peer takes what XDP sends out of it ([`veth`]).
+//! whether a veth's peer takes what XDP sends out of it ([`veth`]); the published ports the
+//! daemon holds ([`hold`]).
 pub mod check;
 pub mod filter;
+pub mod hold;
 pub mod netlink;
 pub mod netns;
 pub mod veth;

@@ -115,6 +115,7 @@ fn network() -> Network {
         attach: Attach::Tc,
         masquerade: Masquerade::Never,
         fast_path: Default::default(),
+        hold_ports: Default::default(),
         timeouts: Default::default(),
         services,
     }

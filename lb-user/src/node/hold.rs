@@ -1,0 +1,201 @@
+//! Holding published ports: while a port is published, the daemon keeps a socket bound to it
+//! (its `host_ip`, or every address) in the network's namespace, as kubelet's
+//! `openLocalPort` and Docker's proxy do, so that no process of the node takes a port that
+//! clients are sent to.
+//!
+//! Contracts:
+//! - TCP sockets are bound, never listening: a connection the dataplane does not translate
+//!   (a port whose backends are all gone passes to the stack) is refused by the node, as
+//!   without lb, instead of being accepted by a socket that never answers. A bound socket
+//!   still takes the port from every other bind (no `SO_REUSEADDR`). UDP sockets are bound
+//!   with the smallest receive buffer. SCTP is not held (kubelet does not either).
+//! - Sockets are opened in the network's namespace (a socket keeps the namespace it was
+//!   made in) and owned by the daemon: they go with the port, the network or the process. A
+//!   restarted daemon holds them again when it applies the network.
+//! - A port a local process already holds is refused before the change is saved
+//!   ([`check_free`]); one taken between that check and the apply (or while the daemon was
+//!   down) is reported by `lb status` until it is free and held.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{Ipv4Addr, SocketAddrV4},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+};
+
+use anyhow::{Result, bail};
+
+use crate::{
+    core::{
+        compose::compose,
+        model::{HoldPorts, Network, PortKey, Proto},
+    },
+    node::in_netns,
+};
+
+/// The ports `network` holds: every published port but SCTP's, while it holds ports.
+pub fn wanted(network: &Network) -> BTreeSet<PortKey> {
+    if network.hold_ports == HoldPorts::Off {
+        return BTreeSet::new();
+    }
+    (compose(network).ports.into_keys())
+        .filter(|k| k.proto != Proto::Sctp)
+        .collect()
+}
+
+/// A socket bound to `key`'s address and port (see the module's contracts), or the bind's
+/// error. In the calling thread's namespace.
+fn bind(key: &PortKey) -> std::io::Result<OwnedFd> {
+    let addr = SocketAddrV4::new(key.host_ip.unwrap_or(Ipv4Addr::UNSPECIFIED), key.port);
+    let (kind, proto) = match key.proto {
+        Proto::Tcp => (libc::SOCK_STREAM, libc::IPPROTO_TCP),
+        _ => (libc::SOCK_DGRAM, libc::IPPROTO_UDP),
+    };
+    // SAFETY: a plain socket call; the fd is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and nothing else owns it.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    if key.proto != Proto::Tcp {
+        let small: libc::c_int = 1;
+        // SAFETY: setsockopt with a c_int option value of the size given. Failure only
+        // leaves the default buffer.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&small as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: addr.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(addr.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: bind with a sockaddr_in of the size given.
+    let rc = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in).cast(),
+            size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+
+fn where_(network: &Network) -> String {
+    network.netns.as_ref().map_or_else(
+        || "the daemon's netns".to_owned(),
+        |ns| format!("netns {ns}"),
+    )
+}
+
+/// Refuses `network` when a port it would hold anew (not wanted by `old`, nor in `held`,
+/// what the daemon holds for it now) is taken in its namespace: a published port must be
+/// free, as kubelet and Docker require. Checked by binding it and letting it go again.
+pub fn check_free(network: &Network, old: Option<&Network>, held: BTreeSet<PortKey>) -> Result<()> {
+    let mut have = old.map(wanted).unwrap_or_default();
+    have.extend(held);
+    let new: Vec<PortKey> = wanted(network).difference(&have).copied().collect();
+    if new.is_empty() {
+        return Ok(());
+    }
+    let (name, place) = (network.name.clone(), where_(network));
+    in_netns(network.netns.as_deref(), move || {
+        for key in &new {
+            match bind(key) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => bail!(
+                    "network {name}: {key} is in use in {place}: a local process holds {} port {}{}; a published port must be free (as kubelet and Docker require): stop that process or publish another port (or --hold-ports off to publish it anyway)",
+                    key.proto,
+                    key.port,
+                    key.host_ip
+                        .map(|ip| format!(" on {ip} or on every address"))
+                        .unwrap_or_default(),
+                ),
+                // Another failure (an address not yet on the node) is the apply's to report.
+                Err(_) => {}
+            }
+        }
+        Ok(())
+    })
+}
+
+/// The sockets the daemon holds, per network.
+#[derive(Default)]
+pub struct Holder {
+    held: BTreeMap<String, BTreeMap<PortKey, OwnedFd>>,
+    /// Ports of a network that could not be held at its last sync, with why.
+    failed: BTreeMap<String, BTreeMap<PortKey, String>>,
+}
+
+impl Holder {
+    /// Holds exactly the ports `network` wants (see [`wanted`]): binds the new ones in its
+    /// namespace and closes those no longer published. A port that cannot be bound is
+    /// recorded for `lb status` and tried again at the next sync.
+    pub fn sync(&mut self, network: &Network) -> Result<()> {
+        let want = wanted(network);
+        let held = self.held.entry(network.name.clone()).or_default();
+        held.retain(|k, _| want.contains(k));
+        let new: Vec<PortKey> = (want.iter())
+            .filter(|k| !held.contains_key(k))
+            .copied()
+            .collect();
+        let failed = self.failed.entry(network.name.clone()).or_default();
+        failed.clear();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let bound = in_netns(network.netns.as_deref(), move || {
+            Ok(new.into_iter().map(|k| (k, bind(&k))).collect::<Vec<_>>())
+        })?;
+        for (key, r) in bound {
+            match r {
+                Ok(fd) => {
+                    held.insert(key, fd);
+                }
+                Err(e) => {
+                    tracing::warn!(network = %network.name, port = %key, error = %e, "a published port cannot be held");
+                    failed.insert(key, e.to_string());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Lets every port of network `name` go.
+    pub fn release(&mut self, name: &str) {
+        self.held.remove(name);
+        self.failed.remove(name);
+    }
+
+    /// Whether a port of network `name` could not be held at its last sync.
+    pub fn has_failed(&self, name: &str) -> bool {
+        self.failed.get(name).is_some_and(|f| !f.is_empty())
+    }
+
+    /// The ports of network `name` the daemon holds.
+    pub fn held(&self, name: &str) -> BTreeSet<PortKey> {
+        (self.held.get(name).into_iter())
+            .flat_map(|h| h.keys().copied())
+            .collect()
+    }
+
+    /// `lb status`'s lines for network `name`: the published ports it could not hold.
+    pub fn warnings(&self, name: &str) -> Vec<String> {
+        (self.failed.get(name).into_iter().flatten())
+            .map(|(k, why)| {
+                format!("published port {k} is not held ({why}): another process of the node may take it; retried at the next apply")
+            })
+            .collect()
+    }
+}

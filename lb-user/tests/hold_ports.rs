@@ -1,0 +1,148 @@
+//! Published ports are held, through `lb daemon`, on both dataplanes: while a port is
+//! published no process of the node's namespace can bind it (as kubelet's `openLocalPort` and
+//! Docker's proxy make sure), clients still reach the backends through it, a port a local
+//! process holds is refused before anything is saved, a removed port is free again, a
+//! restarted daemon holds its ports again, and `--hold-ports off` holds none. Root only.
+use std::{
+    io,
+    net::{Ipv4Addr, TcpListener, UdpSocket},
+    path::Path,
+    time::Duration,
+};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::{LbDaemon, network_add, service_set},
+    netns::{Netns, Topology},
+    require_root,
+    traffic::{TIMEOUT, spawn_backends, tcp_request, udp_request},
+};
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const NET: &str = "hold";
+/// Published TCP and UDP ports (to the backends' 80 and 53), and one a local process holds.
+const TCP_PORT: u16 = 18080;
+const UDP_PORT: u16 = 15353;
+const TAKEN: u16 = 19090;
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+/// Whether a process of `ns` could bind `proto`/`port` on every address right now.
+fn free(ns: &Netns, proto: &str, port: u16) -> bool {
+    let bound: io::Result<()> = ns
+        .run(|| match proto {
+            "tcp" => TcpListener::bind(("0.0.0.0", port)).map(drop),
+            _ => UdpSocket::bind(("0.0.0.0", port)).map(drop),
+        })
+        .unwrap();
+    match bound {
+        Ok(()) => true,
+        Err(e) if e.kind() == io::ErrorKind::AddrInUse => false,
+        Err(e) => panic!("binding {proto}/{port}: {e}"),
+    }
+}
+
+fn service(ports: &[String], topo: &Topology) -> Vec<String> {
+    let mut args = service_set(NET, "web", "1", VIP, &ports[0], &topo.backend_ips[..2]);
+    for p in &ports[1..] {
+        args.extend(["--port".into(), p.clone()]);
+    }
+    args
+}
+
+fn held_ports_on(dataplane: &str) {
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, 80, 53).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dataplane]).unwrap();
+    d.ok(&network_add(&topo, NET));
+    let ports = [format!("tcp/{TCP_PORT}:80"), format!("udp/{UDP_PORT}:53")];
+    d.ok(&service(&ports, &topo));
+    let node = &topo.node;
+    assert!(!free(node, "tcp", TCP_PORT), "tcp/{TCP_PORT} is held");
+    assert!(!free(node, "udp", UDP_PORT), "udp/{UDP_PORT} is held");
+    // The dataplane translates before the held socket could see anything.
+    let short = Duration::from_secs(3);
+    for (what, answer) in [
+        (
+            "tcp",
+            tcp_request(&topo.client, topo.node_ip, TCP_PORT, short),
+        ),
+        (
+            "udp",
+            udp_request(&topo.client, topo.node_ip, UDP_PORT, short),
+        ),
+    ] {
+        let answer = answer.unwrap_or_else(|e| panic!("{what} to the published port: {e:#}"));
+        assert!(
+            answer.starts_with('b'),
+            "{what}: a backend answers: {answer}"
+        );
+    }
+
+    // A port a local process holds is refused, and nothing is saved.
+    let holder = node
+        .run(|| TcpListener::bind(("0.0.0.0", TAKEN)))
+        .unwrap()
+        .unwrap();
+    let taken = [
+        ports[0].clone(),
+        ports[1].clone(),
+        format!("tcp/{TAKEN}:80"),
+    ];
+    let r = d.cli(&service(&taken, &topo));
+    assert_eq!(r.code, Some(1), "refused: {r:?}");
+    assert!(
+        r.stderr.contains(&format!("tcp/{TAKEN} is in use")),
+        "says which port: {}",
+        r.stderr
+    );
+    assert!(
+        !d.ok(&["state"]).contains(&TAKEN.to_string()),
+        "nothing saved"
+    );
+    drop(holder);
+
+    // A restarted daemon holds its ports again.
+    d.kill9();
+    assert!(
+        free(node, "tcp", TCP_PORT),
+        "the dead daemon's sockets are gone"
+    );
+    d.restart().unwrap();
+    let held = lb_tests::poll_until(Duration::from_secs(20), || !free(node, "tcp", TCP_PORT));
+    assert!(held.is_some(), "held again after the restart: {}", d.log());
+    assert!(!free(node, "udp", UDP_PORT));
+
+    // A port no longer published is free again.
+    d.ok(&service(&ports[..1], &topo));
+    assert!(free(node, "udp", UDP_PORT), "udp/{UDP_PORT} released");
+    assert!(!free(node, "tcp", TCP_PORT), "tcp/{TCP_PORT} still held");
+    d.ok(&["network", "rm", NET]);
+    assert!(free(node, "tcp", TCP_PORT), "released with the network");
+
+    // --hold-ports off holds nothing.
+    let mut add = network_add(&topo, NET);
+    add.extend(["--hold-ports".into(), "off".into()]);
+    d.ok(&add);
+    d.ok(&service(&ports, &topo));
+    assert!(free(node, "tcp", TCP_PORT) && free(node, "udp", UDP_PORT));
+    let answer = tcp_request(&topo.client, topo.node_ip, TCP_PORT, TIMEOUT).unwrap();
+    assert!(answer.starts_with('b'), "still published: {answer}");
+}
+
+#[test]
+fn published_ports_are_held_on_ebpf() {
+    if require_root("published_ports_are_held_on_ebpf") {
+        held_ports_on("ebpf");
+    }
+}
+
+#[test]
+fn published_ports_are_held_on_nftables() {
+    if require_root("published_ports_are_held_on_nftables") {
+        held_ports_on("nftables");
+    }
+}
