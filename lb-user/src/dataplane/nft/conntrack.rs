@@ -1,11 +1,7 @@
 //! The kernel's conntrack as this dataplane's flow table: flows listed from `conntrack -L`,
-//! and UDP flows of removed backends deleted with `conntrack -D`. Both run in the calling
-//! thread's namespace.
-use std::{
-    collections::BTreeSet,
-    net::Ipv4Addr,
-    process::{Command, Stdio},
-};
+//! and stale UDP flows (of removed backends, or made while a port had none) deleted with
+//! `conntrack -D`. All run in the calling thread's namespace.
+use std::{collections::BTreeSet, net::Ipv4Addr, process::Command};
 
 use anyhow::{Context as _, Result};
 
@@ -27,33 +23,70 @@ fn kernel_state(proto: &str, words: &[&str]) -> &'static str {
     }
 }
 
+/// One `conntrack -L` line's original tuple and its reply source (`src=` and `sport=` of the
+/// reply direction): where the kernel sends the flow's packets, the backend of a translated
+/// one.
+struct Line<'a> {
+    proto: &'a str,
+    src: &'a str,
+    dst: &'a str,
+    sport: &'a str,
+    dport: &'a str,
+    reply_src: &'a str,
+    reply_sport: &'a str,
+}
+
+fn line(line: &str) -> Option<Line<'_>> {
+    let proto = line.split_whitespace().next()?;
+    let field = |k: &str, nth: usize| -> Option<&str> {
+        line.split_whitespace()
+            .filter_map(|w| w.strip_prefix(k))
+            .nth(nth)
+    };
+    Some(Line {
+        proto,
+        src: field("src=", 0)?,
+        dst: field("dst=", 0)?,
+        sport: field("sport=", 0)?,
+        dport: field("dport=", 0)?,
+        reply_src: field("src=", 1)?,
+        reply_sport: field("sport=", 1)?,
+    })
+}
+
+/// `conntrack ARGS` in the calling thread's namespace: its stdout, and how many flows its
+/// stderr says it deleted (`conntrack -D` prints "N flow entries have been deleted"; it exits
+/// 1 when nothing matched, which is no error here).
+fn run(args: &[&str]) -> Result<(String, usize)> {
+    let out = Command::new("conntrack")
+        .args(args)
+        .output()
+        .with_context(|| format!("running conntrack {}", args.join(" ")))?;
+    let said = String::from_utf8_lossy(&out.stderr);
+    let deleted = (said.split_whitespace())
+        .zip(said.split_whitespace().skip(1))
+        .find(|(_, w)| w.starts_with("flow"))
+        .and_then(|(n, _)| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    Ok((String::from_utf8_lossy(&out.stdout).into_owned(), deleted))
+}
+
 /// The conntrack entries translated to one of `composed`'s services.
 pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
-    let out = Command::new("conntrack")
-        .args(["-L"])
-        .stderr(Stdio::null())
-        .output()
-        .context("running conntrack -L")?;
-    let out = String::from_utf8_lossy(&out.stdout);
+    let (out, _) = run(&["-L"])?;
     let mut flows = Vec::new();
-    for line in out.lines() {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let Some(&proto) = words.first() else {
-            continue;
-        };
-        let field = |k: &str, nth: usize| -> Option<&str> {
-            line.split_whitespace()
-                .filter_map(|w| w.strip_prefix(k))
-                .nth(nth)
-        };
-        let (Some(src), Some(dst), Some(sport), Some(dport), Some(bsrc), Some(bport)) = (
-            field("src=", 0),
-            field("dst=", 0),
-            field("sport=", 0),
-            field("dport=", 0),
-            field("src=", 1),
-            field("sport=", 1),
-        ) else {
+    for l in out.lines() {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        let Some(Line {
+            proto,
+            src,
+            dst,
+            sport,
+            dport,
+            reply_src: bsrc,
+            reply_sport: bport,
+        }) = line(l)
+        else {
             continue;
         };
         let Ok(daddr) = dst.parse::<Ipv4Addr>() else {
@@ -96,20 +129,45 @@ pub fn flush_removed_backends(previous: &Network, network: &Network) -> Result<u
     let now = backends(network);
     let mut flushed = 0;
     for b in backends(previous).difference(&now) {
-        // conntrack exits 1 when nothing matched.
-        let out = Command::new("conntrack")
-            .args(["-D", "-p", "udp", "--reply-src", &b.to_string()])
-            .output()
-            .context("running conntrack")?;
-        let said = String::from_utf8_lossy(&out.stderr);
-        if let Some(n) = said
-            .split_whitespace()
-            .zip(said.split_whitespace().skip(1))
-            .find(|(_, w)| w.starts_with("flow"))
-            .and_then(|(n, _)| n.parse::<usize>().ok())
-        {
-            flushed += n;
-        }
+        flushed += run(&["-D", "-p", "udp", "--reply-src", &b.to_string()])?.1;
     }
     Ok(flushed)
+}
+
+/// The UDP flows to published port `port` (on `host_ip`, or any address) that were never
+/// translated: made while the port had no backend (before it was published, or while its
+/// set was empty), they point at the node itself. A client that keeps sending refreshes such
+/// an entry forever and never reaches a backend, since the kernel's NAT rules see a flow's
+/// first packet only: they go (kubelet's `ClearEntriesForPort`), after the rules that
+/// translate the port are in. Translated flows stay (those of removed backends are
+/// [`flush_removed_backends`]'). Returns how many went.
+pub fn clear_untranslated(host_ip: Option<Ipv4Addr>, port: u16) -> Result<usize> {
+    let port = port.to_string();
+    let host = host_ip.map(|h| h.to_string());
+    let mut args = vec!["-L", "-p", "udp", "--orig-port-dst", &port];
+    if let Some(h) = &host {
+        args.extend(["--orig-dst", h]);
+    }
+    let (out, _) = run(&args)?;
+    let mut cleared = 0;
+    for l in out.lines().filter_map(line) {
+        if l.proto != "udp" || l.reply_src != l.dst {
+            continue;
+        }
+        cleared += run(&[
+            "-D",
+            "-p",
+            "udp",
+            "--orig-src",
+            l.src,
+            "--orig-dst",
+            l.dst,
+            "--sport",
+            l.sport,
+            "--dport",
+            l.dport,
+        ])?
+        .1;
+    }
+    Ok(cleared)
 }

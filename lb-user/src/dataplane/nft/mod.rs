@@ -57,7 +57,7 @@ use super::{Count, DSR_STATE, Dataplane, Flow, FlowStats, SyncStats};
 use crate::{
     core::compose::compose,
     core::elements::{Element, SetKey, placed_elements},
-    core::model::{FlowTimeouts, Masquerade, Mode, Network},
+    core::model::{FlowTimeouts, Masquerade, Mode, Network, Proto},
     node::{Netlink, NodeAddr, in_netns, netlink},
 };
 
@@ -225,6 +225,14 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     if let Some(prev) = previous {
         nl.remove_aliases(alias_if, &prev.vips().difference(&want).copied().collect())?;
         stats.flows_flushed = conntrack::flush_removed_backends(prev, network)?;
+    }
+    // A UDP port that gained or changed its backends (every one, the first time after a
+    // start): flows made while it had none would keep their clients off it.
+    let before = previous.map(|p| compose(p).ports).unwrap_or_default();
+    for (key, set) in compose(network).ports {
+        if key.proto == Proto::Udp && !set.is_empty() && before.get(&key) != Some(&set) {
+            stats.flows_flushed += conntrack::clear_untranslated(key.host_ip, key.port)?;
+        }
     }
     Ok(stats)
 }
