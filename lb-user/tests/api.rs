@@ -92,7 +92,7 @@ fn sample_network(name: &str) -> Network {
         services: vec![Service {
             id: "web".into(),
             generation: "1".into(),
-            vip: VIP,
+            vip: Some(VIP),
             backends: vec![
                 Backend {
                     ip: Ipv4Addr::new(10, 20, 0, 2),

@@ -45,7 +45,7 @@ fn state(topo: &Topology, attach: Attach) -> DesiredState {
             services: vec![Service {
                 id: "web".into(),
                 generation: "1".into(),
-                vip: VIP,
+                vip: Some(VIP),
                 backends: topo
                     .backend_ips
                     .iter()
@@ -201,7 +201,7 @@ fn lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs() {
     let work = tempdir();
     let file = work.join("state.json");
     let mut other = state(&topo, Attach::Tc);
-    other.networks[0].services[0].vip = Ipv4Addr::new(10, 99, 0, 99);
+    other.networks[0].services[0].vip = Some(Ipv4Addr::new(10, 99, 0, 99));
     std::fs::write(&file, other.to_json()).unwrap();
     let file_arg = file.to_str().unwrap();
     let refused = |holder: u32, what: &str| {

@@ -39,7 +39,7 @@ fn service(id: &str, generation: &str, vip: &str, b: &str, p: &str) -> Service {
     Service {
         id: id.into(),
         generation: generation.into(),
-        vip: ip(vip),
+        vip: Some(ip(vip)),
         backends: backends(b),
         ports: ports(p),
     }
@@ -454,7 +454,7 @@ fn design_example_parses_and_round_trips() {
     let api = &web.services[0];
     assert_eq!(
         (api.id.as_str(), api.generation.as_str(), api.vip),
-        ("api", "1", ip("10.99.0.10"))
+        ("api", "1", Some(ip("10.99.0.10")))
     );
     assert_eq!(api.backends, backends("10.20.0.2 10.20.0.3,disabled"));
     assert_eq!(api.ports, ports("tcp/8080:80"));
@@ -938,6 +938,14 @@ fn validation_rules() {
             r#"service "api" generation "1": port tcp/8080 is listed twice"#,
         ),
         (
+            "neither a VIP nor a port",
+            |s| {
+                api(s).vip = None;
+                api(s).ports.clear();
+            },
+            r#"service "api" generation "1": has neither a VIP nor a published port: it would serve nothing"#,
+        ),
+        (
             "unspecified host_ip",
             |s| api(s).ports[0].host_ip = Some(Ipv4Addr::UNSPECIFIED),
             "host_ip 0.0.0.0 means any address; leave host_ip unset (null) instead",
@@ -965,22 +973,22 @@ fn validation_rules() {
         ),
         (
             "vip unspecified",
-            |s| api(s).vip = ip("0.0.0.0"),
+            |s| api(s).vip = Some(ip("0.0.0.0")),
             "VIP 0.0.0.0 is the unspecified address",
         ),
         (
             "vip broadcast",
-            |s| api(s).vip = ip("255.255.255.255"),
+            |s| api(s).vip = Some(ip("255.255.255.255")),
             "VIP 255.255.255.255 is the broadcast address",
         ),
         (
             "vip multicast",
-            |s| api(s).vip = ip("239.1.2.3"),
+            |s| api(s).vip = Some(ip("239.1.2.3")),
             "VIP 239.1.2.3 is a multicast address",
         ),
         (
             "vip loopback",
-            |s| api(s).vip = ip("127.0.0.1"),
+            |s| api(s).vip = Some(ip("127.0.0.1")),
             "VIP 127.0.0.1 is a loopback address",
         ),
         (
@@ -1115,7 +1123,7 @@ fn what_validation_allows() {
             api(s).backends = backends("10.20.0.2,disabled")
         }),
         ("a service's VIP in another network", |s| {
-            s.networks[1].services[0].vip = ip("10.99.0.10")
+            s.networks[1].services[0].vip = Some(ip("10.99.0.10"))
         }),
     ];
     for (name, mutate) in cases {
@@ -1134,7 +1142,7 @@ fn composed_set_larger_than_the_bucket_space_is_rejected() {
     let generation = |g: &str, base: u32| Service {
         id: "api".into(),
         generation: g.into(),
-        vip: ip("10.99.0.10"),
+        vip: Some(ip("10.99.0.10")),
         backends: (base..base + half)
             .map(|a| Backend {
                 ip: Ipv4Addr::from(a),

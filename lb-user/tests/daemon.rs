@@ -166,7 +166,7 @@ fn full_state(topo: &Topology) -> DesiredState {
                 Service {
                     id: "api".into(),
                     generation: "7".into(),
-                    vip: VIP,
+                    vip: Some(VIP),
                     backends: vec![b(0, false), b(1, true)],
                     ports: vec![
                         PortConfig {
@@ -186,7 +186,7 @@ fn full_state(topo: &Topology) -> DesiredState {
                 Service {
                     id: "db".into(),
                     generation: "1".into(),
-                    vip: Ipv4Addr::new(10, 99, 0, 20),
+                    vip: Some(Ipv4Addr::new(10, 99, 0, 20)),
                     backends: vec![b(2, false)],
                     ports: vec![],
                 },
@@ -562,7 +562,7 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
     let conflict = {
         let mut s = full_state(&topo);
         s.networks[0].name = "bad".into();
-        s.networks[0].services[1].vip = VIP;
+        s.networks[0].services[1].vip = Some(VIP);
         file("conflict.json", &serde_json::to_string(&s).unwrap())
     };
     // `network add n2` on the second interface, with `extra` flags.
@@ -1052,7 +1052,7 @@ fn a_state_over_a_map_size_is_refused_before_saving_and_changes_nothing() {
     let mut state: DesiredState = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
     for i in 1..=2u8 {
         let mut s = state.networks[0].services[0].clone();
-        (s.id, s.vip, s.ports) = (format!("v{i}"), Ipv4Addr::new(10, 99, 1, i), vec![]);
+        (s.id, s.vip, s.ports) = (format!("v{i}"), Some(Ipv4Addr::new(10, 99, 1, i)), vec![]);
         s.backends.truncate(1);
         state.networks[0].services.push(s);
     }
@@ -1146,7 +1146,7 @@ fn ten_thousand_services_of_ten_backends_apply_answer_and_change_in_o1() {
             .unwrap();
         backend_of(&topo, &r.backend)
     };
-    for (addr, port) in [(s.vip, PORT), (topo.node_ip, published)] {
+    for (addr, port) in [(s.vip.unwrap(), PORT), (topo.node_ip, published)] {
         let b = ask(addr, port);
         assert!(
             topo.backend_ips[..2].contains(&b),
@@ -1167,7 +1167,7 @@ fn ten_thousand_services_of_ten_backends_apply_answer_and_change_in_o1() {
     assert!(written >= 6, "the change was applied: {written}");
     let mut seen = BTreeSet::new();
     for _ in 0..20 {
-        for (addr, port) in [(s.vip, PORT), (topo.node_ip, published)] {
+        for (addr, port) in [(s.vip.unwrap(), PORT), (topo.node_ip, published)] {
             let b = ask(addr, port);
             assert_ne!(
                 b, topo.backend_ips[0],

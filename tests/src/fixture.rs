@@ -85,7 +85,7 @@ pub fn service(id: &str, vip: Ipv4Addr, backends: &[Ipv4Addr], ports: Vec<PortCo
     Service {
         id: id.into(),
         generation: "1".into(),
-        vip,
+        vip: Some(vip),
         backends: backends
             .iter()
             .map(|ip| Backend {

@@ -44,7 +44,7 @@ pub fn services(n: u32, per: u32, target: u16) -> Vec<Service> {
         .map(|i| Service {
             id: format!("s{i}"),
             generation: "1".into(),
-            vip: vip(i),
+            vip: Some(vip(i)),
             backends: (0..per)
                 .map(|k| Backend {
                     ip: backend(i, k, per),
@@ -97,7 +97,9 @@ pub fn one_backend_changed(network: &str, s: &Service, new: Ipv4Addr) -> Vec<Str
     ]
     .map(String::from)
     .into();
-    args.extend(["--vip".into(), s.vip.to_string()]);
+    if let Some(vip) = s.vip {
+        args.extend(["--vip".into(), vip.to_string()]);
+    }
     for p in &s.ports {
         args.extend(["--port".into(), p.to_string()]);
     }

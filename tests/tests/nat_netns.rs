@@ -36,7 +36,7 @@ fn network(topo: &Topology, name: &str, attach: Attach, backends: &[Backend]) ->
         services: vec![Service {
             id: "web".into(),
             generation: "1".into(),
-            vip: VIP,
+            vip: Some(VIP),
             backends: backends.to_vec(),
             ports: vec![PortConfig {
                 proto: Proto::Tcp,

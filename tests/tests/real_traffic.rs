@@ -96,7 +96,7 @@ fn network(
         services: vec![Service {
             id: "web".into(),
             generation: "1".into(),
-            vip: VIP,
+            vip: Some(VIP),
             backends: topo
                 .backend_ips
                 .iter()

@@ -197,8 +197,10 @@ pub enum ServiceCmd {
         service_id: String,
         #[arg(long, default_value = DEFAULT_GENERATION)]
         generation: String,
+        /// The VIP (every port of it is balanced); without one the service is its published
+        /// ports only (a host port).
         #[arg(long)]
-        vip: String,
+        vip: Option<String>,
         /// IP[,disabled]
         #[arg(long = "backend")]
         backends: Vec<String>,

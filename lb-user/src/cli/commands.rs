@@ -130,7 +130,9 @@ pub fn run(cmd: Cmd) -> Result<()> {
                 let service = Service {
                     id: service_id,
                     generation,
-                    vip: model::parse_ipv4(&vip).context("--vip")?,
+                    vip: (vip.as_deref().map(model::parse_ipv4))
+                        .transpose()
+                        .context("--vip")?,
                     backends: parse_each::<Backend>(&backends, "--backend")?,
                     ports: parse_each::<PortConfig>(&ports, "--port")?,
                 };

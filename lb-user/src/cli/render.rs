@@ -53,7 +53,7 @@ pub fn services(json: bool, list: &[ServiceEntry]) {
                 "{network} {} generation {} vip {} backends {} ports {}",
                 service.id,
                 service.generation,
-                service.vip,
+                or_dash(service.vip.map(|v| v.to_string()).as_deref()),
                 or_dash(Some(&backends.join(" "))),
                 or_dash(Some(&ports.join(" "))),
             );

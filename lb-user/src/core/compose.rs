@@ -35,11 +35,9 @@ pub fn compose(network: &Network) -> Composed {
     let mut composed = Composed::default();
     for service in &network.services {
         let backends: Vec<Ipv4Addr> = service.enabled_backends().collect();
-        composed
-            .vips
-            .entry(service.vip)
-            .or_default()
-            .extend(&backends);
+        if let Some(vip) = service.vip {
+            composed.vips.entry(vip).or_default().extend(&backends);
+        }
         for port in &service.ports {
             let target = port.target();
             composed

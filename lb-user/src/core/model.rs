@@ -322,8 +322,13 @@ pub struct Service {
     pub id: String,
     #[serde(default = "default_generation")]
     pub generation: String,
-    #[serde(deserialize_with = "de::ipv4")]
-    pub vip: Ipv4Addr,
+    /// `None`: a service of published ports only (a kubelet host port, a Nomad port mapping).
+    #[serde(
+        default,
+        deserialize_with = "de::opt_ipv4",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub vip: Option<Ipv4Addr>,
     #[serde(default)]
     pub backends: Vec<Backend>,
     #[serde(default)]
@@ -434,7 +439,7 @@ impl DesiredState {
 impl Network {
     /// Every VIP a contribution claims (the aliases the network keeps on its first interface).
     pub fn vips(&self) -> std::collections::BTreeSet<Ipv4Addr> {
-        self.services.iter().map(|s| s.vip).collect()
+        self.services.iter().filter_map(|s| s.vip).collect()
     }
 
     /// The namespace an interface name is resolved in, so that `x` and `/run/netns/x` are
@@ -631,6 +636,13 @@ mod de {
 
     pub fn ipv4<'de, D: Deserializer<'de>>(d: D) -> Result<Ipv4Addr, D::Error> {
         super::parse_ipv4(&String::deserialize(d)?).map_err(D::Error::custom)
+    }
+
+    pub fn opt_ipv4<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv4Addr>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| super::parse_ipv4(&s))
+            .transpose()
+            .map_err(D::Error::custom)
     }
 
     pub fn host_ip<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv4Addr>, D::Error> {

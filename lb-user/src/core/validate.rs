@@ -93,6 +93,8 @@ pub enum Invalid {
     PortTwice(PortKey),
     #[error("VIP {vip} is already used by service {other:?}")]
     VipTaken { vip: Ipv4Addr, other: String },
+    #[error("has neither a VIP nor a published port: it would serve nothing")]
+    NothingServed,
     #[error("{key} is already published by service {other:?}")]
     PortTaken { key: PortKey, other: String },
     #[error("{key} overlaps {other_key} published by service {other:?}")]
@@ -215,16 +217,19 @@ impl Network {
             if !keys.insert((service.id.as_str(), service.generation.as_str())) {
                 return Err(at(Invalid::ServiceTwice));
             }
-            match vip_owner.get(&service.vip) {
-                Some(other) if *other != service.id => {
-                    return Err(at(Invalid::VipTaken {
-                        vip: service.vip,
-                        other: (*other).to_owned(),
-                    }));
-                }
-                Some(_) => {}
-                None => {
-                    vip_owner.insert(service.vip, &service.id);
+            // A service without a VIP publishes ports only.
+            if let Some(vip) = service.vip {
+                match vip_owner.get(&vip) {
+                    Some(other) if *other != service.id => {
+                        return Err(at(Invalid::VipTaken {
+                            vip,
+                            other: (*other).to_owned(),
+                        }));
+                    }
+                    Some(_) => {}
+                    None => {
+                        vip_owner.insert(vip, &service.id);
+                    }
                 }
             }
             for port in &service.ports {
@@ -299,14 +304,18 @@ impl Service {
     fn validate(&self) -> Result<(), Invalid> {
         check_name("service id", &self.id, MAX_SERVICE_NAME)?;
         check_name("generation", &self.generation, MAX_SERVICE_NAME)?;
-        check_unicast("VIP", self.vip, false)?;
+        match self.vip {
+            Some(vip) => check_unicast("VIP", vip, false)?,
+            None if self.ports.is_empty() => return Err(Invalid::NothingServed),
+            None => {}
+        }
         let mut backends = BTreeSet::new();
         for backend in &self.backends {
             // A loopback backend is never reachable by DNAT (the kernel drops it as martian)
             // nor by DSR (no MAC), so it is refused rather than programmed as a black hole.
             check_unicast("backend", backend.ip, false)?;
-            if backend.ip == self.vip {
-                return Err(Invalid::VipIsBackend(self.vip));
+            if Some(backend.ip) == self.vip {
+                return Err(Invalid::VipIsBackend(backend.ip));
             }
             if !backends.insert(backend.ip) {
                 return Err(Invalid::BackendTwice(backend.ip));

@@ -30,7 +30,7 @@ pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) 
     let (old_vips, old_hosts): (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Addr>) =
         old.map_or_else(Default::default, |o| (o.vips(), host_ips(o)));
     let vips: BTreeSet<Ipv4Addr> = (net.services.iter())
-        .map(|s| s.vip)
+        .filter_map(|s| s.vip)
         .filter(|v| !old_vips.contains(v))
         .collect();
     let host_ips: BTreeSet<Ipv4Addr> = host_ips(net).difference(&old_hosts).copied().collect();

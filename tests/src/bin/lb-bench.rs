@@ -88,7 +88,7 @@ fn network() -> Network {
         .map(|i| Service {
             id: format!("s{i}"),
             generation: "1".into(),
-            vip: vip(i),
+            vip: Some(vip(i)),
             backends: (0..3)
                 .map(|k| Backend {
                     ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 20, 0, 0)) + 3 * i + k),

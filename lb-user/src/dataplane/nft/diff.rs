@@ -19,7 +19,10 @@ use crate::core::{
 
 /// The sets a service claims (its VIP and its published ports).
 fn claims(service: &Service) -> impl Iterator<Item = SetKey> + '_ {
-    std::iter::once(SetKey::Vip(service.vip))
+    service
+        .vip
+        .map(SetKey::Vip)
+        .into_iter()
         .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
 }
 

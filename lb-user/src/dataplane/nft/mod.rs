@@ -581,7 +581,7 @@ mod tests {
                 .map(|v| crate::core::model::Service {
                     id: format!("s{v}"),
                     generation: "1".into(),
-                    vip: Ipv4Addr::from(0x0a63_0000 + v),
+                    vip: Some(Ipv4Addr::from(0x0a63_0000 + v)),
                     backends: (0..backends)
                         .map(|b| crate::core::model::Backend {
                             ip: Ipv4Addr::from(0x0a1e_0000 + v * 16 + b),

@@ -1,4 +1,6 @@
-//! Published ports are held, through `lb daemon`, on both dataplanes: while a port is
+//! Host ports, through `lb daemon`, on both dataplanes: a service without a VIP is its
+//! published ports only (a kubelet host port, keyed by its sandbox), and conflicting ones are
+//! refused naming the holder. Published ports are held: while a port is
 //! published no process of the node's namespace can bind it (as kubelet's `openLocalPort` and
 //! Docker's proxy make sure), clients still reach the backends through it, a port a local
 //! process holds is refused before anything is saved, a removed port is free again, a
@@ -144,5 +146,67 @@ fn published_ports_are_held_on_ebpf() {
 fn published_ports_are_held_on_nftables() {
     if require_root("published_ports_are_held_on_nftables") {
         held_ports_on("nftables");
+    }
+}
+
+/// A kubelet-style host port: a service keyed by its sandbox with no VIP and one backend.
+/// It answers on the node's address, `lb elements` shows its port and no VIP, and a second
+/// sandbox asking for the same port is refused, naming the first.
+fn host_port_on(dataplane: &str) {
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, 80, 53).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dataplane]).unwrap();
+    d.ok(&network_add(&topo, NET));
+    let sandbox = |id: &str, backend: Ipv4Addr| -> Vec<String> {
+        [
+            "service",
+            "set",
+            NET,
+            id,
+            "--port",
+            &format!("tcp/{TCP_PORT}:80"),
+        ]
+        .map(String::from)
+        .into_iter()
+        .chain(["--backend".into(), backend.to_string()])
+        .collect()
+    };
+    d.ok(&sandbox("sandbox-1", topo.backend_ips[1]));
+    let answer = tcp_request(&topo.client, topo.node_ip, TCP_PORT, TIMEOUT).unwrap();
+    assert!(
+        answer.starts_with("b1 "),
+        "the sandbox's container answers: {answer}"
+    );
+    let elements = d.ok(&["elements", NET]);
+    assert_eq!(
+        elements,
+        format!(
+            "nat-publish-port tcp . {TCP_PORT} . 0-65535 : {} . 80\n",
+            topo.backend_ips[1]
+        ),
+        "a port and no VIP"
+    );
+    assert!(!d.ok(&["state"]).contains("\"vip\""), "no VIP in the state");
+    let r = d.cli(&sandbox("sandbox-2", topo.backend_ips[0]));
+    assert_eq!(r.code, Some(1), "refused: {r:?}");
+    assert!(
+        r.stderr.contains("sandbox-1"),
+        "names the sandbox holding it: {}",
+        r.stderr
+    );
+}
+
+#[test]
+fn a_service_without_a_vip_is_a_host_port_on_ebpf() {
+    if require_root("a_service_without_a_vip_is_a_host_port_on_ebpf") {
+        host_port_on("ebpf");
+    }
+}
+
+#[test]
+fn a_service_without_a_vip_is_a_host_port_on_nftables() {
+    if require_root("a_service_without_a_vip_is_a_host_port_on_nftables") {
+        host_port_on("nftables");
     }
 }
