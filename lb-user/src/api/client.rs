@@ -10,6 +10,15 @@ use serde::de::DeserializeOwned;
 
 use super::{ErrorReply, Request};
 
+/// The daemon's refusal as [`Client::call`] returns it (downcast the error to read the status
+/// and whether the change was saved); it displays as the daemon's message.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", reply.error)]
+pub struct Refused {
+    pub status: StatusCode,
+    pub reply: ErrorReply,
+}
+
 /// A client of the daemon at one socket.
 pub struct Client {
     socket: PathBuf,
@@ -29,7 +38,7 @@ impl Client {
         let (status, reply) = self.send(method, &path, body.unwrap_or_default())?;
         if !status.is_success() {
             return Err(match serde_json::from_slice::<ErrorReply>(&reply) {
-                Ok(e) => anyhow!(e.error),
+                Ok(reply) => Refused { status, reply }.into(),
                 Err(_) => anyhow!(
                     "the daemon answered {status}: {}",
                     String::from_utf8_lossy(&reply)

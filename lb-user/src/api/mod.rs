@@ -27,7 +27,7 @@ mod client;
 mod route;
 mod types;
 
-pub use client::Client;
+pub use client::{Client, Refused};
 pub use route::{ApiError, Request, route};
 pub use types::{
     ConntrackEntry, Done, ErrorReply, LastSync, NetworkStatus, NetworkSummary, Reply, ServiceEntry,

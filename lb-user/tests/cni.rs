@@ -1,0 +1,483 @@
+//! `lb-cni` driven as a container runtime drives it: a small CNI runtime here execs each
+//! plugin of a conflist with the `CNI_*` environment and its config on stdin, passing each
+//! result on as the next one's `prevResult` and deleting in reverse order, as libcni does.
+//! The chain is Nomad's bridge networking (seed 002: loopback, bridge with hairpin, gateway
+//! and masquerade, host-local, firewall) with `lb-cni` in place of `portmap`, the real plugins
+//! of Debian's containernetworking-plugins. The plugins run inside a "node" namespace, as a
+//! node's runtime runs them in its own; the daemon's network lives there too. Root only.
+use std::{
+    io::Write as _,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::LbDaemon,
+    netns::Netns,
+    require_root,
+    traffic::{TIMEOUT, spawn_backend, tcp_request, udp_request},
+};
+use lb_user::api::{Client, Request, ServiceEntry};
+use serde_json::{Value, json};
+
+/// Where Debian's containernetworking-plugins puts the plugins.
+const CNI_DIR: &str = "/usr/lib/cni";
+const NET: &str = "nomad";
+const BRIDGE: &str = "nomad";
+const SUBNET: &str = "172.26.64.0/20";
+/// The node's external address (on `ext0`) and the client's, on one link.
+const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 210, 0, 1);
+const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 210, 0, 2);
+/// Where each container's server listens (TCP and UDP), and the host ports.
+const CONTAINER_PORT: u16 = 8080;
+const HOST_PORTS: [u16; 2] = [20001, 20002];
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+/// The runtime's side of one plugin invocation's outcome.
+#[derive(Debug)]
+#[expect(
+    dead_code,
+    reason = "stderr is read through Debug, in a failure's message"
+)]
+struct Outcome {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Outcome {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("plugin output is not JSON ({e}): {self:?}"))
+    }
+}
+
+/// The tiny runtime: one conflist, plugins run in `node`.
+struct Runtime<'a> {
+    node: &'a Netns,
+    conflist: Value,
+    /// host-local's leases, private to this test.
+    _ipam_dir: tempdir::Dir,
+}
+
+mod tempdir {
+    /// A directory removed on drop.
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new(tag: &str) -> Dir {
+            let p = std::env::temp_dir().join(format!("lbt-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&p);
+            std::fs::create_dir_all(&p).unwrap();
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// A container: its namespace and the id the runtime gives it.
+struct Container {
+    id: String,
+    ns: Netns,
+}
+
+impl Container {
+    fn new(id: &str) -> Container {
+        Container {
+            id: id.to_owned(),
+            ns: Netns::new("ctr").unwrap(),
+        }
+    }
+}
+
+impl<'a> Runtime<'a> {
+    /// Nomad's template (seed 002) with loopback first, hairpin on, and `lb-cni` for `portmap`.
+    fn nomad(node: &'a Netns, node_netns: &str, socket: &Path) -> Runtime<'a> {
+        let ipam_dir = tempdir::Dir::new("cni-ipam");
+        let conflist = json!({
+            "cniVersion": "1.0.0",
+            "name": "nomad",
+            "plugins": [
+                {"type": "loopback"},
+                {
+                    "type": "bridge",
+                    "bridge": BRIDGE,
+                    "ipMasq": true,
+                    "isGateway": true,
+                    "forceAddress": true,
+                    "hairpinMode": true,
+                    "ipam": {
+                        "type": "host-local",
+                        "dataDir": ipam_dir.0,
+                        "ranges": [[{"subnet": SUBNET}]],
+                        "routes": [{"dst": "0.0.0.0/0"}]
+                    }
+                },
+                {"type": "firewall", "backend": "iptables", "iptablesAdminChainName": "NOMAD-ADMIN"},
+                {
+                    "type": "lb-cni",
+                    "capabilities": {"portMappings": true},
+                    "socket": socket,
+                    "network": NET,
+                    "externalInterfaces": ["ext0"],
+                    "netns": node_netns
+                }
+            ]
+        });
+        Runtime {
+            node,
+            conflist,
+            _ipam_dir: ipam_dir,
+        }
+    }
+
+    fn plugins(&self) -> Vec<Value> {
+        self.conflist["plugins"].as_array().unwrap().clone()
+    }
+
+    fn binary(kind: &str) -> PathBuf {
+        match kind {
+            "lb-cni" => PathBuf::from(env!("CARGO_BIN_EXE_lb-cni")),
+            other => Path::new(CNI_DIR).join(other),
+        }
+    }
+
+    /// One plugin, as libcni builds its config: the list's name and version, `prevResult`,
+    /// and `runtimeConfig` for the capabilities it declares.
+    fn exec(
+        &self,
+        plugin: &Value,
+        command: &str,
+        c: &Container,
+        prev: Option<&Value>,
+        ports: &[Value],
+        extra: &[(&str, Value)],
+    ) -> Outcome {
+        let mut conf = plugin.clone();
+        let fields = conf.as_object_mut().unwrap();
+        fields.insert("name".into(), self.conflist["name"].clone());
+        fields.insert("cniVersion".into(), self.conflist["cniVersion"].clone());
+        if let Some(prev) = prev {
+            fields.insert("prevResult".into(), prev.clone());
+        }
+        if plugin["capabilities"]["portMappings"] == json!(true) {
+            fields.insert("runtimeConfig".into(), json!({"portMappings": ports}));
+        }
+        for (k, v) in extra {
+            fields.insert((*k).into(), v.clone());
+        }
+        let kind = plugin["type"].as_str().unwrap();
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", self.node.name()])
+            .arg(Self::binary(kind))
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", &c.id)
+            .env("CNI_NETNS", c.ns.path())
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", CNI_DIR)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        Outcome {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// ADD through the chain; the last result, or the failing plugin's outcome (after which
+    /// the runtime DELs the chain, as containerd and Nomad do).
+    fn add(&self, c: &Container, ports: &[Value]) -> Result<Value, Outcome> {
+        let mut prev: Option<Value> = None;
+        for plugin in self.plugins() {
+            let out = self.exec(&plugin, "ADD", c, prev.as_ref(), ports, &[]);
+            if !out.ok {
+                self.del(c, ports, prev.as_ref())
+                    .expect("DEL after a failed ADD");
+                return Err(out);
+            }
+            prev = Some(out.json());
+        }
+        Ok(prev.unwrap())
+    }
+
+    /// DEL in reverse order, with the cached ADD result as `prevResult` when there is one.
+    fn del(&self, c: &Container, ports: &[Value], cached: Option<&Value>) -> Result<(), Outcome> {
+        for plugin in self.plugins().iter().rev() {
+            let out = self.exec(plugin, "DEL", c, cached, ports, &[]);
+            if !out.ok {
+                return Err(out);
+            }
+        }
+        Ok(())
+    }
+
+    /// One command (CHECK, GC, STATUS, VERSION) of lb-cni alone.
+    fn lb_cni(
+        &self,
+        command: &str,
+        c: &Container,
+        prev: Option<&Value>,
+        ports: &[Value],
+        extra: &[(&str, Value)],
+    ) -> Outcome {
+        let plugin = self.plugins().last().unwrap().clone();
+        self.exec(&plugin, command, c, prev, ports, extra)
+    }
+}
+
+/// Nomad's port mapping: one port, TCP and UDP.
+fn mapping(host: u16) -> Vec<Value> {
+    ["tcp", "udp"]
+        .map(|p| json!({"hostPort": host, "containerPort": CONTAINER_PORT, "protocol": p}))
+        .into()
+}
+
+fn services(socket: &Path) -> Vec<ServiceEntry> {
+    Client::new(socket)
+        .call(&Request::ServiceList {
+            network: Some(NET.into()),
+        })
+        .unwrap()
+}
+
+fn answer_from(who: &str, answer: anyhow::Result<String>, what: &str) {
+    let answer = answer.unwrap_or_else(|e| panic!("{what}: {e:#}"));
+    assert!(
+        answer.starts_with(&format!("{who} ")),
+        "{what}: {who} answers: {answer}"
+    );
+}
+
+fn nomad_chain_on(dataplane: &str) {
+    if !require_root("cni") {
+        return;
+    }
+    assert!(
+        Path::new(CNI_DIR).join("bridge").exists(),
+        "the CNI plugins are in {CNI_DIR} (Debian containernetworking-plugins; cargo xtask setup)"
+    );
+    let node = Netns::new("node").unwrap();
+    let client = Netns::new("client").unwrap();
+    node.ip([
+        "link",
+        "add",
+        "ext0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "c0",
+        "netns",
+        client.name(),
+    ])
+    .unwrap();
+    node.ip(["addr", "add", &format!("{NODE_IP}/24"), "dev", "ext0"])
+        .unwrap();
+    node.ip(["link", "set", "ext0", "up"]).unwrap();
+    client
+        .ip(["addr", "add", &format!("{CLIENT_IP}/24"), "dev", "c0"])
+        .unwrap();
+    client.ip(["link", "set", "c0", "up"]).unwrap();
+    node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dataplane]).unwrap();
+    let rt = Runtime::nomad(&node, node.name(), &d.socket());
+
+    // VERSION, as a runtime asks before anything else.
+    let c1 = Container::new("0c1a2b3c4d5e6f708192a3b4c5d6e7f8");
+    let version = rt.lb_cni("VERSION", &c1, None, &[], &[]);
+    assert!(version.ok, "{version:?}");
+    assert_eq!(
+        version.json()["supportedVersions"],
+        json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
+    );
+
+    // The first ADD on a fresh node: the bridge did not exist before the chain ran.
+    assert!(!node.links().unwrap().iter().any(|l| l == BRIDGE));
+    let _s1 = spawn_backend(&c1.ns, "c1", CONTAINER_PORT, CONTAINER_PORT).unwrap();
+    let p1 = mapping(HOST_PORTS[0]);
+    let r1 = rt
+        .add(&c1, &p1)
+        .unwrap_or_else(|o| panic!("ADD c1: {o:?}\n{}", d.log()));
+    assert_eq!(r1["cniVersion"], "1.0.0");
+    let c2 = Container::new("99887766554433221100aabbccddeeff");
+    let _s2 = spawn_backend(&c2.ns, "c2", CONTAINER_PORT, CONTAINER_PORT).unwrap();
+    let p2 = mapping(HOST_PORTS[1]);
+    let r2 = rt
+        .add(&c2, &p2)
+        .unwrap_or_else(|o| panic!("ADD c2: {o:?}\n{}", d.log()));
+    assert_eq!(services(&d.socket()).len(), 2, "one service per container");
+
+    // From outside, each host port reaches its container over TCP and UDP.
+    for (who, port) in [("c1", HOST_PORTS[0]), ("c2", HOST_PORTS[1])] {
+        answer_from(
+            who,
+            tcp_request(&client, NODE_IP, port, TIMEOUT),
+            &format!("tcp/{port} from outside"),
+        );
+        answer_from(
+            who,
+            udp_request(&client, NODE_IP, port, TIMEOUT),
+            &format!("udp/{port} from outside"),
+        );
+    }
+    // A container reaches its own host port through the node's address (hairpin).
+    answer_from(
+        "c1",
+        tcp_request(&c1.ns, NODE_IP, HOST_PORTS[0], TIMEOUT),
+        "c1 to its own host port, tcp",
+    );
+    answer_from(
+        "c1",
+        udp_request(&c1.ns, NODE_IP, HOST_PORTS[0], TIMEOUT),
+        "c1 to its own host port, udp",
+    );
+
+    // A repeated ADD of lb-cni (the bridge plugin's own is not idempotent: its veth exists)
+    // gives the same result and the same one service.
+    let again = rt.lb_cni("ADD", &c1, Some(&r1), &p1, &[]);
+    assert!(again.ok, "ADD c1 again: {again:?}");
+    assert_eq!(again.json(), r1, "prevResult passed on");
+    assert_eq!(
+        services(&d.socket()).len(),
+        2,
+        "still one service per container"
+    );
+    answer_from(
+        "c1",
+        tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT),
+        "after the second ADD",
+    );
+
+    // CHECK passes after ADD.
+    let check = rt.lb_cni("CHECK", &c1, Some(&r1), &p1, &[]);
+    assert!(check.ok, "CHECK after ADD: {check:?}");
+
+    // A third container asking for c1's port: a CNI error naming the holder, nothing applied.
+    let elements = d.ok(&["elements", NET]);
+    let c3 = Container::new("c3c3c3c3c3c3c3c3c3c3");
+    let refused = rt
+        .add(&c3, &mapping(HOST_PORTS[0]))
+        .expect_err("c3 takes a held port");
+    let err = refused.json();
+    assert_eq!(err["code"], 100, "{refused:?}");
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("cni-0c1a2b3c4d5e-eth0"),
+        "names the holder: {err}"
+    );
+    assert_eq!(services(&d.socket()).len(), 2, "nothing added");
+    assert_eq!(d.ok(&["elements", NET]), elements, "nothing applied");
+    answer_from(
+        "c1",
+        tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT),
+        "c1 keeps its port",
+    );
+
+    // GC (1.1.0) with c1 and c2 valid removes nothing.
+    let valid =
+        json!([{"containerID": c1.id, "ifname": "eth0"}, {"containerID": c2.id, "ifname": "eth0"}]);
+    let gc = rt.lb_cni(
+        "GC",
+        &c1,
+        None,
+        &[],
+        &[
+            ("cniVersion", json!("1.1.0")),
+            ("cni.dev/valid-attachments", valid),
+        ],
+    );
+    assert!(gc.ok, "{gc:?}");
+    assert_eq!(services(&d.socket()).len(), 2, "GC keeps valid attachments");
+    let status = rt.lb_cni("STATUS", &c1, None, &[], &[("cniVersion", json!("1.1.0"))]);
+    assert!(status.ok, "STATUS with the daemon up: {status:?}");
+
+    // CHECK fails once the service was removed behind the plugin's back.
+    d.ok(&["service", "rm", NET, "cni-0c1a2b3c4d5e-eth0"]);
+    let check = rt.lb_cni("CHECK", &c1, Some(&r1), &p1, &[]);
+    assert!(!check.ok, "CHECK after the service went: {check:?}");
+    assert!(
+        check.json()["msg"]
+            .as_str()
+            .unwrap()
+            .contains("not in lb network"),
+        "{check:?}"
+    );
+    let again = rt.lb_cni("ADD", &c1, Some(&r1), &p1, &[]);
+    assert!(again.ok, "ADD c1 once more: {again:?}");
+    answer_from(
+        "c1",
+        tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT),
+        "ADD again restores it",
+    );
+
+    // GC with only c1 valid removes c2's service.
+    let valid = json!([{"containerID": c1.id, "ifname": "eth0"}]);
+    let gc = rt.lb_cni(
+        "GC",
+        &c1,
+        None,
+        &[],
+        &[
+            ("cniVersion", json!("1.1.0")),
+            ("cni.dev/valid-attachments", valid),
+        ],
+    );
+    assert!(gc.ok, "{gc:?}");
+    let left: Vec<String> = services(&d.socket())
+        .into_iter()
+        .map(|e| e.service.id)
+        .collect();
+    assert_eq!(
+        left,
+        ["cni-0c1a2b3c4d5e-eth0"],
+        "GC removed c2's service only"
+    );
+
+    // DEL removes everything; a second DEL (no cached result, state gone) succeeds.
+    rt.del(&c1, &p1, Some(&r1))
+        .unwrap_or_else(|o| panic!("DEL c1: {o:?}"));
+    rt.del(&c2, &p2, Some(&r2))
+        .unwrap_or_else(|o| panic!("DEL c2: {o:?}"));
+    assert!(services(&d.socket()).is_empty(), "no lb service left");
+    assert_eq!(d.ok(&["elements", NET]), "", "no element left");
+    assert!(
+        tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT).is_err(),
+        "the port is gone"
+    );
+    for c in [&c1, &c2] {
+        rt.del(c, &[], None)
+            .unwrap_or_else(|o| panic!("second DEL of {}: {o:?}", c.id));
+    }
+}
+
+#[test]
+fn nomad_chain_ebpf() {
+    nomad_chain_on("ebpf");
+}
+
+#[test]
+fn nomad_chain_nftables() {
+    nomad_chain_on("nftables");
+}
