@@ -14,7 +14,7 @@ use std::{
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::LbDaemon,
+    daemon::{FailingNft, LbDaemon},
     netns::Netns,
     require_root,
     traffic::{TIMEOUT, spawn_backend, tcp_request, udp_request},
@@ -202,15 +202,14 @@ impl<'a> Runtime<'a> {
         }
     }
 
-    /// ADD through the chain; the last result, or the failing plugin's outcome (after which
-    /// the runtime DELs the chain, as containerd and Nomad do).
+    /// ADD through the chain; the last result, or the failing plugin's outcome. After a
+    /// failure the caller DELs the chain, as containerd and Nomad do, once it has looked at
+    /// what the failed ADD itself left (a runtime's DEL must not be what cleans up).
     fn add(&self, c: &Container, ports: &[Value]) -> Result<Value, Outcome> {
         let mut prev: Option<Value> = None;
         for plugin in self.plugins() {
             let out = self.exec(&plugin, "ADD", c, prev.as_ref(), ports, &[]);
             if !out.ok {
-                self.del(c, ports, prev.as_ref())
-                    .expect("DEL after a failed ADD");
                 return Err(out);
             }
             prev = Some(out.json());
@@ -266,14 +265,8 @@ fn answer_from(who: &str, answer: anyhow::Result<String>, what: &str) {
     );
 }
 
-fn nomad_chain_on(dataplane: &str) {
-    if !require_root("cni") {
-        return;
-    }
-    assert!(
-        Path::new(CNI_DIR).join("bridge").exists(),
-        "the CNI plugins are in {CNI_DIR} (Debian containernetworking-plugins; cargo xtask setup)"
-    );
+/// The node (forwarding, `ext0` at [`NODE_IP`]) and an outside client on its external link.
+fn node_and_client() -> (Netns, Netns) {
     let node = Netns::new("node").unwrap();
     let client = Netns::new("client").unwrap();
     node.ip([
@@ -297,6 +290,18 @@ fn nomad_chain_on(dataplane: &str) {
         .unwrap();
     client.ip(["link", "set", "c0", "up"]).unwrap();
     node.sysctl("net.ipv4.ip_forward", "1").unwrap();
+    (node, client)
+}
+
+fn nomad_chain_on(dataplane: &str) {
+    if !require_root("cni") {
+        return;
+    }
+    assert!(
+        Path::new(CNI_DIR).join("bridge").exists(),
+        "the CNI plugins are in {CNI_DIR} (Debian containernetworking-plugins; cargo xtask setup)"
+    );
+    let (node, client) = node_and_client();
 
     let bpffs = Bpffs::new().unwrap();
     let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dataplane]).unwrap();
@@ -389,6 +394,8 @@ fn nomad_chain_on(dataplane: &str) {
     );
     assert_eq!(services(&d.socket()).len(), 2, "nothing added");
     assert_eq!(d.ok(&["elements", NET]), elements, "nothing applied");
+    rt.del(&c3, &[], None)
+        .unwrap_or_else(|o| panic!("DEL after the failed ADD: {o:?}"));
     answer_from(
         "c1",
         tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT),
@@ -480,4 +487,71 @@ fn nomad_chain_ebpf() {
 #[test]
 fn nomad_chain_nftables() {
     nomad_chain_on("nftables");
+}
+
+/// An ADD the daemon saves but cannot apply (nftables' `nft` fails after the change was
+/// validated and saved) is a CNI error worth retrying that leaves no service behind: the
+/// daemon keeps serving what it had, and once `nft` works again nothing of it shows up.
+#[test]
+fn a_failed_apply_leaves_nothing() {
+    if !require_root("a_failed_apply_leaves_nothing") {
+        return;
+    }
+    let (node, client) = node_and_client();
+    let nft = FailingNft::new().unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start_env(
+        lb(),
+        bpffs.path(),
+        &["--dataplane", "nftables"],
+        &[("PATH", &nft.path_env())],
+    )
+    .unwrap();
+    let rt = Runtime::nomad(&node, node.name(), &d.socket());
+    let c1 = Container::new("0c1a2b3c4d5e6f708192a3b4c5d6e7f8");
+    let _s1 = spawn_backend(&c1.ns, "c1", CONTAINER_PORT, CONTAINER_PORT).unwrap();
+    rt.add(&c1, &mapping(HOST_PORTS[0]))
+        .unwrap_or_else(|o| panic!("ADD c1: {o:?}"));
+    let elements = d.ok(&["elements", NET]);
+
+    nft.fail(true).unwrap();
+    let c2 = Container::new("99887766554433221100aabbccddeeff");
+    let failed = rt
+        .add(&c2, &mapping(HOST_PORTS[1]))
+        .expect_err("saved but not applied is a failed ADD");
+    let err = failed.json();
+    assert_eq!(err["code"], 11, "try again later: {failed:?}");
+    assert!(
+        err["details"]
+            .as_str()
+            .unwrap()
+            .contains("injected failure"),
+        "{failed:?}"
+    );
+    let left: Vec<String> = (services(&d.socket()).into_iter())
+        .map(|e| e.service.id)
+        .collect();
+    assert_eq!(
+        left,
+        ["cni-0c1a2b3c4d5e-eth0"],
+        "c2's service was taken back"
+    );
+    answer_from(
+        "c1",
+        tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT),
+        "c1 still served",
+    );
+    rt.del(&c2, &[], None)
+        .unwrap_or_else(|o| panic!("DEL after the failed ADD: {o:?}"));
+
+    nft.fail(false).unwrap();
+    let healed = lb_tests::poll_until(std::time::Duration::from_secs(20), || {
+        d.network_status(NET)["applied"] == true
+    });
+    assert!(healed.is_some(), "applied again: {}", d.log());
+    assert_eq!(d.ok(&["elements", NET]), elements, "nothing of c2 applied");
+    assert!(
+        tcp_request(&client, NODE_IP, HOST_PORTS[1], TIMEOUT).is_err(),
+        "c2's port is not published"
+    );
 }

@@ -2,11 +2,11 @@
 //! (and says why), it serves a VIP and a published port, the kernel's table holds exactly
 //! `lb elements`, a failing `nft` keeps the last good ruleset until the next sync heals it,
 //! and switching dataplanes across a restart leaves nothing of the other. Root only.
-use std::{collections::BTreeSet, net::Ipv4Addr, os::unix::fs::PermissionsExt as _, path::Path};
+use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{LbDaemon, network_add, service_set},
+    daemon::{FailingNft, LbDaemon, network_add, service_set},
     netns::Topology,
     require_root,
     traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
@@ -178,41 +178,19 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
     let topo = Topology::new(2).unwrap();
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let bpffs = Bpffs::new().unwrap();
-    // A `nft` first on PATH that fails while the marker exists, as the seed's tests do.
-    let dir = std::env::temp_dir().join(format!("lbt-fake-nft-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let marker = dir.join("fail");
-    let fake = dir.join("nft");
-    let real = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .expect("nft is installed (cargo xtask setup)");
-    std::fs::write(
-        &fake,
-        format!(
-            "#!/bin/sh\nif [ -e {} ]; then echo 'nft: injected failure' >&2; exit 1; fi\nexec {real} \"$@\"\n",
-            marker.display()
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let path = format!(
-        "{}:{}",
-        dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let nft = FailingNft::new().unwrap();
     let d = LbDaemon::start_env(
         lb(),
         bpffs.path(),
         &["--dataplane", "nftables"],
-        &[("PATH", &path)],
+        &[("PATH", &nft.path_env())],
     )
     .unwrap();
     add_network(&d, &topo, "heal");
     set_service(&d, "heal", "1", &topo.backend_ips[..1]);
     assert_eq!(answering(&topo, 5), BTreeSet::from(["b0".to_owned()]));
 
-    std::fs::write(&marker, "").unwrap();
+    nft.fail(true).unwrap();
     // The API says so distinctly: 500 with `saved: true`, and the state holds the change.
     let service = Service {
         id: "api".into(),
@@ -267,7 +245,7 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
         "the last good ruleset still serves"
     );
 
-    std::fs::remove_file(&marker).unwrap();
+    nft.fail(false).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     while status(&d)["networks"][0]["applied"] != true {
         assert!(
@@ -283,7 +261,6 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
         sorted_lines(&d.ok(&["elements", "heal"]))
     );
     drop(d);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

@@ -326,3 +326,62 @@ pub fn free_metrics_addr() -> Result<String> {
         .port();
     Ok(format!("127.0.0.1:{port}"))
 }
+
+/// An `nft` first on the daemon's PATH that fails (`nft: injected failure`) while
+/// [`FailingNft::fail`] is on and runs the real one otherwise, as the seed's tests do: how a
+/// test makes the nftables dataplane's apply fail after a change was validated and saved.
+/// Its directory is removed on drop.
+pub struct FailingNft {
+    dir: PathBuf,
+}
+
+impl FailingNft {
+    pub fn new() -> Result<FailingNft> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("lbt-fake-nft-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let nft = FailingNft { dir };
+        let real = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
+            .into_iter()
+            .find(|p| Path::new(p).exists())
+            .context("nft is installed (cargo xtask setup)")?;
+        let fake = nft.dir.join("nft");
+        std::fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\nif [ -e {} ]; then echo 'nft: injected failure' >&2; exit 1; fi\nexec {real} \"$@\"\n",
+                nft.marker().display()
+            ),
+        )?;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755))?;
+        Ok(nft)
+    }
+
+    fn marker(&self) -> PathBuf {
+        self.dir.join("fail")
+    }
+
+    /// The daemon's `PATH`, with the fake first.
+    pub fn path_env(&self) -> String {
+        format!(
+            "{}:{}",
+            self.dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    pub fn fail(&self, on: bool) -> Result<()> {
+        if on {
+            std::fs::write(self.marker(), "")?;
+        } else {
+            std::fs::remove_file(self.marker())?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FailingNft {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
