@@ -20,8 +20,11 @@ const BPF_LINKER_VERSION: &str = "0.10.4";
 
 /// Debian packages the tests, the demo and an operator's inspection commands use.
 const DEBIAN_PACKAGES: &[&str] = &[
-    "bpftool",     // map and program inspection (README, tests)
-    "conntrack",   // kernel conntrack of the nftables fallback
+    "bpftool",   // map and program inspection (README, tests)
+    "conntrack", // kernel conntrack of the nftables fallback
+    // The reference CNI plugins (bridge, host-local, firewall, loopback; in /usr/lib/cni):
+    // the chain lb-cni runs in (tests/cni.rs).
+    "containernetworking-plugins",
     "curl",        // the API over the unix socket, as the README shows it (tests)
     "ethtool",     // checksum offload on/off in the netns tests
     "iperf",       // iperf 2: TCP throughput through a namespace path (tests)
@@ -54,6 +57,13 @@ enum Cmd {
     Build {
         #[arg(long)]
         release: bool,
+    },
+    /// Build lb-cni (release) and copy it where the container runtime looks for CNI plugins.
+    InstallCni {
+        /// The runtime's plugin directory (containerd's and Nomad's default; Debian's own
+        /// plugins are in /usr/lib/cni).
+        #[arg(long, default_value = "/opt/cni/bin")]
+        dir: PathBuf,
     },
     /// Build, then `lb load` a desired-state file (one shot, no daemon).
     BuildAndLoad {
@@ -98,6 +108,7 @@ fn main() -> Result<()> {
             setup()?;
             build(release)
         }
+        Cmd::InstallCni { dir } => install_cni(&dir),
         Cmd::BuildAndLoad { state, bpffs } => {
             setup()?;
             build(true)?;
@@ -191,6 +202,36 @@ fn build(release: bool) -> Result<()> {
         cmd.arg("--release");
     }
     run(&mut cmd)
+}
+
+/// `cargo build --release --bin lb-cni`, then a copy to `dir/lb-cni` (written beside it and
+/// renamed, so a runtime running the plugin meanwhile sees the old file or the new one).
+fn install_cni(dir: &Path) -> Result<()> {
+    let say = |what: &str| println!("xtask install-cni: {what}");
+    say("building lb-cni (cargo build --release --bin lb-cni)");
+    run(cargo().args([
+        "build",
+        "--locked",
+        "--release",
+        "-p",
+        "lb-user",
+        "--bin",
+        "lb-cni",
+    ]))?;
+    let built = root().join("target/release/lb-cni");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let to = dir.join("lb-cni");
+    let tmp = dir.join(".lb-cni.tmp");
+    std::fs::copy(&built, &tmp)
+        .with_context(|| format!("copying {} to {}", built.display(), tmp.display()))?;
+    std::fs::rename(&tmp, &to)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), to.display()))?;
+    say(&format!(
+        "installed {} (from {})",
+        to.display(),
+        built.display()
+    ));
+    Ok(())
 }
 
 fn test(extra: &[String]) -> Result<()> {
