@@ -555,3 +555,70 @@ fn a_failed_apply_leaves_nothing() {
         "c2's port is not published"
     );
 }
+
+/// lb-cni run directly with `env` and `stdin`: its exit status and its stdout as JSON.
+fn lb_cni_direct(env: &[(&str, &str)], stdin: &Value) -> (bool, Value) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lb-cni"))
+        .env_clear()
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    (child.stdin.take().unwrap())
+        .write_all(stdin.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let json = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+    (out.status.success(), json)
+}
+
+/// Errors are the spec's error result with its codes, and a non-zero exit: a missing
+/// `CNI_COMMAND` (4), a config that is not one (7), a version it does not speak (1), a daemon
+/// that cannot be reached for ADD or DEL (11, try again later) and for STATUS (50). Needs
+/// no root: nothing reaches a daemon.
+#[test]
+fn errors_are_cni_errors_with_the_spec_codes() {
+    let socket = std::env::temp_dir().join(format!("lbt-cni-none-{}.sock", std::process::id()));
+    let socket = socket.to_str().unwrap();
+    let conf = |version: &str| json!({"cniVersion": version, "network": NET, "socket": socket});
+    let attachment = [
+        ("CNI_CONTAINERID", "abc"),
+        ("CNI_IFNAME", "eth0"),
+        ("CNI_NETNS", "/proc/1/ns/net"),
+    ];
+    let with = |command: &'static str| {
+        let mut env = vec![("CNI_COMMAND", command)];
+        env.extend(attachment);
+        env
+    };
+    let prev = json!({"cniVersion": "1.0.0", "interfaces": [{"name": "br0"}, {"name": "eth0", "sandbox": "/x"}],
+        "ips": [{"address": "172.26.64.2/20", "interface": 1}]});
+    let mut add = conf("1.0.0");
+    add["prevResult"] = prev;
+    add["runtimeConfig"] = json!({"portMappings": mapping(20001)});
+    let cases = [
+        ("no CNI_COMMAND", attachment.into(), conf("1.0.0"), 4),
+        ("no network", with("ADD"), json!({"cniVersion": "1.0.0"}), 7),
+        ("version 0.2.0", with("DEL"), conf("0.2.0"), 1),
+        ("ADD, no daemon", with("ADD"), add, 11),
+        ("DEL, no daemon", with("DEL"), conf("1.0.0"), 11),
+        (
+            "STATUS, no daemon",
+            vec![("CNI_COMMAND", "STATUS")],
+            conf("1.1.0"),
+            50,
+        ),
+    ];
+    for (what, env, stdin, code) in cases {
+        let (ok, out) = lb_cni_direct(&env, &stdin);
+        assert!(!ok, "{what}: exits non-zero: {out}");
+        assert_eq!(out["code"], code, "{what}: {out}");
+        assert!(
+            out["msg"].as_str().is_some_and(|m| !m.is_empty()),
+            "{what}: {out}"
+        );
+        assert!(out["cniVersion"].is_string(), "{what}: {out}");
+    }
+}
