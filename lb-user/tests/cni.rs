@@ -324,9 +324,24 @@ fn nomad_chain_on(dataplane: &str) {
         .add(&c1, &p1)
         .unwrap_or_else(|o| panic!("ADD c1: {o:?}\n{}", d.log()));
     assert_eq!(r1["cniVersion"], "1.0.0");
+    let nets: Vec<lb_user::api::NetworkSummary> = Client::new(&d.socket())
+        .call(&Request::NetworkList)
+        .unwrap();
+    assert_eq!(nets.len(), 1);
+    assert_eq!(
+        nets[0].interfaces,
+        ["ext0", BRIDGE],
+        "the first ADD made the network with the bridge the chain created"
+    );
     let c2 = Container::new("99887766554433221100aabbccddeeff");
     let _s2 = spawn_backend(&c2.ns, "c2", CONTAINER_PORT, CONTAINER_PORT).unwrap();
-    let p2 = mapping(HOST_PORTS[1]);
+    // c2's port is bound to the node's external address (hostIP), as kubelet's can be.
+    let p2: Vec<Value> = (mapping(HOST_PORTS[1]).into_iter())
+        .map(|mut m| {
+            m["hostIP"] = json!(NODE_IP.to_string());
+            m
+        })
+        .collect();
     let r2 = rt
         .add(&c2, &p2)
         .unwrap_or_else(|o| panic!("ADD c2: {o:?}\n{}", d.log()));
@@ -373,9 +388,13 @@ fn nomad_chain_on(dataplane: &str) {
         "after the second ADD",
     );
 
-    // CHECK passes after ADD.
+    // CHECK passes after ADD, and fails when asked for ports the service does not have.
     let check = rt.lb_cni("CHECK", &c1, Some(&r1), &p1, &[]);
     assert!(check.ok, "CHECK after ADD: {check:?}");
+    let check = rt.lb_cni("CHECK", &c2, Some(&r2), &p2, &[]);
+    assert!(check.ok, "CHECK of the hostIP-bound one: {check:?}");
+    let check = rt.lb_cni("CHECK", &c2, Some(&r2), &mapping(HOST_PORTS[1]), &[]);
+    assert!(!check.ok, "CHECK with another hostIP: {check:?}");
 
     // A third container asking for c1's port: a CNI error naming the holder, nothing applied.
     let elements = d.ok(&["elements", NET]);

@@ -209,7 +209,19 @@ fn ensure_network(client: &Client, conf: &Conf, bridge: Option<&str>) -> Result<
             {
                 ensure_network(client, conf, bridge).map(|_| false)
             }
-            Err(e) => Err(err("creating")(e)),
+            Err(e) => {
+                // Saved but not applied: the network would stay in the desired state with
+                // no service of this ADD in it; take it back (nothing else can be in it yet).
+                if e.downcast_ref::<Refused>().is_some_and(|r| r.reply.saved) {
+                    let rm = Request::NetworkRm {
+                        name: conf.network.clone(),
+                    };
+                    if let Err(undo) = accept_saved(client.call::<Done>(&rm)) {
+                        tracing::warn!(network = conf.network, "taking the network back: {undo:#}");
+                    }
+                }
+                Err(err("creating")(e))
+            }
         };
     };
     if want.iter().all(|w| have.interfaces.contains(w)) {
