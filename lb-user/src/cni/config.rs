@@ -51,8 +51,6 @@ impl Env {
 #[serde(rename_all = "camelCase")]
 pub struct Conf {
     pub cni_version: String,
-    #[serde(default)]
-    pub name: String,
     /// The daemon's API socket.
     #[serde(default = "default_socket")]
     pub socket: PathBuf,

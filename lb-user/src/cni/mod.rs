@@ -12,7 +12,7 @@ mod config;
 mod error;
 mod service;
 
-pub use config::{Conf, Env, PortMapping};
+pub use config::Env;
 pub use error::{CniError, code};
 pub use service::{SUPPORTED_VERSIONS, service_id};
 
