@@ -10,9 +10,10 @@
 //! - chain `K-S-k` translates by the map `K-S-k` (set key → backend of interval `I_k`), whose
 //!   element `VIP : backend` *is* moby's element `VIP . I_k : backend`, with its counter.
 //!
-//! The prerouting chain dispatches by verdict maps: `vip-dispatch` (VIP → `goto v-S`), then,
-//! off the VIPs, `port-host-dispatch` (`host . proto . port`, the more specific binding) and
-//! `port-dispatch` (`proto . port`, on the node's own addresses only).
+//! The prerouting chain (what arrives by the network's interfaces) and the output chain (what
+//! the namespace's own processes send) dispatch by verdict maps: `vip-dispatch` (VIP →
+//! `goto v-S`), then, off the VIPs, `port-host-dispatch` (`host . proto . port`, the more
+//! specific binding) and `port-dispatch` (`proto . port`, on the node's own addresses only).
 //!
 //! Why this shape and not moby's three concatenated interval maps: see the module doc of
 //! `dataplane::nft` (pipapo refuses them past ~1,365 elements per netlink message; a map and
@@ -267,23 +268,35 @@ fn elements<I: IntoIterator<Item = String>>(items: I) -> Option<String> {
     (!v.is_empty()).then(|| format!("{{ {} }}", v.join(", ")))
 }
 
-/// The rules of the two base chains, one per line.
-fn base_rules(network: &Network, subnets: &Subnets) -> (Vec<String>, Vec<String>) {
-    let ifaces = quoted_set(&network.interfaces);
+/// The dispatch rules, each prefixed by `on` (which packets they look at): VIPs, then the
+/// host-bound ports, then the ports on every address of the node. A verdict map that misses
+/// ends its rule, so each rule only dispatches what its map holds; the host-bound ports go
+/// first, as a more specific binding does on eBPF.
+fn dispatch_rules(on: &str) -> Vec<String> {
     let l4 = "meta l4proto { tcp, udp, sctp }";
-    // A verdict map that misses ends its rule, so each rule only dispatches what its map
-    // holds; the host-bound ports go first, as a more specific binding does on eBPF.
-    let pre = vec![
-        format!("iifname {ifaces} ip daddr vmap @{}", Kind::Vip.dispatch()),
+    vec![
+        format!("{on}ip daddr vmap @{}", Kind::Vip.dispatch()),
         format!(
-            "iifname {ifaces} {l4} ip daddr != @{VIP_SET} ip daddr . meta l4proto . th dport vmap @{}",
+            "{on}{l4} ip daddr != @{VIP_SET} ip daddr . meta l4proto . th dport vmap @{}",
             Kind::HostPort.dispatch()
         ),
         format!(
-            "iifname {ifaces} {l4} ip daddr != @{VIP_SET} fib daddr type local meta l4proto . th dport vmap @{}",
+            "{on}{l4} ip daddr != @{VIP_SET} fib daddr type local meta l4proto . th dport vmap @{}",
             Kind::Port.dispatch()
         ),
-    ];
+    ]
+}
+
+/// The rules of the base chains, one per line: prerouting (what arrives by the network's
+/// interfaces), output (what processes of the namespace send: node-local clients reach VIPs
+/// and published ports on the node's addresses, as the kernel's own NAT serves them), and
+/// postrouting.
+fn base_rules(network: &Network, subnets: &Subnets) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let ifaces = quoted_set(&network.interfaces);
+    let pre = dispatch_rules(&format!("iifname {ifaces} "));
+    // Not 127.0.0.1: a loopback source cannot leave the node (that needs route_localnet and a
+    // guard against the link reaching loopback services, kube-proxy's CVE-2020-8558).
+    let out = dispatch_rules("ip saddr != 127.0.0.0/8 ");
     let post = match network.masquerade {
         // The seed's rule, limited to what leaves by this network's interfaces.
         Masquerade::Always => vec![format!(
@@ -304,7 +317,7 @@ fn base_rules(network: &Network, subnets: &Subnets) -> (Vec<String>, Vec<String>
             .collect(),
         Masquerade::Never => Vec::new(),
     };
-    (pre, post)
+    (pre, out, post)
 }
 
 /// `add` commands declaring one unit's maps and chains (its slot maps empty).
@@ -362,9 +375,11 @@ pub(super) fn delete_elements(s: &mut String, t: &str, map: &str, items: Vec<Str
 /// The base chains and sets, emptied and declared again (small, so always rewritten: the
 /// interfaces, masquerade and subnets they depend on are not all in the network).
 pub(super) fn base(s: &mut String, t: &str, network: &Network, subnets: &Subnets) {
-    let (pre, post) = base_rules(network, subnets);
+    let (pre, out, post) = base_rules(network, subnets);
     for (name, hook, prio, rules) in [
         ("prerouting", "prerouting", "dstnat", pre),
+        // -100, what `dstnat` names at prerouting: nft 1.0.6 takes no keyword at output.
+        ("output", "output", "-100", out),
         ("postrouting", "postrouting", "srcnat", post),
     ] {
         let _ = writeln!(
