@@ -17,6 +17,7 @@ use lb_tests::{
     daemon::{FailingNft, LbDaemon},
     netns::Netns,
     require_root,
+    tools::TempDir,
     traffic::{TIMEOUT, spawn_backend, tcp_request, udp_request},
 };
 use lb_user::api::{Client, Request, ServiceEntry};
@@ -55,6 +56,16 @@ impl Outcome {
         serde_json::from_str(&self.stdout)
             .unwrap_or_else(|e| panic!("plugin output is not JSON ({e}): {self:?}"))
     }
+
+    /// Asserts that this is a CNI error of `code` whose details contain `detail`.
+    fn assert_error(&self, code: u64, detail: &str, what: &str) {
+        let err = self.json();
+        assert_eq!(err["code"], code, "{what}: {self:?}");
+        assert!(
+            err["details"].as_str().unwrap_or_default().contains(detail),
+            "{what}: details name {detail:?}: {err}"
+        );
+    }
 }
 
 /// The tiny runtime: one conflist, plugins run in `node`.
@@ -62,27 +73,7 @@ struct Runtime<'a> {
     node: &'a Netns,
     conflist: Value,
     /// host-local's leases, private to this test.
-    _ipam_dir: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A directory removed on drop.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Dir {
-        pub fn new(tag: &str) -> Dir {
-            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let p = std::env::temp_dir().join(format!("lbt-{tag}-{}-{n}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&p);
-            std::fs::create_dir_all(&p).unwrap();
-            Dir(p)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
+    _ipam_dir: TempDir,
 }
 
 /// A container: its namespace and the id the runtime gives it.
@@ -103,7 +94,7 @@ impl Container {
 impl<'a> Runtime<'a> {
     /// Nomad's template (seed 002) with loopback first, hairpin on, and `lb-cni` for `portmap`.
     fn nomad(node: &'a Netns, node_netns: &str, socket: &Path) -> Runtime<'a> {
-        let ipam_dir = tempdir::Dir::new("cni-ipam");
+        let ipam_dir = TempDir::new("cni-ipam").unwrap();
         let conflist = json!({
             "cniVersion": "1.0.0",
             "name": "nomad",
@@ -118,7 +109,7 @@ impl<'a> Runtime<'a> {
                     "hairpinMode": true,
                     "ipam": {
                         "type": "host-local",
-                        "dataDir": ipam_dir.0,
+                        "dataDir": ipam_dir.path(),
                         "ranges": [[{"subnet": SUBNET}]],
                         "routes": [{"dst": "0.0.0.0/0"}]
                     }
@@ -404,15 +395,7 @@ fn nomad_chain_on(dataplane: &str) {
     let refused = rt
         .add(&c3, &mapping(HOST_PORTS[0]))
         .expect_err("c3 takes a held port");
-    let err = refused.json();
-    assert_eq!(err["code"], 100, "{refused:?}");
-    assert!(
-        err["details"]
-            .as_str()
-            .unwrap()
-            .contains("cni-0c1a2b3c4d5e-eth0"),
-        "names the holder: {err}"
-    );
+    refused.assert_error(100, "cni-0c1a2b3c4d5e-eth0", "names the holder");
     assert_eq!(services(&d.socket()).len(), 2, "nothing added");
     assert_eq!(d.ok(&["elements", NET]), elements, "nothing applied");
     rt.del(&c3, &[], None)
@@ -521,13 +504,7 @@ fn a_failed_apply_leaves_nothing() {
     let (node, client) = node_and_client();
     let nft = FailingNft::new().unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start_env(
-        lb(),
-        bpffs.path(),
-        &["--dataplane", "nftables"],
-        &[("PATH", &nft.path_env())],
-    )
-    .unwrap();
+    let d = nft.start_daemon(lb(), bpffs.path()).unwrap();
     let rt = Runtime::nomad(&node, node.name(), &d.socket());
     let c1 = Container::new("0c1a2b3c4d5e6f708192a3b4c5d6e7f8");
     let _s1 = spawn_backend(&c1.ns, "c1", CONTAINER_PORT, CONTAINER_PORT).unwrap();
@@ -540,15 +517,7 @@ fn a_failed_apply_leaves_nothing() {
     let failed = rt
         .add(&c2, &mapping(HOST_PORTS[1]))
         .expect_err("saved but not applied is a failed ADD");
-    let err = failed.json();
-    assert_eq!(err["code"], 11, "try again later: {failed:?}");
-    assert!(
-        err["details"]
-            .as_str()
-            .unwrap()
-            .contains("injected failure"),
-        "{failed:?}"
-    );
+    failed.assert_error(11, "injected failure", "try again later");
     let left: Vec<String> = (services(&d.socket()).into_iter())
         .map(|e| e.service.id)
         .collect();

@@ -179,13 +179,7 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let bpffs = Bpffs::new().unwrap();
     let nft = FailingNft::new().unwrap();
-    let d = LbDaemon::start_env(
-        lb(),
-        bpffs.path(),
-        &["--dataplane", "nftables"],
-        &[("PATH", &nft.path_env())],
-    )
-    .unwrap();
+    let d = nft.start_daemon(lb(), bpffs.path()).unwrap();
     add_network(&d, &topo, "heal");
     set_service(&d, "heal", "1", &topo.backend_ips[..1]);
     assert_eq!(answering(&topo, 5), BTreeSet::from(["b0".to_owned()]));

@@ -330,17 +330,17 @@ pub fn free_metrics_addr() -> Result<String> {
 /// An `nft` first on the daemon's PATH that fails (`nft: injected failure`) while
 /// [`FailingNft::fail`] is on and runs the real one otherwise, as the seed's tests do: how a
 /// test makes the nftables dataplane's apply fail after a change was validated and saved.
-/// Its directory is removed on drop.
+/// Its directory is private to it and removed on drop.
 pub struct FailingNft {
-    dir: PathBuf,
+    dir: crate::tools::TempDir,
 }
 
 impl FailingNft {
     pub fn new() -> Result<FailingNft> {
         use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("lbt-fake-nft-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let nft = FailingNft { dir };
+        let nft = FailingNft {
+            dir: crate::tools::TempDir::new("fake-nft")?,
+        };
         let real = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
             .into_iter()
             .find(|p| Path::new(p).exists())
@@ -365,8 +365,18 @@ impl FailingNft {
     pub fn path_env(&self) -> String {
         format!(
             "{}:{}",
-            self.dir.display(),
+            self.dir.path().display(),
             std::env::var("PATH").unwrap_or_default()
+        )
+    }
+
+    /// `lb daemon` (binary `lb`) on the nftables dataplane with this `nft` first on its PATH.
+    pub fn start_daemon(&self, lb: &Path, bpffs: &Path) -> Result<LbDaemon> {
+        LbDaemon::start_env(
+            lb,
+            bpffs,
+            &["--dataplane", "nftables"],
+            &[("PATH", &self.path_env())],
         )
     }
 
@@ -377,11 +387,5 @@ impl FailingNft {
             std::fs::remove_file(self.marker())?;
         }
         Ok(())
-    }
-}
-
-impl Drop for FailingNft {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

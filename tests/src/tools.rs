@@ -162,11 +162,11 @@ fn run_tool(mut cmd: Command, what: &str, limit: Duration) -> Result<Finished> {
 }
 
 /// A private directory under the system temp dir, removed (with its contents) on drop.
-struct TempDir(PathBuf);
+pub struct TempDir(PathBuf);
 
 impl TempDir {
     /// `<tmp>/lbt-tools-<pid>-<n>-<what>`, empty.
-    fn new(what: &str) -> Result<TempDir> {
+    pub fn new(what: &str) -> Result<TempDir> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lbt-tools-{}-{}-{what}",
@@ -179,11 +179,11 @@ impl TempDir {
         Ok(TempDir(dir))
     }
 
-    fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.0
     }
 
-    fn join(&self, file: &str) -> PathBuf {
+    pub fn join(&self, file: &str) -> PathBuf {
         self.0.join(file)
     }
 }
