@@ -51,6 +51,20 @@ pub fn flow_hash(key: &FlowKey, hash_key: u32) -> u32 {
     jhash_3words(key.saddr, key.daddr, ports, hash_key ^ u32::from(key.proto))
 }
 
+/// The hash a socket of the node's own processes is balanced by (`lb_common::HOOK_SOCK`): the
+/// socket's cookie and the service address and port it asked for, under the network's key.
+/// One socket sends to one backend per service while the set is unchanged, which a UDP
+/// client sending datagrams from one socket needs (its answers come back to that socket).
+#[inline(always)]
+pub fn sock_hash(cookie: u64, addr: u32, port: u16, proto: u8, hash_key: u32) -> u32 {
+    jhash_3words(
+        cookie as u32,
+        (cookie >> 32) as u32,
+        addr ^ u32::from(port),
+        hash_key ^ u32::from(proto),
+    )
+}
+
 /// The flow's bucket in `0..BUCKETS`.
 #[inline(always)]
 pub fn bucket(hash: u32) -> u32 {
@@ -187,6 +201,35 @@ mod tests {
             .map(|&g| (f64::from(g) - expect).powi(2) / expect)
             .sum();
         assert!(chi2 < 48.3, "chi2 {chi2}: {groups:?}");
+    }
+
+    #[test]
+    fn buckets_of_sequential_socket_cookies_are_uniform() {
+        // Socket cookies are a counter: one process's connections get consecutive ones. The
+        // same bound as for client ports above; the service address and port move the hash.
+        let mut groups = [0u32; 16];
+        let n = 65536u32;
+        let start = 0x1_0000_4000u64;
+        for c in 0..u64::from(n) {
+            let h = sock_hash(start + c, 0x0a00_630a, 80u16.to_be(), 6, 0x1234_5678);
+            groups[(bucket(h) >> 12) as usize] += 1;
+        }
+        let expect = f64::from(n) / 16.0;
+        let chi2: f64 = groups
+            .iter()
+            .map(|&g| (f64::from(g) - expect).powi(2) / expect)
+            .sum();
+        assert!(chi2 < 48.3, "chi2 {chi2}: {groups:?}");
+        let h = |addr, port, proto| sock_hash(start, addr, port, proto, 7);
+        let base = h(0x0a00_630a, 80u16.to_be(), 6);
+        assert_ne!(base, h(0x0b00_630a, 80u16.to_be(), 6), "another service");
+        assert_ne!(base, h(0x0a00_630a, 81u16.to_be(), 6), "another port");
+        assert_ne!(base, h(0x0a00_630a, 80u16.to_be(), 17), "another protocol");
+        assert_eq!(
+            base,
+            h(0x0a00_630a, 80u16.to_be(), 6),
+            "the same every time"
+        );
     }
 
     #[test]

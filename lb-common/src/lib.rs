@@ -66,6 +66,9 @@ pub const MAX_ENDPOINTS: u32 = 16384;
 pub const MAX_DSR_SESSIONS: u32 = 3 * 65536;
 /// Capacity of the DSR backend map: one entry per backend address of the network.
 pub const MAX_DSR_BACKENDS: u32 = 65536;
+/// Sockets of the node's own processes sent to a backend and remembered for the answer
+/// (`lb_sock_rev`, an LRU: Cilium's size for its reverse socket map).
+pub const MAX_SOCK_REV: u32 = 65536;
 /// How long a DSR session lives without packets by default, in seconds (moby's 60 s).
 pub const DSR_TIMEOUT_DEFAULT: u32 = 60;
 
@@ -143,7 +146,7 @@ macro_rules! map_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]) or asked, so a program never reads a map written in
 /// another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 13] = [
+pub const MAP_LAYOUTS: [(&str, u32); 15] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -153,23 +156,27 @@ pub const MAP_LAYOUTS: [(&str, u32); 13] = [
     ("lb_config", 2),
     ("lb_counters", 2),
     ("lb_frags", 1),
-    ("lb_reasons", 3),
+    ("lb_reasons", 4),
     ("lb_endpoints", 1),
     ("lb_dsr_sessions", 1),
     ("lb_dsr_backends", 1),
+    ("lb_sock", 1),
+    ("lb_sock_rev", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
 /// ports of fragments in flight) or what the controller rewrites whole from the node at every
-/// apply (the local endpoints, the DSR backends' MACs): one pinned in another layout is
+/// apply (the local endpoints, the DSR backends' MACs, the namespace the socket programs
+/// serve): one pinned in another layout is
 /// replaced without asking, since losing it costs no connection. Every other map of another
 /// layout is refused unless the operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 5] = [
+pub const DISPOSABLE_MAPS: [&str; 6] = [
     "lb_counters",
     "lb_frags",
     "lb_reasons",
     "lb_endpoints",
     "lb_dsr_backends",
+    "lb_sock",
 ];
 
 /// The map that records [`MAP_LAYOUTS`]' versions of a pin directory: an array of `u32`
@@ -426,6 +433,37 @@ map_layout! {
     }
 }
 
+map_layout! {
+    /// The one entry of `lb_sock`: the network namespace whose processes the socket programs
+    /// serve (its cookie, `SO_NETNS_COOKIE`). The programs hang on a cgroup, which reaches
+    /// every process below it in every namespace: any other namespace, and a map not written
+    /// yet (0, which no namespace has), leaves a socket untouched.
+    pub struct SockConfig {
+        pub netns_cookie: u64,
+    }
+}
+
+map_layout! {
+    /// Key of `lb_sock_rev`: a socket (its cookie) and the backend address and port its
+    /// connect or send was given instead of the service's.
+    pub struct SockRevKey {
+        pub cookie: u64,
+        pub addr: u32,
+        pub port: u16,
+        pub _pad: u16,
+    }
+}
+
+map_layout! {
+    /// Value of `lb_sock_rev`: the service address and port the socket asked for, which its
+    /// answers' source and its peer name show.
+    pub struct SockRev {
+        pub addr: u32,
+        pub port: u16,
+        pub _pad: u16,
+    }
+}
+
 /// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
 /// (`bpf_redirect_peer`, TC ingress only) rather than out of it.
 pub const ENDPOINT_PEER: u32 = 1 << 0;
@@ -509,19 +547,27 @@ pub enum Reason {
     /// A DSR VIP's packet whose chosen backend has no known MAC yet (the controller resolves
     /// it and takes it out of the set meanwhile): dropped.
     DsrUnresolved,
+    /// A connect or send of a process of the network's namespace to a VIP or published port:
+    /// its destination became a backend's (socket-level balancing, `HOOK_SOCK`).
+    SockTranslated,
+    /// An answer to (or the peer of) such a socket: its source shown as the service's.
+    SockReversed,
 }
 
 /// The programs, in `lb_reasons` slot order (slot `hook * REASONS + reason`), with the label
 /// metrics give them.
-pub const HOOKS: [&str; 4] = ["xdp", "tc_ingress", "tc_egress", "tc_reply"];
+pub const HOOKS: [&str; 5] = ["xdp", "tc_ingress", "tc_egress", "tc_reply", "sock"];
 pub const HOOK_XDP: u32 = 0;
 pub const HOOK_TC_INGRESS: u32 = 1;
 pub const HOOK_TC_EGRESS: u32 = 2;
 /// TC ingress of the node's end of a local backend's veth (the fast path's replies).
 pub const HOOK_TC_REPLY: u32 = 3;
+/// The cgroup socket programs (connect, sendmsg, recvmsg, getpeername) of the network's
+/// namespace.
+pub const HOOK_SOCK: u32 = 4;
 
 /// How many [`Reason`]s there are (the size of `lb_reasons` per hook).
-pub const REASONS: u32 = Reason::DsrUnresolved as u32 + 1;
+pub const REASONS: u32 = Reason::SockReversed as u32 + 1;
 
 impl Reason {
     /// Every reason with its metric label, in counter-slot order.
@@ -552,6 +598,8 @@ impl Reason {
         (Reason::DsrReset, "dsr_reset"),
         (Reason::DsrNoBackend, "dsr_no_backend"),
         (Reason::DsrUnresolved, "dsr_unresolved"),
+        (Reason::SockTranslated, "sock_translated"),
+        (Reason::SockReversed, "sock_reversed"),
     ];
 }
 

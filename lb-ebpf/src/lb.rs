@@ -129,15 +129,22 @@ const CLASH_PORTS: PortRange = PortRange {
 #[inline(always)]
 pub fn pick(key: &FlowKey, svc: &Service, cfg: &Config) -> Option<(u32, Backend)> {
     let hash = hash::flow_hash(key, cfg.hash_key);
+    Some((hash, backend_for(hash, svc)?))
+}
+
+/// The backend of `svc`'s set whose bucket `hash` falls in: the flow hash's ([`pick`]) or a
+/// socket's (`sock`).
+#[inline(always)]
+pub fn backend_for(hash: u32, svc: &Service) -> Option<Backend> {
     let slot = slot_for_bucket(hash::bucket(hash), svc.count)?;
     // SAFETY: plain data copied out.
-    let backend = *unsafe {
+    unsafe {
         BACKENDS.get(&BackendKey {
             set_id: svc.set_id,
             slot,
         })
-    }?;
-    Some((hash, backend))
+    }
+    .copied()
 }
 
 /// Opens a flow for `p`, which has no live entry (`reopen`: its tuple's previous connection

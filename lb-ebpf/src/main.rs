@@ -1,7 +1,8 @@
-//! Entry points of the `lb` dataplane; the journey of a packet is in [`nat`]. Each entry point
-//! runs one path, counts its outcome (`lb_reasons`) and turns it into the hook's verdict. What
-//! is not ours passes untouched (`TC_ACT_UNSPEC` lets other TC programs run after us); the only
-//! drops are flows the kernel's NAT would drop too (no unique tuple for them).
+//! Entry points of the `lb` dataplane; the journey of a packet is in [`nat`], that of the
+//! node's own sockets in [`sock`]. Each entry point runs one path, counts its outcome
+//! (`lb_reasons`) and turns it into the hook's verdict. What is not ours passes untouched
+//! (`TC_ACT_UNSPEC` lets other TC programs run after us); the only drops are flows the
+//! kernel's NAT would drop too (no unique tuple for them), and no socket call is refused.
 #![no_std]
 #![no_main]
 
@@ -16,12 +17,13 @@ mod nat;
 mod parse;
 mod redirect;
 mod snat;
+mod sock;
 mod stats;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC, xdp_action},
-    macros::{classifier, xdp},
-    programs::{TcContext, XdpContext},
+    macros::{cgroup_sock_addr, classifier, xdp},
+    programs::{SockAddrContext, TcContext, XdpContext},
 };
 use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_REPLY, HOOK_XDP, Reason};
 use nat::Verdict;
@@ -84,6 +86,31 @@ pub fn lb_tc_egress(ctx: TcContext) -> i32 {
         HOOK_TC_EGRESS,
         nat::egress(&ctx, HOOK_TC_EGRESS),
     ))
+}
+
+/// connect() of the network namespace's TCP and UDP sockets (socket-level balancing, on the
+/// cgroup2 root).
+#[cgroup_sock_addr(connect4)]
+pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
+    sock::forward(&ctx)
+}
+
+/// sendmsg() of its unconnected UDP sockets.
+#[cgroup_sock_addr(sendmsg4)]
+pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
+    sock::forward(&ctx)
+}
+
+/// recvmsg() of its UDP sockets: the answer's source.
+#[cgroup_sock_addr(recvmsg4)]
+pub fn lb_recvmsg4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
+}
+
+/// getpeername() of its sockets.
+#[cgroup_sock_addr(getpeername4)]
+pub fn lb_getpeername4(ctx: SockAddrContext) -> i32 {
+    sock::reverse(&ctx)
 }
 
 #[inline(always)]

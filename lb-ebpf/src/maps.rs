@@ -3,8 +3,9 @@
 //! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
 //! Who writes what: the controller is the only writer of the service, backend, address, endpoint,
-//! interface, DSR backend and config maps. The programs write `lb_flows` (entries of new flows,
-//! state and expiry of live ones), `lb_dsr_sessions`, `lb_frags`, and the counters; the
+//! interface, DSR backend, socket config and config maps. The programs write `lb_flows`
+//! (entries of new flows, state and expiry of live ones), `lb_dsr_sessions`,
+//! `lb_sock_rev`, `lb_frags`, and the counters; the
 //! controller only deletes from `lb_flows` and `lb_dsr_sessions` (expired entries, and the
 //! UDP flows and sessions of a removed backend).
 use aya_ebpf::{
@@ -16,7 +17,7 @@ use lb_common::{
     Backend, BackendKey, Config, Counters, DsrSession, Endpoint, Flow, FlowKey, FragKey, FragPorts,
     HOOKS, Iface, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS,
     MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS,
-    MAX_SERVICES, PortKey, REASONS, Service, VipKey,
+    MAX_SERVICES, MAX_SOCK_REV, PortKey, REASONS, Service, SockConfig, SockRev, SockRevKey, VipKey,
 };
 
 /// VIP → its backend set. Every port of a VIP is balanced.
@@ -95,3 +96,16 @@ pub static DSR_SESSIONS: LruHashMap<FlowKey, DsrSession> =
 #[map(name = "lb_dsr_backends")]
 pub static DSR_BACKENDS: HashMap<u32, Endpoint> =
     HashMap::with_max_entries(MAX_DSR_BACKENDS, BPF_F_NO_PREALLOC);
+
+/// Which namespace's sockets the socket programs serve (`sock`). Written only by the
+/// controller, at every apply.
+#[map(name = "lb_sock")]
+pub static SOCK: Array<SockConfig> = Array::with_max_entries(1, 0);
+
+/// A socket sent to a backend → the service address it asked for (`sock`): what its answers
+/// and its peer name show. Written by the socket programs; an LRU, so sockets long closed
+/// make room (a socket idle behind more than this many newer ones shows the backend's
+/// address again).
+#[map(name = "lb_sock_rev")]
+pub static SOCK_REV: LruHashMap<SockRevKey, SockRev> =
+    LruHashMap::with_max_entries(MAX_SOCK_REV, 0);

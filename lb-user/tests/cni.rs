@@ -30,6 +30,7 @@ const BRIDGE: &str = "nomad";
 const SUBNET: &str = "172.26.64.0/20";
 /// The node's external address (on `ext0`) and the client's, on one link.
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 210, 0, 1);
+const LOCALHOST: Ipv4Addr = Ipv4Addr::LOCALHOST;
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 210, 0, 2);
 /// Where each container's server listens (TCP and UDP), and the host ports.
 const CONTAINER_PORT: u16 = 8080;
@@ -365,6 +366,36 @@ fn nomad_chain_on(dataplane: &str) {
         "c1 to its own host port, udp",
     );
 
+    // From the node itself: through its address, and through 127.0.0.1 (portmap's `snat`
+    // case) for the port on every address; the hostIP-bound one answers on its address only.
+    for (what, answer) in [
+        ("tcp", tcp_request(&node, NODE_IP, HOST_PORTS[0], TIMEOUT)),
+        ("udp", udp_request(&node, NODE_IP, HOST_PORTS[0], TIMEOUT)),
+        (
+            "tcp via 127.0.0.1",
+            tcp_request(&node, LOCALHOST, HOST_PORTS[0], TIMEOUT),
+        ),
+        (
+            "udp via 127.0.0.1",
+            udp_request(&node, LOCALHOST, HOST_PORTS[0], TIMEOUT),
+        ),
+    ] {
+        answer_from(
+            "c1",
+            answer,
+            &format!("c1's host port from the node, {what}"),
+        );
+    }
+    answer_from(
+        "c2",
+        tcp_request(&node, NODE_IP, HOST_PORTS[1], TIMEOUT),
+        "c2's hostIP-bound port from the node",
+    );
+    assert!(
+        tcp_request(&node, LOCALHOST, HOST_PORTS[1], TIMEOUT).is_err(),
+        "c2's hostIP-bound port does not answer on 127.0.0.1"
+    );
+
     // A repeated ADD of lb-cni (the bridge plugin's own is not idempotent: its veth exists)
     // gives the same result and the same one service.
     let again = rt.lb_cni("ADD", &c1, Some(&r1), &p1, &[]);
@@ -476,6 +507,10 @@ fn nomad_chain_on(dataplane: &str) {
     assert!(
         tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT).is_err(),
         "the port is gone"
+    );
+    assert!(
+        tcp_request(&node, LOCALHOST, HOST_PORTS[0], TIMEOUT).is_err(),
+        "the port is gone from 127.0.0.1 too"
     );
     for c in [&c1, &c2] {
         rt.del(c, &[], None)

@@ -146,9 +146,12 @@ fn attached(topo: &Topology, dir: &Path, netlink: bool) -> Vec<String> {
 }
 
 /// What a network on `ifaces` with `attach` has attached in `topo`, as [`attached`] lists it:
-/// with the bridge among them, the fast path's reply hook on each of its ports too.
+/// the socket programs on the cgroup, and with the bridge among the interfaces, the fast
+/// path's reply hook on each of its ports too.
 fn expected_hooks(topo: &Topology, ifaces: &[&String], attach: &str) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out: Vec<String> = ["connect4", "sendmsg4", "recvmsg4", "getpeername4"]
+        .map(|p| format!("link_cgroup_lb_{p}"))
+        .into();
     for i in ifaces {
         out.extend(["egress", "ingress"].map(|h| format!("link_{i}_{h}")));
         if attach == "xdp" && i.starts_with("lbc") {

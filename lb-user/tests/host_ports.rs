@@ -4,7 +4,9 @@
 //! published no process of the node's namespace can bind it (as kubelet's `openLocalPort` and
 //! Docker's proxy make sure), clients still reach the backends through it, a port a local
 //! process holds is refused before anything is saved, a removed port is free again, a
-//! restarted daemon holds its ports again, and `--hold-ports off` holds none. Root only.
+//! restarted daemon holds its ports again, and `--hold-ports off` holds none. Node-local
+//! clients on the nftables dataplane: the node's address, and `127.0.0.1` with
+//! `route_localnet` set and restored and kube-proxy's CVE-2020-8558 guard. Root only.
 use std::{
     io,
     net::{Ipv4Addr, TcpListener, UdpSocket},
@@ -17,7 +19,7 @@ use lb_tests::{
     daemon::{LbDaemon, network_add, service_set},
     netns::{Netns, Topology},
     require_root,
-    traffic::{TIMEOUT, spawn_backends, tcp_request, udp_request},
+    traffic::{Reply, TIMEOUT, spawn_backend, spawn_backends, tcp_request, udp_request},
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
@@ -244,5 +246,141 @@ fn node_local_clients_reach_a_vip_and_a_published_port_on_nftables() {
             answer.starts_with('b'),
             "{what}: a backend answers: {answer}"
         );
+    }
+}
+
+/// `route_localnet` of `iface` in `ns`.
+fn route_localnet(ns: &Netns, iface: &str) -> bool {
+    let path = format!("/proc/sys/net/ipv4/conf/{iface}/route_localnet");
+    let v = ns.run(|| std::fs::read_to_string(&path)).unwrap().unwrap();
+    v.trim() == "1"
+}
+
+/// Processes of the network's namespace reach a published port on `127.0.0.1` through the
+/// nftables dataplane, over TCP and UDP, as portmap's `snat: true` serves them: the backend
+/// sees the node's address (masqueraded, a 127.0.0.1 source could not be answered), and a
+/// port bound to another `host_ip` does not answer there. lb turns `route_localnet` on for
+/// the network's interfaces where it was off, keeps knowing it across a daemon restart, and
+/// turns it off again when the network goes or no longer publishes a port on 127.0.0.1,
+/// leaving the one the operator had on alone.
+#[test]
+fn localhost_reaches_a_published_port_on_nftables() {
+    if !require_root("localhost_reaches_a_published_port_on_nftables") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, 80, 53).unwrap();
+    let node = &topo.node;
+    let (client_if, bridge) = (&topo.node_ifaces[0], &topo.node_ifaces[1]);
+    // The operator's: on for the client side before lb runs; the bridge's is off.
+    node.sysctl(&format!("net.ipv4.conf.{client_if}.route_localnet"), "1")
+        .unwrap();
+    assert!(!route_localnet(node, bridge), "off before lb");
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    d.ok(&network_add(&topo, NET));
+    const BOUND: u16 = 18081;
+    let ports = [
+        format!("tcp/{TCP_PORT}:80"),
+        format!("udp/{UDP_PORT}:53"),
+        format!("tcp/{BOUND}:80@{}", topo.node_ip),
+    ];
+    d.ok(&service(&ports, &topo));
+    assert!(route_localnet(node, bridge), "lb turned it on");
+    assert!(route_localnet(node, client_if));
+
+    let localhost = Ipv4Addr::LOCALHOST;
+    for (what, answer) in [
+        ("tcp", tcp_request(node, localhost, TCP_PORT, TIMEOUT)),
+        ("udp", udp_request(node, localhost, UDP_PORT, TIMEOUT)),
+    ] {
+        let answer = answer.unwrap_or_else(|e| panic!("{what} to 127.0.0.1: {e:#}"));
+        let reply: Reply = answer.parse().unwrap();
+        assert!(reply.backend.starts_with('b'), "{what}: {answer}");
+        assert_eq!(
+            *reply.peer.ip(),
+            topo.node_backend_ip,
+            "{what}: the backend sees the node's address: {answer}"
+        );
+    }
+    // The host-bound port answers on its address, and not on 127.0.0.1.
+    let bound = tcp_request(node, topo.node_ip, BOUND, TIMEOUT).unwrap();
+    assert!(bound.starts_with('b'), "on its host_ip: {bound}");
+    let short = Duration::from_secs(2);
+    let r = tcp_request(node, localhost, BOUND, short);
+    assert!(r.is_err(), "a host_ip-bound port on 127.0.0.1: {r:?}");
+
+    // The record survives a restart: the restarted daemon's first sync (a whole table) keeps
+    // it, and the removal turns the bridge's off.
+    d.kill9();
+    d.restart().unwrap();
+    let applied = lb_tests::poll_until(Duration::from_secs(20), || {
+        d.network_status(NET)["applied"] == true
+    });
+    assert!(applied.is_some(), "applied again: {}", d.log());
+    let answer = tcp_request(node, localhost, TCP_PORT, TIMEOUT).unwrap();
+    assert!(answer.starts_with('b'), "after the restart: {answer}");
+    // Only the host-bound port left: nothing answers on 127.0.0.1, so it is off again; and on
+    // when a port on every address is back.
+    d.ok(&service(&ports[2..], &topo));
+    assert!(!route_localnet(node, bridge), "no port on 127.0.0.1, off");
+    assert!(route_localnet(node, client_if), "the operator's stays on");
+    d.ok(&service(&ports, &topo));
+    assert!(route_localnet(node, bridge), "on again");
+    d.ok(&["network", "rm", NET]);
+    assert!(!route_localnet(node, bridge), "lb turned it off again");
+    assert!(route_localnet(node, client_if), "the operator's stays on");
+}
+
+/// kube-proxy's CVE-2020-8558 guard: with `route_localnet` on, a host on the network's link
+/// could reach a service listening on the node's loopback; the guard drops packets to (and
+/// from) 127/8 arriving by the network's interfaces. The client routes 127/8 to the node
+/// (its own loopback addresses removed) and accepts answers from 127.0.0.1 (its own
+/// `route_localnet`); the same packets reach the node's service once the guard is flushed by
+/// hand, which shows the guard is what stops them.
+#[test]
+fn a_host_on_the_link_cannot_reach_the_node_loopback_on_nftables() {
+    if !require_root("a_host_on_the_link_cannot_reach_the_node_loopback_on_nftables") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, 80, 53).unwrap();
+    // A service of the node's own, on its loopback (and every other address).
+    const LOCAL_TCP: u16 = 18443;
+    const LOCAL_UDP: u16 = 15443;
+    let _local = spawn_backend(&topo.node, "node", LOCAL_TCP, LOCAL_UDP).unwrap();
+    let client = &topo.client;
+    client.ip(["addr", "flush", "dev", "lo"]).unwrap();
+    let via = topo.node_ip.to_string();
+    client
+        .ip(["route", "add", "127.0.0.0/8", "via", &via])
+        .unwrap();
+    client
+        .sysctl("net.ipv4.conf.eth0.route_localnet", "1")
+        .unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    d.ok(&network_add(&topo, NET));
+    d.ok(&service(&[format!("tcp/{TCP_PORT}:80")], &topo));
+    let client_if = &topo.node_ifaces[0];
+    assert!(route_localnet(&topo.node, client_if), "lb turned it on");
+
+    let localhost = Ipv4Addr::LOCALHOST;
+    let short = Duration::from_secs(2);
+    let tcp = tcp_request(client, localhost, LOCAL_TCP, short);
+    assert!(tcp.is_err(), "tcp from the link to 127.0.0.1: {tcp:?}");
+    let udp = udp_request(client, localhost, LOCAL_UDP, short);
+    assert!(udp.is_err(), "udp from the link to 127.0.0.1: {udp:?}");
+
+    use lb_user::dataplane::nft::{ruleset::GUARD_CHAIN, table_name};
+    (topo.node)
+        .exec(["nft", "flush", "chain", "ip", &table_name(NET), GUARD_CHAIN])
+        .unwrap();
+    for (what, answer) in [
+        ("tcp", tcp_request(client, localhost, LOCAL_TCP, TIMEOUT)),
+        ("udp", udp_request(client, localhost, LOCAL_UDP, TIMEOUT)),
+    ] {
+        let answer = answer.unwrap_or_else(|e| panic!("{what} without the guard: {e:#}"));
+        assert!(answer.starts_with("node "), "{what}: {answer}");
     }
 }

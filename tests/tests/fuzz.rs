@@ -638,7 +638,10 @@ fn is_outcome(r: Reason) -> bool {
         | Reason::DsrSession
         | Reason::DsrReset
         | Reason::DsrNoBackend
-        | Reason::DsrUnresolved => true,
+        | Reason::DsrUnresolved
+        // The socket programs' (which run on no packet).
+        | Reason::SockTranslated
+        | Reason::SockReversed => true,
         Reason::FlowNew
         | Reason::FlowReopened
         | Reason::FlowRecreated

@@ -3,7 +3,8 @@
 //! events that tell the daemon the node changed under a network ([`watch`]), and whether the
 //! node's firewall filters forwarded traffic, which the fast path would skip ([`filter`]), and
 //! whether a veth's peer takes what XDP sends out of it ([`veth`]); the published ports the
-//! daemon holds ([`hold`]).
+//! daemon holds ([`hold`]); where the cgroup2 hierarchy is ([`cgroup`]).
+pub mod cgroup;
 pub mod check;
 pub mod filter;
 pub mod hold;

@@ -54,3 +54,28 @@ pub fn netns_path(netns: &str) -> PathBuf {
         PathBuf::from("/run/netns").join(netns)
     }
 }
+
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`, Linux 5.14): what
+/// a BPF program reads of a socket's namespace (`bpf_get_netns_cookie`). Stable for the
+/// namespace's life, never reused, never 0.
+pub fn cookie() -> Result<u64> {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0")
+        .context("opening a socket to read the namespace's cookie")?;
+    let mut cookie = 0u64;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `cookie`, which lives for the call.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error())
+            .context("reading the network namespace's cookie (SO_NETNS_COOKIE, Linux 5.14)");
+    }
+    Ok(cookie)
+}

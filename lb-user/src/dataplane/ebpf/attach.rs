@@ -14,18 +14,28 @@
 //!   outlive the process; netlink filters belong to the interface and need no pin.
 //! - Only what the network no longer wants is detached: the hooks of an interface it dropped,
 //!   XDP when it switched to `attach tc`, TCX links when the daemon switched to netlink filters.
+//! - The socket programs hang on the cgroup2 root as links pinned like the others
+//!   (`link_cgroup_<program>`): they outlive the process, as the TC hooks do (a UDP socket of
+//!   the node sent to a backend needs its answers shown as the service's while the daemon
+//!   restarts), and go with the network. A cgroup link cannot be updated in place through aya:
+//!   a replacement is attached beside the old one (the cgroup runs both; the second finds a
+//!   socket the first sent to a backend, which is no service) and pinned over it, which
+//!   detaches the old one.
 use std::{collections::BTreeSet, path::Path};
 
 use anyhow::{Context as _, Result};
 use aya::programs::{
-    Link as _, ProgramInfo, SchedClassifier, TcAttachType, Xdp, XdpMode,
+    CgroupAttachMode, CgroupSockAddr, Link as _, ProgramInfo, SchedClassifier, TcAttachType, Xdp,
+    XdpMode,
     links::{FdLink, PinnedLink},
     loaded_programs,
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
     xdp::XdpLink,
 };
 
-use super::{EbpfNetwork, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_REPLY, PROG_XDP, TcMode};
+use super::{
+    EbpfNetwork, PROG_SOCK, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_REPLY, PROG_XDP, TcMode,
+};
 use crate::{core::model::Attach, node::Netlink};
 
 /// Prefix of link pin names.
@@ -39,6 +49,9 @@ const TC_HOOKS: [(&str, TcAttachType, &str); 2] = [
 const XDP_HOOK: &str = "xdp";
 /// The hook a local backend's veth gets while the fast path is on (`fast`).
 const REPLY_HOOK: (&str, TcAttachType, &str) = (PROG_TC_REPLY, TcAttachType::Ingress, "reply");
+
+/// What the socket programs' hooks are named on, in place of an interface.
+const CGROUP: &str = "cgroup";
 
 /// The name of `hook` on `ifname`: its pin's file name, and its key among checked hooks.
 fn hook_name(ifname: &str, hook: &str) -> String {
@@ -66,6 +79,10 @@ impl Wanted {
             hooks: BTreeSet::new(),
             pins: BTreeSet::new(),
         };
+        for p in PROG_SOCK {
+            w.hooks.insert(hook_name(CGROUP, p));
+            w.pins.insert(hook_name(CGROUP, p));
+        }
         for p in ports {
             w.hooks.insert(hook_name(p, REPLY_HOOK.2));
             if tc_mode == TcMode::Tcx {
@@ -330,6 +347,61 @@ impl EbpfNetwork {
             .try_into()
             .context("XDP link is not an fd link (kernel too old)")?;
         pin_link(fd, &pin)
+    }
+
+    /// Attaches the socket programs to the cgroup2 root `cgroup`, or replaces what runs there
+    /// (see the module's contracts); checked once per loaded object.
+    pub(super) fn attach_sock(&mut self, cgroup: &Path) -> Result<()> {
+        for prog in PROG_SOCK {
+            let key = hook_name(CGROUP, prog);
+            if self.hooks.contains_key(&key) {
+                continue;
+            }
+            let pin = self.dir.join(&key);
+            let p: &mut CgroupSockAddr = self
+                .ebpf
+                .program_mut(prog)
+                .with_context(|| format!("{prog} missing from the object"))?
+                .try_into()?;
+            if p.fd().is_err() {
+                p.load().with_context(|| format!("loading {prog}"))?;
+            }
+            let running = if pin.exists() {
+                match stale_link(&pin, &p.info()?)? {
+                    None => {
+                        self.hooks.insert(key, 0);
+                        continue;
+                    }
+                    Some((_, running)) => Some(running),
+                }
+            } else {
+                None
+            };
+            let dir = std::fs::File::open(cgroup)
+                .with_context(|| format!("opening cgroup {}", cgroup.display()))?;
+            // A cgroup link always runs beside the cgroup's other programs; the kernel takes
+            // no flags with one (`Single` is aya's "none": it asks for allow-multi
+            // otherwise, which the kernel refuses with EINVAL).
+            let id = p
+                .attach(&dir, CgroupAttachMode::Single)
+                .with_context(|| format!("attaching {prog} to cgroup {}", cgroup.display()))?;
+            let fd: FdLink = p
+                .take_link(id)?
+                .try_into()
+                .context("a cgroup link is not an fd link (kernel without BPF_LINK_CREATE)")?;
+            // bpffs takes no '.' in a name; a leftover of a crash here is a `link_` pin no
+            // network wants, which `detach_unwanted` removes.
+            let fresh = self.dir.join(format!("{key}_new"));
+            let _ = std::fs::remove_file(&fresh);
+            pin_link(fd, &fresh)?;
+            std::fs::rename(&fresh, &pin)
+                .with_context(|| format!("pinning {} over {}", fresh.display(), pin.display()))?;
+            if let Some(old) = running {
+                replaced(CGROUP, prog, old, &p.info()?);
+            }
+            self.hooks.insert(key, 0);
+        }
+        Ok(())
     }
 
     /// Detaches every hook of this network that `want` does not name: pinned links by their

@@ -31,7 +31,7 @@ use crate::{
     core::model::{Attach, Mode, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats},
     node::{
-        LinkKind, Netlink, in_netns, netlink,
+        LinkKind, Netlink, cgroup, in_netns, netlink, netns,
         veth::{self, Peer},
     },
 };
@@ -151,6 +151,7 @@ fn apply_in_netns(
         dp.attach(&nl, name, network.attach, tc_mode)
             .with_context(|| format!("attaching to {name}"))?;
     }
+    sync_sock(dp).context("socket-level balancing of the namespace's own processes")?;
     let ports = dp
         .sync_fast_path(&nl, network, &indexes, tc_mode, true)
         .context("the fast path")?;
@@ -194,6 +195,25 @@ fn apply_in_netns(
     }
     Ok(stats)
 }
+
+/// Socket-level balancing for the calling thread's namespace (`lb-ebpf` `sock`): the record
+/// of which namespace the programs serve is written before they are attached, so they never
+/// act on another's sockets. Without a cgroup2 hierarchy there is nothing to attach them to:
+/// logged here, and in the network's status (`warnings`).
+fn sync_sock(dp: &mut EbpfNetwork) -> Result<()> {
+    dp.serve_sockets_of(netns::cookie()?)?;
+    match cgroup::cgroup2_root()? {
+        Some(root) => dp.attach_sock(&root),
+        None => {
+            tracing::warn!("{NO_CGROUP2}");
+            Ok(())
+        }
+    }
+}
+
+/// Why processes of the network's namespace do not reach its services on a node without
+/// cgroup2.
+const NO_CGROUP2: &str = "no cgroup2 hierarchy is mounted (see /proc/self/mountinfo): processes of the network's namespace do not reach its VIPs and published ports (socket-level balancing attaches to the cgroup2 root)";
 
 /// The fast path alone, again (neighbours, bridge ports or forward-hook rules changed): no
 /// other map or hook is touched.
@@ -412,6 +432,9 @@ impl Dataplane for EbpfDataplane {
     /// while TC alone sees the same skb for free.
     fn warnings(&mut self, network: &Network) -> Result<Vec<String>> {
         let mut out = Vec::new();
+        if cgroup::cgroup2_root()?.is_none() {
+            out.push(NO_CGROUP2.to_owned());
+        }
         if network.mode == Mode::Dsr {
             let dp = self.net(&network.name)?;
             for (b, why) in dp.dsr_unresolved() {

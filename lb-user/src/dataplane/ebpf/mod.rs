@@ -42,7 +42,7 @@ use aya::{
 };
 use lb_common::{
     Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession, Endpoint, Flow, FlowKey,
-    Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, VipKey,
+    Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, SockConfig, VipKey,
 };
 
 mod attach;
@@ -62,6 +62,13 @@ pub const PROG_XDP: &str = "lb_xdp";
 pub const PROG_TC_INGRESS: &str = "lb_tc_ingress";
 pub const PROG_TC_EGRESS: &str = "lb_tc_egress";
 pub const PROG_TC_REPLY: &str = "lb_tc_reply";
+/// The socket programs, on the cgroup2 root (`attach.rs`).
+pub const PROG_SOCK: [&str; 4] = [
+    "lb_connect4",
+    "lb_sendmsg4",
+    "lb_recvmsg4",
+    "lb_getpeername4",
+];
 
 pub use lb_common::HOOKS;
 
@@ -135,6 +142,7 @@ pub struct EbpfNetwork {
     endpoints: HashMap<MapData, u32, Endpoint>,
     dsr_sessions: HashMap<MapData, FlowKey, DsrSession>,
     dsr_backends: HashMap<MapData, u32, Endpoint>,
+    sock: Array<MapData, SockConfig>,
     /// What `lb_dsr_backends` holds, as the last write left it (`None`: read it first).
     dsr_mirror: Option<BTreeMap<u32, Endpoint>>,
     /// The DSR backends the last apply could not resolve, with why (`dsr`).
@@ -320,6 +328,7 @@ impl EbpfNetwork {
             endpoints: HashMap::try_from(take(&mut ebpf, "lb_endpoints")?)?,
             dsr_sessions: HashMap::try_from(take(&mut ebpf, "lb_dsr_sessions")?)?,
             dsr_backends: HashMap::try_from(take(&mut ebpf, "lb_dsr_backends")?)?,
+            sock: Array::try_from(take(&mut ebpf, "lb_sock")?)?,
             endpoint_mirror: None,
             dsr_mirror: None,
             dsr_unresolved: BTreeMap::new(),
@@ -379,6 +388,18 @@ impl EbpfNetwork {
     /// The flow map, for tests that take entries away as LRU eviction would.
     pub fn flows_mut(&mut self) -> &mut HashMap<MapData, FlowKey, Flow> {
         &mut self.flows
+    }
+
+    /// Makes the socket programs serve the sockets of the namespace whose cookie is `netns`
+    /// (`lb_common::SockConfig`); written only when it changed.
+    pub fn serve_sockets_of(&mut self, netns: u64) -> Result<()> {
+        let want = SockConfig {
+            netns_cookie: netns,
+        };
+        if self.sock.get(&0, 0).ok() != Some(want) {
+            self.sock.set(0, want, 0).context("writing lb_sock")?;
+        }
+        Ok(())
     }
 
     /// The config the programs run with.

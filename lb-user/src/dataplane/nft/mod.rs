@@ -3,10 +3,12 @@
 //! composed elements as the eBPF dataplane and `lb elements`, so both agree bucket for bucket.
 //!
 //! One table per network, `ip lb-<network>`, with one writer (this daemon); `ruleset.rs`
-//! renders it whole (its doc has the layout), `diff.rs` renders a sync's difference, `exec.rs` runs `nft`, `listing.rs` reads elements and
-//! counters back, `conntrack.rs` lists flows. A `dsr` network also has moby's DSR table,
-//! `netdev lb-<network>` (`dsr.rs`), written in the same transactions; its published ports,
-//! and its VIPs where the kernel cannot run that table, are served by the NAT table.
+//! renders it whole (its doc has the layout), `diff.rs` renders a sync's difference,
+//! `exec.rs` runs `nft`, `listing.rs` reads elements and counters back, `conntrack.rs` lists
+//! flows, `localnet.rs` sets `route_localnet` for node-local clients on 127.0.0.1 (and
+//! records it in the table, to turn it off again). A `dsr` network also has moby's DSR
+//! table, `netdev lb-<network>` (`dsr.rs`), written in the same transactions; its published
+//! ports, and its VIPs where the kernel cannot run that table, are served by the NAT table.
 //!
 //! Why not moby's layout. Its maps are keyed by a concatenation ending in a bucket interval
 //! (`typeof ip daddr . numgen random mod 65536`, flags interval): the kernel stores them as
@@ -66,6 +68,7 @@ mod diff;
 pub mod dsr;
 mod exec;
 pub mod listing;
+pub mod localnet;
 pub mod ruleset;
 
 pub use diff::{Update, update};
@@ -198,11 +201,13 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     let want = network.vips();
     nl.add_aliases(alias_if, &want, &addrs)?;
     let mut stats = SyncStats::default();
+    let table = table_name(&network.name);
+    let localnet = localnet::Plan::new(network, &localnet::recorded(&table)?)?;
     let applied = match previous {
         Some(prev) => {
             let dsr = dsr_sync(network, previous, &present, support, false)?;
             let diff = update(prev, network, &subnets, &dsr)?;
-            match exec::transaction(&diff.script) {
+            match exec::transaction(&(diff.script + &localnet.script(&table))) {
                 Ok(()) => {
                     (stats.written, stats.deleted) = (diff.written, diff.deleted);
                     true
@@ -219,9 +224,11 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     if !applied {
         let dsr = dsr_sync(network, previous, &present, support, true)?;
         let (script, elements) = ruleset::declare(network, &subnets, &dsr)?;
-        exec::transaction(&script)?;
+        exec::transaction(&(script + &localnet.script(&table)))?;
         stats.written = elements;
     }
+    // With the record and the guard in.
+    localnet.carry_out()?;
     if let Some(prev) = previous {
         nl.remove_aliases(alias_if, &prev.vips().difference(&want).copied().collect())?;
         stats.flows_flushed = conntrack::flush_removed_backends(prev, network)?;
@@ -339,6 +346,8 @@ impl Dataplane for NftDataplane {
     fn remove(&mut self, network: &Network) -> Result<()> {
         let net = network.clone();
         in_netns(network.netns.as_deref(), move || {
+            // route_localnet off before the guard goes with the table.
+            localnet::restore(&table_name(&net.name))?;
             delete_table(&net.name)?;
             Netlink::new()?.remove_aliases(&net.interfaces[0], &net.vips())
         })
@@ -360,6 +369,9 @@ impl Dataplane for NftDataplane {
                 };
                 if keep.contains(&network) {
                     continue;
+                }
+                if family == "ip" {
+                    localnet::restore(&name)?;
                 }
                 exec::nft(&["delete", "table", family, &name], None)?;
                 tracing::info!(

@@ -287,18 +287,50 @@ fn dispatch_rules(on: &str) -> Vec<String> {
     ]
 }
 
-/// The rules of the base chains, one per line: prerouting (what arrives by the network's
-/// interfaces), output (what processes of the namespace send: node-local clients reach VIPs
-/// and published ports on the node's addresses, as the kernel's own NAT serves them), and
-/// postrouting.
-fn base_rules(network: &Network, subnets: &Subnets) -> (Vec<String>, Vec<String>, Vec<String>) {
+/// Every loopback address: `127.0.0.1` and the rest of 127/8 are the node's own.
+const LOOPBACK: &str = "127.0.0.0/8";
+
+/// The chain dropping what no link may bring (see [`base_rules`]).
+pub const GUARD_CHAIN: &str = "localnet-guard";
+
+/// The rules of the base chains, one per line.
+struct BaseRules {
+    /// What arrives by the network's interfaces.
+    prerouting: Vec<String>,
+    /// What processes of the namespace send.
+    output: Vec<String>,
+    postrouting: Vec<String>,
+    /// Filter, before conntrack, on what arrives by the network's interfaces.
+    guard: Vec<String>,
+}
+
+/// The base chains' rules. Node-local clients: the output chain dispatches what processes of
+/// the namespace send, as the kernel's own NAT serves them (portmap's and kubelet's OUTPUT
+/// rules), so they reach VIPs and published ports on the node's addresses, and from a
+/// loopback source published ports on `127.0.0.1` (portmap's `snat` case): a port on every
+/// address is on 127.0.0.1 too (`fib daddr type local`), a `host_ip`-bound one only on its
+/// `host_ip` (its key has the address), and no VIP is on 127/8. Such a flow leaves with a
+/// 127.0.0.1 source, which the kernel only routes out of, and back in by, an interface with
+/// `route_localnet` on (the dataplane sets it, see `localnet.rs`), and which no backend could
+/// answer: postrouting masquerades it whatever the network's masquerade mode.
+///
+/// The guard, kube-proxy's answer to CVE-2020-8558: with `route_localnet` on, an interface
+/// no longer drops packets to or from 127/8 as martians, so a host on the link could reach a
+/// service listening on the node's loopback. The guard drops them on the network's
+/// interfaces (the ones lb turns `route_localnet` on for; other interfaces are the
+/// operator's), at prerouting before conntrack and NAT: there a packet's addresses are the
+/// ones it came with — the replies of a masqueraded 127.0.0.1 flow come to the node's
+/// address, and a DNAT to 127.0.0.1 (an operator's `route_localnet` use) is still to the
+/// node's address — so, unlike kube-proxy's filter INPUT rule, it needs no exception for
+/// established or DNATed flows.
+fn base_rules(network: &Network, subnets: &Subnets) -> BaseRules {
     let ifaces = quoted_set(&network.interfaces);
-    let pre = dispatch_rules(&format!("iifname {ifaces} "));
-    // Not 127.0.0.1: a loopback source cannot leave the node (that needs route_localnet and a
-    // guard against the link reaching loopback services, kube-proxy's CVE-2020-8558).
-    let out = dispatch_rules("ip saddr != 127.0.0.0/8 ");
-    let post = match network.masquerade {
-        // The seed's rule, limited to what leaves by this network's interfaces.
+    let iif = format!("iifname {ifaces} ");
+    let loopback_masquerade =
+        format!("ct status dnat oifname {ifaces} ip saddr {LOOPBACK} counter masquerade");
+    let postrouting = match network.masquerade {
+        // The seed's rule, limited to what leaves by this network's interfaces (loopback
+        // sources included).
         Masquerade::Always => vec![format!(
             "ct status dnat oifname {ifaces} counter masquerade"
         )],
@@ -306,18 +338,26 @@ fn base_rules(network: &Network, subnets: &Subnets) -> (Vec<String>, Vec<String>
         // answered around the node, so it takes the node's address. (The eBPF dataplane asks
         // "does it leave by the interface it came in on"; postrouting has no input interface,
         // so the equivalent here is the client's address being on the output's subnet.)
-        Masquerade::Auto => (subnets.iter())
-            .map(|(ifname, addr, prefix)| {
+        Masquerade::Auto => std::iter::once(loopback_masquerade)
+            .chain(subnets.iter().map(|(ifname, addr, prefix)| {
                 let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
                 let net = Ipv4Addr::from(u32::from(*addr) & mask);
                 format!(
                     "ct status dnat oifname \"{ifname}\" ip saddr {net}/{prefix} counter masquerade"
                 )
-            })
+            }))
             .collect(),
-        Masquerade::Never => Vec::new(),
+        Masquerade::Never => vec![loopback_masquerade],
     };
-    (pre, out, post)
+    BaseRules {
+        prerouting: dispatch_rules(&iif),
+        output: dispatch_rules(""),
+        postrouting,
+        guard: vec![
+            format!("{iif}ip daddr {LOOPBACK} counter drop"),
+            format!("{iif}ip saddr {LOOPBACK} counter drop"),
+        ],
+    }
 }
 
 /// `add` commands declaring one unit's maps and chains (its slot maps empty).
@@ -375,16 +415,29 @@ pub(super) fn delete_elements(s: &mut String, t: &str, map: &str, items: Vec<Str
 /// The base chains and sets, emptied and declared again (small, so always rewritten: the
 /// interfaces, masquerade and subnets they depend on are not all in the network).
 pub(super) fn base(s: &mut String, t: &str, network: &Network, subnets: &Subnets) {
-    let (pre, out, post) = base_rules(network, subnets);
-    for (name, hook, prio, rules) in [
-        ("prerouting", "prerouting", "dstnat", pre),
+    let rules = base_rules(network, subnets);
+    for (name, kind, hook, prio, rules) in [
+        (
+            "prerouting",
+            "nat",
+            "prerouting",
+            "dstnat",
+            rules.prerouting,
+        ),
         // -100, what `dstnat` names at prerouting: nft 1.0.6 takes no keyword at output.
-        ("output", "output", "-100", out),
-        ("postrouting", "postrouting", "srcnat", post),
+        ("output", "nat", "output", "-100", rules.output),
+        (
+            "postrouting",
+            "nat",
+            "postrouting",
+            "srcnat",
+            rules.postrouting,
+        ),
+        (GUARD_CHAIN, "filter", "prerouting", "raw", rules.guard),
     ] {
         let _ = writeln!(
             s,
-            "add chain ip {t} {name} {{ type nat hook {hook} priority {prio}; policy accept; }}\nflush chain ip {t} {name}"
+            "add chain ip {t} {name} {{ type {kind} hook {hook} priority {prio}; policy accept; }}\nflush chain ip {t} {name}"
         );
         for r in rules {
             let _ = writeln!(s, "add rule ip {t} {name} {r}");
