@@ -182,9 +182,7 @@ mod tests {
     fn buckets_of_sequential_client_ports_are_uniform() {
         // 64k flows of one client to one VIP, as a load generator makes them: chi-square over
         // 16 groups of buckets stays far below the p = 1e-6 bound (df 15: 48.3).
-        let mut groups = [0u32; 16];
-        let n = 65536u32;
-        for port in 0..n {
+        assert_uniform((0..65536u32).map(|port| {
             let key = FlowKey {
                 saddr: 0x0200_0a0a,
                 daddr: 0x0a00_630a,
@@ -193,9 +191,17 @@ mod tests {
                 proto: 6,
                 _pad: [0; 3],
             };
-            groups[(bucket(flow_hash(&key, 0x1234_5678)) >> 12) as usize] += 1;
+            flow_hash(&key, 0x1234_5678)
+        }));
+    }
+
+    /// Chi-square of `hashes`' buckets over 16 groups below the p = 1e-6 bound (df 15).
+    fn assert_uniform(hashes: impl Iterator<Item = u32>) {
+        let mut groups = [0u32; 16];
+        for h in hashes {
+            groups[(bucket(h) >> 12) as usize] += 1;
         }
-        let expect = f64::from(n) / 16.0;
+        let expect = f64::from(groups.iter().sum::<u32>()) / 16.0;
         let chi2: f64 = groups
             .iter()
             .map(|&g| (f64::from(g) - expect).powi(2) / expect)
@@ -207,19 +213,10 @@ mod tests {
     fn buckets_of_sequential_socket_cookies_are_uniform() {
         // Socket cookies are a counter: one process's connections get consecutive ones. The
         // same bound as for client ports above; the service address and port move the hash.
-        let mut groups = [0u32; 16];
-        let n = 65536u32;
         let start = 0x1_0000_4000u64;
-        for c in 0..u64::from(n) {
-            let h = sock_hash(start + c, 0x0a00_630a, 80u16.to_be(), 6, 0x1234_5678);
-            groups[(bucket(h) >> 12) as usize] += 1;
-        }
-        let expect = f64::from(n) / 16.0;
-        let chi2: f64 = groups
-            .iter()
-            .map(|&g| (f64::from(g) - expect).powi(2) / expect)
-            .sum();
-        assert!(chi2 < 48.3, "chi2 {chi2}: {groups:?}");
+        assert_uniform(
+            (0..65536u64).map(|c| sock_hash(start + c, 0x0a00_630a, 80u16.to_be(), 6, 0x1234_5678)),
+        );
         let h = |addr, port, proto| sock_hash(start, addr, port, proto, 7);
         let base = h(0x0a00_630a, 80u16.to_be(), 6);
         assert_ne!(base, h(0x0b00_630a, 80u16.to_be(), 6), "another service");

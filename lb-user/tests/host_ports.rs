@@ -213,42 +213,6 @@ fn a_service_without_a_vip_is_a_host_port_on_nftables() {
     }
 }
 
-/// Processes of the network's namespace (the node itself) reach a VIP and a published port on
-/// the node's address through the nftables dataplane's output chain, over TCP and UDP. (The
-/// eBPF dataplane has no such path yet: the node's own connections never pass its TC hooks.)
-#[test]
-fn node_local_clients_reach_a_vip_and_a_published_port_on_nftables() {
-    if !require_root("node_local_clients_reach_a_vip_and_a_published_port_on_nftables") {
-        return;
-    }
-    let topo = Topology::new(2).unwrap();
-    let _servers = spawn_backends(&topo, 80, 53).unwrap();
-    let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
-    d.ok(&network_add(&topo, NET));
-    let ports = [format!("tcp/{TCP_PORT}:80"), format!("udp/{UDP_PORT}:53")];
-    d.ok(&service(&ports, &topo));
-    let node = &topo.node;
-    for (what, answer) in [
-        ("tcp VIP", tcp_request(node, VIP, 80, TIMEOUT)),
-        ("udp VIP", udp_request(node, VIP, 53, TIMEOUT)),
-        (
-            "tcp port",
-            tcp_request(node, topo.node_ip, TCP_PORT, TIMEOUT),
-        ),
-        (
-            "udp port",
-            udp_request(node, topo.node_ip, UDP_PORT, TIMEOUT),
-        ),
-    ] {
-        let answer = answer.unwrap_or_else(|e| panic!("{what} from the node: {e:#}"));
-        assert!(
-            answer.starts_with('b'),
-            "{what}: a backend answers: {answer}"
-        );
-    }
-}
-
 /// `route_localnet` of `iface` in `ns`.
 fn route_localnet(ns: &Netns, iface: &str) -> bool {
     let path = format!("/proc/sys/net/ipv4/conf/{iface}/route_localnet");

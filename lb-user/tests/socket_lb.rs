@@ -1,7 +1,8 @@
-//! Node-local clients on the eBPF dataplane: processes of the network's namespace (the node
-//! itself) reach its VIPs, its published ports on the node's addresses and on `127.0.0.1`,
-//! over TCP and UDP, through the socket programs on the cgroup2 root (`lb-ebpf` `sock`), and
-//! what their sockets are told of the peer is the service. A process of another namespace,
+//! Node-local clients: processes of the network's namespace (the node itself) reach its VIPs,
+//! its published ports on the node's addresses and on `127.0.0.1`, over TCP and UDP, on the
+//! nftables dataplane (its output chain) and on the eBPF dataplane through the socket
+//! programs on the cgroup2 root (`lb-ebpf` `sock`), where what their sockets are told of the
+//! peer is the service. A process of another namespace,
 //! under the same cgroup, is untouched. The socket programs' links outlive the daemon like
 //! its TC hooks (node-local clients are served while it is down), a restarted daemon leaves
 //! them alone, and they go with the network. Root only.
@@ -73,9 +74,10 @@ fn backend_of(what: &str, answer: anyhow::Result<String>, node: &[Ipv4Addr]) -> 
 /// Every way a process of the node reaches the service: a VIP and a published port on the
 /// node's address and on 127.0.0.1, each over TCP and UDP (an unconnected UDP socket, which
 /// checks that the answer's source is the address asked), and the backend that answered.
-fn node_requests(topo: &Topology) -> Vec<(String, String)> {
+/// The backend sees one of the node's addresses or one of `sources`.
+fn node_requests(topo: &Topology, sources: &[Ipv4Addr]) -> Vec<(String, String)> {
     let node = &topo.node;
-    let addrs = [topo.node_ip, topo.node_backend_ip];
+    let addrs = [&[topo.node_ip, topo.node_backend_ip][..], sources].concat();
     [
         ("tcp VIP", tcp_request(node, VIP, 80, TIMEOUT)),
         ("udp VIP", udp_request(node, VIP, 53, TIMEOUT)),
@@ -101,6 +103,27 @@ fn node_requests(topo: &Topology) -> Vec<(String, String)> {
     .collect()
 }
 
+/// The same asks through the nftables dataplane (its output chain, and for 127.0.0.1
+/// `route_localnet` and masquerade, as portmap's `snat: true`): the kernel's answer, which the
+/// socket programs match.
+#[test]
+fn node_local_clients_reach_vips_and_published_ports_on_nftables() {
+    if !require_root("node_local_clients_reach_vips_and_published_ports_on_nftables") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, 80, 53).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    d.ok(&network_add(&topo, NET));
+    d.ok(&service(&topo));
+    // The VIP is a local address (its alias), and a socket sending to a local address
+    // takes that address as its source, chosen before the output chain translates; the
+    // backend sees the VIP (masquerade `auto` leaves it, and the answer comes back by the
+    // node, which owns it).
+    node_requests(&topo, &[VIP]);
+}
+
 #[test]
 fn node_local_clients_reach_vips_and_published_ports_on_ebpf() {
     if !require_root("node_local_clients_reach_vips_and_published_ports_on_ebpf") {
@@ -115,7 +138,7 @@ fn node_local_clients_reach_vips_and_published_ports_on_ebpf() {
     d.ok(&service(&topo));
     let node = &topo.node;
 
-    node_requests(&topo);
+    node_requests(&topo, &[]);
 
     // The socket is told the service is its peer: getpeername of a TCP connection to the
     // VIP, and a connected UDP socket, which the kernel lets receive only from its peer (an
@@ -261,7 +284,7 @@ fn socket_programs_outlive_the_daemon_and_go_with_the_network() {
     let mut d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
     d.ok(&network_add(&topo, NET));
     d.ok(&service(&topo));
-    node_requests(&topo);
+    node_requests(&topo, &[]);
     let ids = linked_programs(bpffs.path());
     let attached = |ids: &[u64]| {
         let on = cgroup_programs();
@@ -273,11 +296,11 @@ fn socket_programs_outlive_the_daemon_and_go_with_the_network() {
 
     // Killed: the links stay, and the node's processes are still served.
     d.kill9();
-    node_requests(&topo);
+    node_requests(&topo, &[]);
     // Restarted: the same programs are found running and left alone (not stacked).
     d.restart().unwrap();
     d.ok(&["service", "list", NET]);
-    node_requests(&topo);
+    node_requests(&topo, &[]);
     assert_eq!(linked_programs(bpffs.path()), ids, "left alone");
     assert_eq!(attached(&ids), [1; 4], "nothing stacked");
 

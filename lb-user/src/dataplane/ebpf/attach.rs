@@ -24,13 +24,16 @@
 use std::{collections::BTreeSet, path::Path};
 
 use anyhow::{Context as _, Result};
-use aya::programs::{
-    CgroupAttachMode, CgroupSockAddr, Link as _, ProgramInfo, SchedClassifier, TcAttachType, Xdp,
-    XdpMode,
-    links::{FdLink, PinnedLink},
-    loaded_programs,
-    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
-    xdp::XdpLink,
+use aya::{
+    Ebpf,
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, Link as _, Program, ProgramError, ProgramInfo,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        loaded_programs,
+        tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions},
+        xdp::XdpLink,
+    },
 };
 
 use super::{
@@ -140,33 +143,49 @@ impl Identity {
     }
 }
 
+/// The program types lb attaches; each is loaded into the kernel on first use, once per
+/// object (an attach or a replacement reuses the loaded program).
+trait Loadable {
+    fn load_once(&mut self) -> Result<(), ProgramError>;
+}
+
+macro_rules! loadable {
+    ($($t:ty),*) => {$(
+        impl Loadable for $t {
+            fn load_once(&mut self) -> Result<(), ProgramError> {
+                if self.fd().is_err() {
+                    self.load()?;
+                }
+                Ok(())
+            }
+        }
+    )*};
+}
+loadable!(SchedClassifier, Xdp, CgroupSockAddr);
+
+/// Program `prog` of `ebpf` as a `T`, loaded.
+fn loaded<'a, T: Loadable>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut T>
+where
+    &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
+{
+    let p: &mut T = (ebpf.program_mut(prog))
+        .with_context(|| format!("{prog} missing from the object"))?
+        .try_into()?;
+    p.load_once().with_context(|| format!("loading {prog}"))?;
+    Ok(p)
+}
+
 impl EbpfNetwork {
     fn link_path(&self, ifname: &str, hook: &str) -> std::path::PathBuf {
         self.dir.join(hook_name(ifname, hook))
     }
 
     fn tc_program(&mut self, prog: &str) -> Result<&mut SchedClassifier> {
-        let p: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(prog)
-            .with_context(|| format!("{prog} missing from the object"))?
-            .try_into()?;
-        if p.fd().is_err() {
-            p.load().with_context(|| format!("loading {prog}"))?;
-        }
-        Ok(p)
+        loaded(&mut self.ebpf, prog)
     }
 
     fn xdp_program(&mut self) -> Result<&mut Xdp> {
-        let p: &mut Xdp = self
-            .ebpf
-            .program_mut(PROG_XDP)
-            .context("lb_xdp missing from the object")?
-            .try_into()?;
-        if p.fd().is_err() {
-            p.load().context("loading lb_xdp")?;
-        }
-        Ok(p)
+        loaded(&mut self.ebpf, PROG_XDP)
     }
 
     /// Attaches the programs to `ifname` (in the calling thread's network namespace), or
@@ -358,14 +377,7 @@ impl EbpfNetwork {
                 continue;
             }
             let pin = self.dir.join(&key);
-            let p: &mut CgroupSockAddr = self
-                .ebpf
-                .program_mut(prog)
-                .with_context(|| format!("{prog} missing from the object"))?
-                .try_into()?;
-            if p.fd().is_err() {
-                p.load().with_context(|| format!("loading {prog}"))?;
-            }
+            let p: &mut CgroupSockAddr = loaded(&mut self.ebpf, prog)?;
             let running = if pin.exists() {
                 match stale_link(&pin, &p.info()?)? {
                     None => {
