@@ -1,22 +1,68 @@
-//! The `lb` command: the daemon, its API client, and the one-shot `load`/`unload`. Every
-//! failure exits 1 with a one-line reason on stderr.
+//! The `lb` command: the daemon, its API client, and the one-shot `load`/`unload`. A failure
+//! prints a one-line reason on stderr (a JSON object under `--json`) and exits with the code
+//! that tells the cases apart (`cli::args::EXIT_*`, README "Exit codes").
 use clap::Parser as _;
+use lb_user::api;
 
 mod cli;
 
+use cli::args::{EXIT_NOT_APPLIED, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
+
+/// The exit code for `e`: 3 for a change saved but not applied yet, 4 when the daemon could
+/// not be asked (or refused this user), 2 for a flag's value lb cannot read (nothing asked),
+/// 1 for everything refused.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    if cli::commands::saved(e) || e.downcast_ref::<cli::commands::NotApplied>().is_some() {
+        EXIT_NOT_APPLIED
+    } else if e.downcast_ref::<api::Unreachable>().is_some()
+        || (e.downcast_ref::<api::Refused>())
+            .is_some_and(|r| r.status == hyper::StatusCode::FORBIDDEN)
+    {
+        EXIT_UNREACHABLE
+    } else if e.downcast_ref::<cli::commands::Usage>().is_some() {
+        EXIT_USAGE
+    } else {
+        EXIT_REFUSED
+    }
+}
+
 fn main() {
+    let cli = match cli::args::Cli::try_parse() {
+        Ok(cli) => cli,
+        // Help and version exit 0 on stdout; a usage error exits 2 (EXIT_USAGE) on stderr.
+        Err(e) => e.exit(),
+    };
+    let daemon = matches!(cli.cmd, cli::args::Cmd::Daemon { .. });
+    if !daemon {
+        // A client's output piped into `head` ends like every Unix tool's: killed by SIGPIPE,
+        // not a panic on a failed write. The daemon keeps Rust's SIG_IGN: its sockets report
+        // EPIPE as errors it handles.
+        // SAFETY: called before any thread is started; SIG_DFL is a valid disposition.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LB_LOG").unwrap_or_else(|_| {
                 // The daemon says what it does; one-shot commands only what went wrong.
-                let daemon = std::env::args().nth(1).as_deref() == Some("daemon");
                 (if daemon { "info" } else { "warn" }).into()
             }),
         )
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = cli::commands::run(cli::args::Cli::parse().cmd) {
-        eprintln!("lb: {}", format!("{e:#}").replace('\n', " "));
-        std::process::exit(1);
+    let json = cli.global.json;
+    if let Err(e) = cli::commands::run(cli) {
+        let code = exit_code(&e);
+        let message = format!("{e:#}").replace('\n', " ");
+        if json {
+            eprintln!(
+                "{}",
+                serde_json::json!({ "error": message, "exit_code": code })
+            );
+        } else {
+            eprintln!("lb: {message}");
+        }
+        std::process::exit(code);
     }
 }

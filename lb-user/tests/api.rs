@@ -127,6 +127,11 @@ fn corpus(state: &DesiredState) -> Vec<Request> {
         Request::State,
         Request::Apply {
             state: state.clone(),
+            dry_run: false,
+        },
+        Request::Apply {
+            state: state.clone(),
+            dry_run: true,
         },
         Request::NetworkList,
         Request::NetworkAdd { network: bare },

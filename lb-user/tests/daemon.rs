@@ -217,7 +217,8 @@ fn apply_then_state_round_trips() {
     assert_eq!(parsed, full_state(&topo));
 }
 
-/// Client, service and backend of every tracked flow, as `lb conntrack --json` shows them.
+/// Client, frontend (the address asked) and backend of every tracked flow, as
+/// `lb conntrack --json` shows them.
 fn flows(d: &LbDaemon) -> BTreeSet<(String, String, String)> {
     let v: Value = serde_json::from_str(&d.ok(&["conntrack", "--json"])).unwrap();
     v.as_array()
@@ -226,7 +227,7 @@ fn flows(d: &LbDaemon) -> BTreeSet<(String, String, String)> {
         .map(|f| {
             (
                 f["client"].as_str().unwrap().to_owned(),
-                f["service"].as_str().unwrap().to_owned(),
+                f["frontend"].as_str().unwrap().to_owned(),
                 f["backend"].as_str().unwrap().to_owned(),
             )
         })
@@ -376,7 +377,7 @@ fn a_network_removed_while_the_daemon_was_down_is_cleaned_up_at_start() {
         tcp_request(&topo.client, VIP, PORT, Duration::from_secs(1)).is_err(),
         "the VIP still answers"
     );
-    assert_eq!(d.ok(&["network", "list"]).trim(), "");
+    assert_eq!(d.ok(&["network", "list", "--json"]).trim(), "[]");
     println!("network removed while down: pins, alias and programs gone at start");
 }
 

@@ -292,7 +292,7 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
         format!("{}:{PORT}", topo.backend_ips[i]),
         "{s:?}"
     );
-    assert_eq!(s.service, format!("{VIP}:{PORT}"));
+    assert_eq!(s.frontend, format!("{VIP}:{PORT}"));
     let (expires, idle) = (s.expires_secs.unwrap(), s.idle_secs.unwrap());
     assert!(expires <= 60 && expires + idle == 60, "{s:?}");
     let mac = link_mac(&topo.backends[i], ENDPOINT_IF)

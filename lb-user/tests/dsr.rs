@@ -170,11 +170,11 @@ fn session(d: &LbDaemon, proto: &str, client: &str) -> Option<Value> {
     (d.conntrack(NET).into_iter()).find(|r| r["proto"] == proto && r["client"] == client)
 }
 
-/// A DSR session row: state `dsr`, the VIP and port as its service, `backend` as its
+/// A DSR session row: state `dsr`, the VIP and port as its frontend, `backend` as its
 /// backend (`IP:PORT`, the VIP's port, as NAT rows show a backend), and its idle time.
 fn assert_dsr_row(row: &Value, backend: Ipv4Addr) {
     assert_eq!(row["state"], "dsr", "{row}");
-    assert_eq!(row["service"], format!("{VIP}:{PORT}"), "{row}");
+    assert_eq!(row["frontend"], format!("{VIP}:{PORT}"), "{row}");
     assert_eq!(row["backend"], format!("{backend}:{PORT}"), "{row}");
     assert!(
         row["idle_secs"].is_u64(),

@@ -164,7 +164,12 @@ pub fn run(lb: &Path, requests: usize, out: &mut dyn Write) -> Result<Report> {
     }
     step(out, "the flows lb is tracking (first 8)")?;
     report.conntrack = lb_cmd(out, &["conntrack", "demo"])?;
-    let flows: Vec<&str> = report.conntrack.lines().collect();
+    // The table's header, then its rows.
+    let mut lines = report.conntrack.lines();
+    if let Some(header) = lines.next() {
+        writeln!(out, "    {header}")?;
+    }
+    let flows: Vec<&str> = lines.collect();
     for line in flows.iter().take(8) {
         writeln!(out, "    {line}")?;
     }

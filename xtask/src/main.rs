@@ -33,6 +33,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "netsniff-ng", // trafgen: UDP from a PF_PACKET TX ring, skbs with paged payload (tests)
     "nftables",    // the fallback dataplane
     "nginx-light", // HTTP backends that answer who they are and whom they saw (tests)
+    "python3",     // the README's "First five minutes" serves its backends with http.server
     "sockperf",    // request round trips (ping-pong) in `cargo xtask bench`
     "tcpdump",     // debugging captures in namespaces
     "wrk",         // HTTP load: keep-alive runs and connection storms (tests)

@@ -19,6 +19,44 @@ pub struct Refused {
     pub reply: ErrorReply,
 }
 
+/// The daemon could not be reached at all (no socket, nobody listening, or not permitted):
+/// nothing was asked, so nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Unreachable {
+    pub message: String,
+}
+
+impl Unreachable {
+    /// Says why connecting to `socket` failed with `e`, and what to do.
+    fn new(socket: &Path, e: &std::io::Error) -> Self {
+        use std::os::unix::fs::MetadataExt as _;
+        let at = socket.display();
+        let message = match e.kind() {
+            std::io::ErrorKind::NotFound => format!(
+                "cannot reach the daemon: no socket at {at} (is `lb daemon` running? --socket or LB_SOCKET names another)"
+            ),
+            std::io::ErrorKind::ConnectionRefused => format!(
+                "cannot reach the daemon: nothing listens on {at} (the daemon is not running; the file is left from an earlier one)"
+            ),
+            std::io::ErrorKind::PermissionDenied => {
+                // The socket or a directory above it does not let this user in.
+                let mode = std::fs::metadata(socket).map_or_else(
+                    |_| "a directory above it is not searchable".to_owned(),
+                    |m| format!("mode {:04o}, owner uid {}", m.mode() & 0o7777, m.uid()),
+                );
+                format!(
+                    "not permitted to reach the daemon at {at} ({mode}; this process runs as uid {}): the API is for root and the daemon's own user; run lb as root",
+                    // SAFETY: getuid cannot fail and touches no memory.
+                    unsafe { libc::getuid() }
+                )
+            }
+            _ => format!("cannot reach the daemon at {at}: {e}"),
+        };
+        Unreachable { message }
+    }
+}
+
 /// A client of the daemon at one socket.
 pub struct Client {
     socket: PathBuf,
@@ -65,11 +103,8 @@ impl Client {
         body: Vec<u8>,
     ) -> Result<(StatusCode, Bytes)> {
         let socket = self.socket.display();
-        let stream = tokio::net::UnixStream::connect(&self.socket)
-            .await
-            .with_context(|| {
-                format!("cannot reach the daemon at {socket} (is `lb daemon` running?)")
-            })?;
+        let stream = (tokio::net::UnixStream::connect(&self.socket).await)
+            .map_err(|e| Unreachable::new(&self.socket, &e))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .with_context(|| format!("talking to {socket}"))?;

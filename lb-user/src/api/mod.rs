@@ -7,15 +7,17 @@
 //! |---|---|---|
 //! | `GET /v1/status` | | [`Status`] |
 //! | `GET /v1/state` | | the desired state |
-//! | `PUT /v1/state` | a desired state | [`Done`]: the whole state replaced |
+//! | `PUT /v1/state[?dry_run=true]` | a desired state | [`Done`]: the whole state replaced (a dry run: checked, nothing changed) |
 //! | `GET /v1/networks` | | [`NetworkSummary`] list |
 //! | `POST /v1/networks` | a network without services | 201 [`Done`] |
 //! | `DELETE /v1/networks/{network}` | | [`Done`] |
 //! | `GET /v1/services[?network=N]` | | [`ServiceEntry`] list |
 //! | `PUT /v1/networks/{network}/services/{id}/{generation}` | `{vip, backends, ports}` | [`Done`] |
 //! | `DELETE /v1/networks/{network}/services/{id}[/{generation}]` | | [`Done`] |
-//! | `GET /v1/elements[?network=N]` | | composed elements, one string each |
+//! | `GET /v1/elements[?network=N]` | | [`ElementEntry`] list |
 //! | `GET /v1/conntrack[?network=N]` | | [`ConntrackEntry`] list |
+//!
+//! Every [`Done`] lists the changes made ([`crate::core::diff`]).
 //!
 //! A refusal is an [`ErrorReply`] with its status: 400 a request or desired state that is
 //! not valid (the message names the JSON path), 403 a client that is neither root nor the
@@ -27,11 +29,11 @@ mod client;
 mod route;
 mod types;
 
-pub use client::{Client, Refused};
+pub use client::{Client, Refused, Unreachable};
 pub use route::{ApiError, Request, route};
 pub use types::{
-    ConntrackEntry, Done, ErrorReply, LastSync, NetworkStatus, NetworkSummary, Reply, ServiceEntry,
-    Status,
+    BackendStats, ConntrackEntry, Done, ElementEntry, ErrorReply, LastSync, NetworkStatus,
+    NetworkSummary, Reply, ServiceEntry, Status,
 };
 
 /// The default socket, as DESIGN.md's CLI gives it (`LB_SOCKET` overrides).

@@ -32,9 +32,11 @@ pub enum Request {
     ServiceList {
         network: Option<String>,
     },
-    /// Replaces the whole desired state.
+    /// Replaces the whole desired state; a dry run checks it as the change would be checked
+    /// and answers with what would change, changing nothing.
     Apply {
         state: DesiredState,
+        dry_run: bool,
     },
     State,
     Elements {
@@ -148,7 +150,14 @@ impl Request {
             Request::ServiceList { network } => {
                 (Method::GET, format!("/v1/services{}", query(network)), None)
             }
-            Request::Apply { state } => (Method::PUT, "/v1/state".into(), json(state)),
+            Request::Apply { state, dry_run } => {
+                let path = if *dry_run {
+                    "/v1/state?dry_run=true"
+                } else {
+                    "/v1/state"
+                };
+                (Method::PUT, path.into(), json(state))
+            }
             Request::State => (Method::GET, "/v1/state".into(), None),
             Request::Elements { network } => {
                 (Method::GET, format!("/v1/elements{}", query(network)), None)
@@ -186,7 +195,8 @@ pub fn route(
                 .map_err(|e| ApiError::bad_request(format!("the body is not UTF-8: {e}")))?;
             let state = DesiredState::from_json(text)
                 .map_err(|e| ApiError::bad_request(format!("invalid desired state: {e}")))?;
-            (&[], Some(Request::Apply { state }))
+            let dry_run = dry_run_query(query)?;
+            (&[], Some(Request::Apply { state, dry_run }))
         }
         (["state"], _) => (&[Method::GET, Method::PUT], None),
         (["networks"], &Method::GET) => (&[], Some(Request::NetworkList)),
@@ -279,7 +289,10 @@ pub fn route(
     }
     let takes_query = matches!(
         request,
-        Request::ServiceList { .. } | Request::Elements { .. } | Request::Conntrack { .. }
+        Request::ServiceList { .. }
+            | Request::Elements { .. }
+            | Request::Conntrack { .. }
+            | Request::Apply { .. }
     );
     if !takes_query && query.is_some() {
         return Err(ApiError::bad_request(format!(
@@ -355,6 +368,17 @@ fn network_query(query: Option<&str>) -> Result<Option<String>, ApiError> {
         }
     }
     Ok(network)
+}
+
+/// `dry_run=true|false`, the only query `PUT /v1/state` takes.
+fn dry_run_query(query: Option<&str>) -> Result<bool, ApiError> {
+    match query {
+        None | Some("") | Some("dry_run=false") => Ok(false),
+        Some("dry_run=true") => Ok(true),
+        Some(q) => Err(ApiError::bad_request(format!(
+            "query: {q:?} (only dry_run=true or dry_run=false)"
+        ))),
+    }
 }
 
 /// A JSON object body as `T`, refused with the JSON path of whatever is wrong in it.

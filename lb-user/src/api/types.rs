@@ -1,18 +1,26 @@
 //! The replies of the API, shared by the daemon (which serializes them) and the CLI (which
 //! reads them as these types, never by field name).
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    core::model::{Attach, DesiredState, Masquerade, Mode, Service},
+    core::{
+        diff::Change,
+        model::{Attach, DesiredState, Masquerade, Mode, Service},
+    },
     dataplane::Flow,
 };
 
-/// The reply to a change: what was done, in words.
+/// The reply to a change: what was done, in words, and every difference it made to the
+/// desired state (for a dry run: would make; nothing was saved or applied).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Done {
     pub done: String,
+    #[serde(default)]
+    pub changes: Vec<Change>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dry_run: bool,
 }
 
 /// A refusal. `saved` is true when the change was saved and will be applied by a retry (the
@@ -37,11 +45,43 @@ pub struct NetworkSummary {
     pub services: usize,
 }
 
-/// One contribution of `GET /v1/services`, with the network it is in.
+/// One contribution of `GET /v1/services`, with the network it is in, where clients reach it,
+/// and how each backend is doing.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceEntry {
     pub network: String,
     pub service: Service,
+    /// The VIP (`10.99.0.10`, every port) and each published port
+    /// (`tcp/8080:80@192.168.1.10`).
+    #[serde(default)]
+    pub frontends: Vec<String>,
+    /// One per backend of `service`, in its order.
+    #[serde(default)]
+    pub backends: Vec<BackendStats>,
+}
+
+/// A backend of one contribution as `lb service list` shows it. The counts are the
+/// frontends' (a VIP or port that generations share counts once, under each of them);
+/// `None` where the dataplane cannot tell.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendStats {
+    pub address: Ipv4Addr,
+    /// `active`, or `disabled` (no new flows; existing ones drain).
+    pub state: String,
+    /// Live flows to it.
+    pub flows: Option<u64>,
+    pub packets: Option<u64>,
+    pub bytes: Option<u64>,
+}
+
+/// One composed element of `GET /v1/elements`: `{map} {key} : {value}` in DESIGN.md's
+/// notation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElementEntry {
+    pub network: String,
+    pub map: String,
+    pub key: String,
+    pub value: String,
 }
 
 /// One flow of `GET /v1/conntrack`, with the network it is in.
@@ -52,9 +92,24 @@ pub struct ConntrackEntry {
     pub flow: Flow,
 }
 
-/// What the last successful apply of a network wrote.
+impl ElementEntry {
+    pub fn new(network: &str, e: crate::core::elements::Element) -> Self {
+        ElementEntry {
+            network: network.to_owned(),
+            map: e.map.to_owned(),
+            key: e.key,
+            value: e.value,
+        }
+    }
+}
+
+/// What the last successful apply of a network wrote, and when.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastSync {
+    /// Seconds since the Unix epoch.
+    pub at_unix: u64,
+    /// Seconds ago, when the status was read.
+    pub ago_secs: u64,
     pub written: usize,
     pub deleted: usize,
     pub flows_flushed: usize,
@@ -74,7 +129,9 @@ pub struct NetworkStatus {
     /// Which path translated packets take and why (`None`: not decided yet).
     #[serde(default)]
     pub path: Option<String>,
+    /// Contributions (service id + generation).
     pub services: usize,
+    /// Distinct backend addresses over every contribution.
     pub backends: usize,
     /// Flows as last counted off the writer's path (`None`: not counted yet).
     pub flows: Option<u64>,
@@ -101,7 +158,7 @@ pub enum Reply {
     State(DesiredState),
     Networks(Vec<NetworkSummary>),
     Services(Vec<ServiceEntry>),
-    Elements(Vec<String>),
+    Elements(Vec<ElementEntry>),
     Conntrack(Vec<ConntrackEntry>),
     Status(Status),
 }

@@ -1,24 +1,52 @@
-//! The `lb` command line: DESIGN.md's CLI, spelled exactly so.
+//! The `lb` command line: DESIGN.md's CLI, in the style of `ip`, `nft` and `docker`: every
+//! command and flag described, the allowed values listed, global options anywhere.
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use lb_user::{
     api::DEFAULT_SOCKET,
-    core::model::DEFAULT_GENERATION,
+    core::model::{Attach, DEFAULT_GENERATION, FastPath, HoldPorts, Masquerade, Mode},
     daemon::{self, DataplaneChoice},
     dataplane::ebpf::{DEFAULT_BPFFS, MapSizes, OnIncompatible, TcMode},
     oneshot,
 };
 
+/// Exit codes, as the README's "Exit codes" lists them.
+pub const EXIT_REFUSED: i32 = 1;
+pub const EXIT_USAGE: i32 = 2;
+pub const EXIT_NOT_APPLIED: i32 = 3;
+pub const EXIT_UNREACHABLE: i32 = 4;
+
 #[derive(Parser)]
 #[command(
     name = "lb",
     version,
-    about = "eBPF/XDP service load balancer for container nodes"
+    about = "eBPF/XDP service load balancer for container nodes",
+    long_about = "eBPF/XDP service load balancer for container nodes.\n\n\
+        `lb daemon` owns the desired state and programs every network's dataplane; the other \
+        commands are its clients over the API socket (or, for `load`/`unload`/`elements \
+        --state`, work without it).",
+    after_help = "Exit codes: 0 done (applied); 1 refused, nothing changed; 2 usage; \
+        3 accepted but not applied yet (retrying, or --wait timed out); \
+        4 the daemon is unreachable or not permitted."
 )]
 pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
+    #[command(flatten)]
+    pub global: Global,
+}
+
+/// Options every command takes, before or after its name.
+#[derive(Args, Clone)]
+pub struct Global {
+    /// The daemon's API socket: where `lb daemon` listens and every client command connects.
+    #[arg(long, env = "LB_SOCKET", default_value = DEFAULT_SOCKET, global = true)]
+    pub socket: PathBuf,
+    /// Print JSON: the same data as the table, one document on stdout; errors as JSON on
+    /// stderr.
+    #[arg(short = 'j', long, global = true)]
+    pub json: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -36,17 +64,6 @@ pub enum DataplaneArg {
     Nftables,
 }
 
-/// What every client command takes.
-#[derive(Args, Clone)]
-pub struct Client {
-    /// The daemon's API socket.
-    #[arg(long, env = "LB_SOCKET", default_value = DEFAULT_SOCKET, global = true)]
-    pub socket: PathBuf,
-    /// Print the daemon's answer as JSON.
-    #[arg(long, global = true)]
-    pub json: bool,
-}
-
 #[derive(Subcommand)]
 pub enum Cmd {
     /// Run the daemon: owns the desired state and every network's dataplane.
@@ -54,9 +71,6 @@ pub enum Cmd {
         /// Where the desired state is kept (state.json, written before it is applied).
         #[arg(long, default_value = daemon::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
-        /// The API socket (created 0600; root and the daemon's own user only).
-        #[arg(long, env = "LB_SOCKET", default_value = DEFAULT_SOCKET)]
-        socket: PathBuf,
         /// Maps and links are pinned here, one directory per network, so a restarted daemon
         /// adopts them without dropping a flow.
         #[arg(long, default_value = DEFAULT_BPFFS)]
@@ -65,8 +79,8 @@ pub enum Cmd {
         /// nftables (LB_PROBE_FAIL=REASON forces the fallback).
         #[arg(long, value_enum, default_value = "auto")]
         dataplane: DataplaneArg,
-        /// Prometheus text on this loopback address (off unless given).
-        #[arg(long)]
+        /// Serve Prometheus metrics on /metrics at this loopback address (off unless given).
+        #[arg(long, value_name = "ADDR:PORT")]
         metrics: Option<SocketAddr>,
         /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]
@@ -85,58 +99,62 @@ pub enum Cmd {
         sizes: Sizes,
     },
     /// Networks: a set of interfaces the programs attach to, and their services.
+    #[command(visible_alias = "net")]
     Network {
         #[command(subcommand)]
         cmd: NetworkCmd,
-        #[command(flatten)]
-        client: Client,
     },
-    /// Services: one contribution (id + generation) of VIP, backends and published ports.
+    /// Services: one contribution (id + generation) of a VIP and/or published ports, and
+    /// backends.
+    #[command(visible_alias = "svc")]
     Service {
         #[command(subcommand)]
         cmd: ServiceCmd,
-        #[command(flatten)]
-        client: Client,
     },
-    /// Replace the whole desired state with a JSON file (DESIGN.md's format), atomically.
+    /// Replace the whole desired state with a JSON file, atomically, and print what changed.
     Apply {
-        #[arg(short = 'f', long = "file")]
+        /// The desired state (the JSON `lb state` prints; README "Desired state"); `-` reads
+        /// stdin.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
         file: PathBuf,
-        #[command(flatten)]
-        client: Client,
-    },
-    /// The desired state, as JSON.
-    State {
-        #[command(flatten)]
-        client: Client,
-    },
-    /// Composed elements in DESIGN.md's notation (of a desired-state file with --state,
-    /// without a daemon).
-    Elements {
-        network: Option<String>,
+        /// Check the state against the daemon and the node and print what would change;
+        /// change nothing.
         #[arg(long)]
-        state: Option<PathBuf>,
-        #[command(flatten)]
-        client: Client,
+        dry_run: bool,
+        /// Wait until every changed network is applied, up to SECS (default 60); exit 3 if
+        /// one is still not applied then.
+        #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "60")]
+        wait: Option<u64>,
     },
-    /// Live flows: proto client -> service => backend, state, seconds left.
-    Conntrack {
+    /// The desired state, as JSON (the format `lb apply -f` takes).
+    State,
+    /// Composed elements in DESIGN.md's notation: what the dataplane is told, bucket by
+    /// bucket (of a desired-state file with --state, without a daemon).
+    Elements {
+        /// Only this network's.
         network: Option<String>,
-        #[command(flatten)]
-        client: Client,
+        /// Compose this desired-state file instead of asking the daemon.
+        #[arg(long, value_name = "FILE")]
+        state: Option<PathBuf>,
     },
-    /// The dataplane in use and why, and each network's state.
-    Status {
-        #[command(flatten)]
-        client: Client,
+    /// Live flows: protocol, client, service and frontend, backend, state, time left.
+    #[command(visible_alias = "ct")]
+    Conntrack {
+        /// Only this network's.
+        network: Option<String>,
     },
+    /// The dataplane in use and why, and each network's state and last sync.
+    Status,
     /// Program the eBPF dataplane once from a desired-state file (no daemon); programs stay
     /// attached and maps pinned under --bpffs.
     Load {
-        #[arg(long)]
+        /// The desired-state file.
+        #[arg(long, value_name = "FILE")]
         state: PathBuf,
+        /// Where maps and links are pinned, one directory per network.
         #[arg(long, default_value = DEFAULT_BPFFS)]
         bpffs: PathBuf,
+        /// Where `lb unload` finds what this load programmed.
         #[arg(long, default_value = oneshot::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
         /// How TC programs are attached.
@@ -147,8 +165,10 @@ pub enum Cmd {
     },
     /// Remove everything the last `lb load` programmed.
     Unload {
+        /// Where `lb load` pinned maps and links.
         #[arg(long, default_value = DEFAULT_BPFFS)]
         bpffs: PathBuf,
+        /// Where `lb load` recorded what it programmed.
         #[arg(long, default_value = oneshot::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
         /// How TC programs are attached.
@@ -159,63 +179,96 @@ pub enum Cmd {
 
 #[derive(Subcommand)]
 pub enum NetworkCmd {
+    /// Add a network (without services: `lb service set` adds them).
     Add {
+        /// The network's name (letters, digits, `_`, `.`, `-`): names its pins, its nftables
+        /// table and its services' keys.
         name: String,
-        #[arg(long = "interface", required = true)]
+        /// An interface the programs attach to (a bridge, a veth, the node's uplink); the
+        /// first one also carries the VIP aliases. Repeatable; one that does not exist yet is
+        /// served from when it appears.
+        #[arg(long = "interface", value_name = "IFNAME", required = true)]
         interfaces: Vec<String>,
-        #[arg(long)]
+        /// The network namespace the interfaces are in (a name under /run/netns, or a path);
+        /// the daemon's own namespace without it.
+        #[arg(long, value_name = "NETNS")]
         netns: Option<String>,
-        #[arg(long, default_value = "nat")]
-        mode: String,
-        #[arg(long, default_value = "tc")]
-        attach: String,
-        #[arg(long, default_value = "auto")]
-        masquerade: String,
+        /// nat: DNAT to the backend, replies back through lb; dsr: direct server return,
+        /// only MACs rewritten (VIPs only).
+        #[arg(long, value_enum, default_value_t)]
+        mode: Mode,
+        /// Where the VIP programs run: tc, or xdp in front of tc where the driver runs XDP
+        /// natively.
+        #[arg(long, value_enum, default_value_t)]
+        attach: Attach,
+        /// Which flows get the network's address as their source: auto (hairpin flows
+        /// only), always, never.
+        #[arg(long, value_enum, default_value_t)]
+        masquerade: Masquerade,
         /// Whether translated packets may bypass the node's stack (eBPF): auto (where no
         /// forward-hook rule applies), on (even past such rules), off.
-        #[arg(long, default_value = "auto")]
-        fast_path: String,
+        #[arg(long, value_enum, default_value_t)]
+        fast_path: FastPath,
         /// Whether the daemon holds a socket bound to each published port so that no process
-        /// of the node takes it, as kubelet and Docker do: on, off.
-        #[arg(long, default_value = "on")]
-        hold_ports: String,
+        /// of the node takes it, as kubelet and Docker do.
+        #[arg(long, value_enum, default_value_t)]
+        hold_ports: HoldPorts,
         /// A flow timeout, NAME=SECONDS (tcp_syn, tcp_established, tcp_closing,
         /// tcp_unreplied, udp; dsr for a dsr network's sessions); repeatable.
-        #[arg(long = "timeout")]
+        #[arg(long = "timeout", value_name = "NAME=SECONDS")]
         timeouts: Vec<String>,
     },
+    /// Remove a network, its services and everything its dataplane holds.
+    #[command(visible_alias = "remove")]
     Rm {
+        /// The network's name.
         name: String,
     },
+    /// The networks, one row each.
+    #[command(visible_alias = "ls")]
     List,
 }
 
 #[derive(Subcommand)]
 pub enum ServiceCmd {
+    /// Add or replace one contribution (service id + generation) of a network's service.
     Set {
+        /// The network it belongs to.
         network: String,
+        /// The service's id (a container, a sandbox, a job): generations of one id compose.
         service_id: String,
+        /// The contribution's generation: several generations of one service (a rolling
+        /// update) are served together, their backends in one set.
         #[arg(long, default_value = DEFAULT_GENERATION)]
         generation: String,
         /// The VIP (every port of it is balanced); without one the service is its published
         /// ports only (a host port).
-        #[arg(long)]
+        #[arg(long, value_name = "IPV4")]
         vip: Option<String>,
-        /// IP[,disabled]
-        #[arg(long = "backend")]
+        /// A backend, IP[,disabled] (a disabled one gets no new flows and keeps its
+        /// existing ones); repeatable.
+        #[arg(long = "backend", value_name = "IP[,disabled]")]
         backends: Vec<String>,
-        /// PROTO/PUBLISHED[:TARGET][@HOST_IP]
-        #[arg(long = "port")]
+        /// A published port on the node's addresses (or on HOST_IP), to TARGET on the
+        /// backends (the same port without it); repeatable.
+        #[arg(long = "port", value_name = "PROTO/PUBLISHED[:TARGET][@HOST_IP]")]
         ports: Vec<String>,
     },
-    /// Without --generation, every generation of the service goes.
+    /// Remove a service: one generation with --generation, else every generation of it.
+    #[command(visible_alias = "remove")]
     Rm {
+        /// The network it belongs to.
         network: String,
+        /// The service's id.
         service_id: String,
+        /// Only this generation.
         #[arg(long)]
         generation: Option<String>,
     },
+    /// Services with their frontends and each backend's state, flows and packets.
+    #[command(visible_alias = "ls")]
     List {
+        /// Only this network's.
         network: Option<String>,
     },
 }

@@ -1,10 +1,15 @@
 //! What each command does: the daemon, a client request and its rendering, or the one-shot
 //! `load`/`unload`.
-use std::time::Duration;
+use std::{
+    collections::BTreeSet,
+    io::Read as _,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result, bail};
 use lb_user::{
-    api::{self, Request},
+    api::{self, Done, ElementEntry, Request, Status},
     core::elements,
     core::model::{self, Backend, DesiredState, FlowTimeouts, Network, PortConfig, Service},
     daemon,
@@ -13,9 +18,20 @@ use lb_user::{
 };
 
 use super::{
-    args::{Client, Cmd, NetworkCmd, ServiceCmd},
+    args::{Cli, Cmd, Global, NetworkCmd, ServiceCmd},
     render,
 };
+
+/// A flag's value that clap let through and lb cannot read (`--backend 10.0.0.300`): a usage
+/// error, exit 2, nothing asked.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct Usage(pub anyhow::Error);
+
+/// A change was saved but its networks are not applied yet (`--wait` ran out): exit 3.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NotApplied(pub String);
 
 /// Every value of a repeated flag, the first bad one named with its flag.
 fn parse_each<T>(values: &[String], flag: &str) -> Result<Vec<T>>
@@ -24,25 +40,98 @@ where
     T::Err: std::error::Error + Send + Sync + 'static,
 {
     (values.iter())
-        .map(|v| v.parse::<T>().with_context(|| format!("{flag} {v}")))
-        .collect()
+        .map(|v| {
+            (v.parse::<T>())
+                .map_err(|e| Usage(anyhow::Error::new(e).context(format!("{flag} {v}"))))
+        })
+        .collect::<Result<_, _>>()
+        .map_err(Into::into)
 }
 
 /// Sends `req` and reads the reply as `T`, or the daemon's refusal as our error.
-fn call<T: serde::de::DeserializeOwned>(client: &Client, req: &Request) -> Result<T> {
-    api::Client::new(&client.socket).call(req)
+fn call<T: serde::de::DeserializeOwned>(global: &Global, req: &Request) -> Result<T> {
+    api::Client::new(&global.socket).call(req)
 }
 
 /// A change: sends it and prints what was done.
-fn change(client: &Client, req: &Request) -> Result<()> {
-    render::done(client.json, &call(client, req)?);
+fn change(global: &Global, req: &Request) -> Result<()> {
+    render::done(global.json, &call(global, req)?);
     Ok(())
 }
 
-fn read_state_file(path: &std::path::Path) -> Result<DesiredState> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    DesiredState::from_json(&text).with_context(|| format!("{}", path.display()))
+/// A desired-state file, or stdin for `-`.
+fn read_state_file(path: &Path) -> Result<DesiredState> {
+    let (text, name) = if path == Path::new("-") {
+        let mut text = String::new();
+        (std::io::stdin().read_to_string(&mut text)).context("reading the state from stdin")?;
+        (text, "stdin".to_owned())
+    } else {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        (text, path.display().to_string())
+    };
+    DesiredState::from_json(&text).with_context(|| name)
+}
+
+/// `lb apply`: sends the state (a dry run changes nothing) and prints what changed; with
+/// `wait`, blocks until every network it changed is applied, or exits 3 when `wait` runs out.
+fn apply(global: &Global, file: &Path, dry_run: bool, wait: Option<u64>) -> Result<()> {
+    // Checked here too, so the error names the file and the JSON path.
+    let state = read_state_file(file)?;
+    let networks: BTreeSet<String> =
+        match api::Client::new(&global.socket).call::<Done>(&Request::Apply { state, dry_run }) {
+            Ok(done) => {
+                render::done(global.json, &done);
+                done.changes.into_iter().map(|c| c.network).collect()
+            }
+            // Saved, not applied yet: which networks is in the status.
+            Err(e) if wait.is_some() && saved(&e) => {
+                // Under --json stderr carries one error document, the last word.
+                if !global.json {
+                    eprintln!("lb: {} (waiting)", format!("{e:#}").replace('\n', " "));
+                }
+                let status: Status = call(global, &Request::Status)?;
+                (status.networks.into_iter())
+                    .filter(|n| !n.applied)
+                    .map(|n| n.name)
+                    .collect()
+            }
+            Err(e) => return Err(e),
+        };
+    let Some(secs) = wait.filter(|_| !dry_run) else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let status: Status = call(global, &Request::Status)?;
+        let pending: Vec<String> = (status.networks.iter())
+            .filter(|n| networks.contains(&n.name) && !n.applied)
+            .map(|n| {
+                format!(
+                    "{} ({})",
+                    n.name,
+                    n.error.as_deref().unwrap_or("not applied")
+                )
+            })
+            .collect();
+        if pending.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(NotApplied(format!(
+                "saved, but not applied after {secs}s (the daemon keeps retrying): {}",
+                pending.join("; ")
+            ))
+            .into());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Whether `e` is the daemon's "saved, not applied yet".
+pub fn saved(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<api::Refused>()
+        .is_some_and(|r| r.reply.saved)
 }
 
 /// The locks `lb load`/`lb unload` hold while they write: the same state dir and bpffs
@@ -54,11 +143,11 @@ fn one_shot_locks(state_dir: &std::path::Path, bpffs: &std::path::Path) -> Resul
     ])
 }
 
-pub fn run(cmd: Cmd) -> Result<()> {
-    match cmd {
+pub fn run(cli: Cli) -> Result<()> {
+    let global = &cli.global;
+    match cli.cmd {
         Cmd::Daemon {
             state_dir,
-            socket,
             bpffs,
             dataplane,
             metrics,
@@ -69,7 +158,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
             sizes,
         } => daemon::run(daemon::Options {
             state_dir,
-            socket,
+            socket: global.socket.clone(),
             bpffs,
             dataplane: dataplane.choice(),
             tc_mode: tc.mode(),
@@ -79,7 +168,7 @@ pub fn run(cmd: Cmd) -> Result<()> {
             gc: Duration::from_secs(gc_secs.max(1)),
             map_sizes: sizes.map_sizes(),
         }),
-        Cmd::Network { cmd, client } => match cmd {
+        Cmd::Network { cmd } => match cmd {
             NetworkCmd::Add {
                 name,
                 interfaces,
@@ -93,32 +182,29 @@ pub fn run(cmd: Cmd) -> Result<()> {
             } => {
                 let mut timeouts = FlowTimeouts::default();
                 for spec in &specs {
-                    timeouts.set(spec)?;
+                    timeouts.set(spec).map_err(|e| Usage(e.into()))?;
                 }
                 let network = Network {
                     name,
                     interfaces,
                     netns,
-                    mode: mode.parse()?,
-                    attach: attach.parse()?,
-                    masquerade: masquerade.parse()?,
-                    fast_path: fast_path.parse()?,
-                    hold_ports: hold_ports.parse()?,
+                    mode,
+                    attach,
+                    masquerade,
+                    fast_path,
+                    hold_ports,
                     timeouts,
                     services: vec![],
                 };
-                change(&client, &Request::NetworkAdd { network })
+                change(global, &Request::NetworkAdd { network })
             }
-            NetworkCmd::Rm { name } => change(&client, &Request::NetworkRm { name }),
+            NetworkCmd::Rm { name } => change(global, &Request::NetworkRm { name }),
             NetworkCmd::List => {
-                render::networks(
-                    client.json,
-                    &call::<Vec<_>>(&client, &Request::NetworkList)?,
-                );
+                render::networks(global.json, &call::<Vec<_>>(global, &Request::NetworkList)?);
                 Ok(())
             }
         },
-        Cmd::Service { cmd, client } => match cmd {
+        Cmd::Service { cmd } => match cmd {
             ServiceCmd::Set {
                 network,
                 service_id,
@@ -132,18 +218,18 @@ pub fn run(cmd: Cmd) -> Result<()> {
                     generation,
                     vip: (vip.as_deref().map(model::parse_ipv4))
                         .transpose()
-                        .context("--vip")?,
+                        .map_err(|e| Usage(anyhow::Error::new(e).context("--vip")))?,
                     backends: parse_each::<Backend>(&backends, "--backend")?,
                     ports: parse_each::<PortConfig>(&ports, "--port")?,
                 };
-                change(&client, &Request::ServiceSet { network, service })
+                change(global, &Request::ServiceSet { network, service })
             }
             ServiceCmd::Rm {
                 network,
                 service_id,
                 generation,
             } => change(
-                &client,
+                global,
                 &Request::ServiceRm {
                     network,
                     id: service_id,
@@ -151,24 +237,23 @@ pub fn run(cmd: Cmd) -> Result<()> {
                 },
             ),
             ServiceCmd::List { network } => {
-                let list: Vec<_> = call(&client, &Request::ServiceList { network })?;
-                render::services(client.json, &list);
+                let list: Vec<_> = call(global, &Request::ServiceList { network })?;
+                render::services(global.json, &list);
                 Ok(())
             }
         },
-        Cmd::Apply { file, client } => {
-            // Checked here too, so the error names the file and the JSON path.
-            let state = read_state_file(&file)?;
-            change(&client, &Request::Apply { state })
-        }
-        Cmd::State { client } => {
-            render::state(client.json, &call(&client, &Request::State)?);
+        Cmd::Apply {
+            file,
+            dry_run,
+            wait,
+        } => apply(global, &file, dry_run, wait),
+        Cmd::State => {
+            render::state(global.json, &call(global, &Request::State)?);
             Ok(())
         }
         Cmd::Elements {
             network,
             state: Some(path),
-            client,
         } => {
             let state = read_state_file(&path)?;
             if let Some(want) = &network
@@ -176,29 +261,31 @@ pub fn run(cmd: Cmd) -> Result<()> {
             {
                 bail!("unknown network {want:?}");
             }
-            let out: Vec<String> = (state.networks.iter())
+            let out: Vec<ElementEntry> = (state.networks.iter())
                 .filter(|n| network.as_ref().is_none_or(|w| *w == n.name))
-                .flat_map(|n| (elements::network_elements(n).into_iter()).map(|e| e.to_string()))
+                .flat_map(|n| {
+                    (elements::network_elements(n).into_iter())
+                        .map(|e| ElementEntry::new(&n.name, e))
+                })
                 .collect();
-            render::lines(client.json, &out);
+            render::elements(global.json, &out);
             Ok(())
         }
         Cmd::Elements {
             network,
             state: None,
-            client,
         } => {
-            let out: Vec<String> = call(&client, &Request::Elements { network })?;
-            render::lines(client.json, &out);
+            let out: Vec<ElementEntry> = call(global, &Request::Elements { network })?;
+            render::elements(global.json, &out);
             Ok(())
         }
-        Cmd::Conntrack { network, client } => {
-            let flows: Vec<_> = call(&client, &Request::Conntrack { network })?;
-            render::conntrack(client.json, &flows);
+        Cmd::Conntrack { network } => {
+            let flows: Vec<_> = call(global, &Request::Conntrack { network })?;
+            render::conntrack(global.json, &flows);
             Ok(())
         }
-        Cmd::Status { client } => {
-            render::status(client.json, &call(&client, &Request::Status)?);
+        Cmd::Status => {
+            render::status(global.json, &call(global, &Request::Status)?);
             Ok(())
         }
         Cmd::Load {

@@ -1,7 +1,10 @@
-//! How the CLI prints the daemon's replies: one line per item for people, the reply's own
-//! JSON under `--json`.
+//! How the CLI prints the daemon's replies: headed, aligned tables in one style for every list
+//! (as `docker ps` and `cilium service list` print them; a list with no rows prints its
+//! header), and under `--json` the reply itself, the same data as the table, as one document.
 use lb_user::{
-    api::{ConntrackEntry, Done, NetworkStatus, NetworkSummary, ServiceEntry, Status},
+    api::{
+        ConntrackEntry, Done, ElementEntry, NetworkStatus, NetworkSummary, ServiceEntry, Status,
+    },
     core::model::DesiredState,
 };
 use serde::Serialize;
@@ -18,46 +21,148 @@ pub fn show<T: Serialize>(json: bool, v: &T, human: impl FnOnce(&T)) {
     }
 }
 
-pub fn done(json: bool, d: &Done) {
-    show(json, d, |d| println!("{}", d.done));
+/// A table: a header row and rows of cells, each column as wide as its widest cell, two
+/// spaces apart; the last column is not padded.
+struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn new(header: &[&str]) -> Self {
+        Table {
+            rows: vec![header.iter().map(|h| h.to_string()).collect()],
+        }
+    }
+
+    fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    fn print(&self) {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns)
+            .map(|c| {
+                (self.rows.iter())
+                    .map(|r| r.get(c).map_or(0, |s| s.chars().count()))
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        for r in &self.rows {
+            let mut line = String::new();
+            for (c, cell) in r.iter().enumerate() {
+                if c + 1 < r.len() {
+                    line.push_str(&format!("{cell:<w$}  ", w = widths[c]));
+                } else {
+                    line.push_str(cell);
+                }
+            }
+            println!("{}", line.trim_end());
+        }
+    }
 }
 
 /// `-` for what is absent or empty.
-fn or_dash(s: Option<&str>) -> &str {
-    s.filter(|s| !s.is_empty()).unwrap_or("-")
+fn or_dash(s: Option<&str>) -> String {
+    s.filter(|s| !s.is_empty()).unwrap_or("-").to_owned()
 }
 
-pub fn networks(json: bool, list: &[NetworkSummary]) {
-    show(json, &list, |list| {
-        for n in *list {
-            println!(
-                "{} interfaces={} netns={} mode={} attach={} masquerade={} services={}",
-                n.name,
-                n.interfaces.join(","),
-                or_dash(n.netns.as_deref()),
-                n.mode,
-                n.attach,
-                n.masquerade,
-                n.services
-            );
+fn opt<T: ToString>(v: Option<T>) -> String {
+    v.map_or("-".to_owned(), |v| v.to_string())
+}
+
+/// `1 service`, `2 services`.
+fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
+    let n = n.into();
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// What a change did (or, for a dry run, would do): its summary, then one line per
+/// difference (`+` added, `~` changed, `-` removed).
+pub fn done(json: bool, d: &Done) {
+    show(json, d, |d| {
+        println!("{}", d.done);
+        if d.changes.is_empty() {
+            println!("  no changes");
+        }
+        for c in &d.changes {
+            println!("  {c}");
         }
     });
 }
 
+pub fn networks(json: bool, list: &[NetworkSummary]) {
+    show(json, &list, |list| {
+        let mut t = Table::new(&[
+            "NETWORK",
+            "INTERFACES",
+            "NETNS",
+            "MODE",
+            "ATTACH",
+            "MASQUERADE",
+            "SERVICES",
+        ]);
+        for n in *list {
+            t.row(vec![
+                n.name.clone(),
+                n.interfaces.join(","),
+                or_dash(n.netns.as_deref()),
+                n.mode.to_string(),
+                n.attach.to_string(),
+                n.masquerade.to_string(),
+                n.services.to_string(),
+            ]);
+        }
+        t.print();
+    });
+}
+
+/// One row per backend, as `cilium service list`: the service's own columns on its first.
 pub fn services(json: bool, list: &[ServiceEntry]) {
     show(json, &list, |list| {
-        for ServiceEntry { network, service } in *list {
-            let backends: Vec<String> = service.backends.iter().map(|b| b.to_string()).collect();
-            let ports: Vec<String> = service.ports.iter().map(|p| p.to_string()).collect();
-            println!(
-                "{network} {} generation {} vip {} backends {} ports {}",
-                service.id,
-                service.generation,
-                or_dash(service.vip.map(|v| v.to_string()).as_deref()),
-                or_dash(Some(&backends.join(" "))),
-                or_dash(Some(&ports.join(" "))),
-            );
+        let mut t = Table::new(&[
+            "NETWORK",
+            "SERVICE",
+            "GENERATION",
+            "FRONTENDS",
+            "BACKEND",
+            "STATE",
+            "FLOWS",
+            "PACKETS",
+            "BYTES",
+        ]);
+        for e in *list {
+            let head = vec![
+                e.network.clone(),
+                e.service.id.clone(),
+                e.service.generation.clone(),
+                or_dash(Some(&e.frontends.join(" "))),
+            ];
+            if e.backends.is_empty() {
+                t.row([head.clone(), vec!["-".into(); 5]].concat());
+            }
+            for (i, b) in e.backends.iter().enumerate() {
+                let first = if i == 0 {
+                    head.clone()
+                } else {
+                    vec![String::new(); 4]
+                };
+                t.row(
+                    [
+                        first,
+                        vec![
+                            b.address.to_string(),
+                            b.state.clone(),
+                            opt(b.flows),
+                            opt(b.packets),
+                            opt(b.bytes),
+                        ],
+                    ]
+                    .concat(),
+                );
+            }
         }
+        t.print();
     });
 }
 
@@ -67,64 +172,102 @@ pub fn state(json: bool, state: &DesiredState) {
     show(json, state, |s| println!("{}", s.to_json()));
 }
 
-pub fn lines(json: bool, lines: &[String]) {
-    show(json, &lines, |lines| {
-        for l in *lines {
-            println!("{l}");
+/// Elements in DESIGN.md's notation, one per line (what the dataplane tests compare with the
+/// kernel's tables).
+pub fn elements(json: bool, list: &[ElementEntry]) {
+    show(json, &list, |list| {
+        for e in *list {
+            println!("{} {} : {}", e.map, e.key, e.value);
         }
     });
 }
 
 pub fn conntrack(json: bool, flows: &[ConntrackEntry]) {
     show(json, &flows, |flows| {
+        let mut t = Table::new(&[
+            "NETWORK", "PROTO", "CLIENT", "SERVICE", "FRONTEND", "BACKEND", "STATE", "EXPIRES",
+            "IDLE",
+        ]);
         for ConntrackEntry { network, flow: f } in *flows {
-            let idle = f
-                .idle_secs
-                .map(|i| format!(" idle {i}s"))
-                .unwrap_or_default();
-            println!(
-                "{network} {} {} -> {} => {} {} {}{idle}",
-                f.proto,
-                f.client,
-                f.service,
-                f.backend,
-                f.state,
-                f.expires_secs.map_or("-".to_owned(), |a| format!("{a}s"))
-            );
+            t.row(vec![
+                network.clone(),
+                f.proto.clone(),
+                f.client.clone(),
+                or_dash(f.service.as_deref()),
+                f.frontend.clone(),
+                f.backend.clone(),
+                f.state.clone(),
+                f.expires_secs.map_or("-".to_owned(), |s| format!("{s}s")),
+                f.idle_secs.map_or("-".to_owned(), |s| format!("{s}s")),
+            ]);
         }
+        t.print();
     });
 }
 
 pub fn status(json: bool, status: &Status) {
     show(json, status, |v| {
         println!("dataplane: {} ({})", v.dataplane, v.reason);
+        let mut t = Table::new(&[
+            "NETWORK",
+            "STATE",
+            "SERVICES",
+            "BACKENDS",
+            "FLOWS",
+            "ATTACH",
+            "INTERFACES",
+            "LAST SYNC",
+        ]);
         for n in &v.networks {
-            network_status(n);
+            t.row(vec![
+                n.name.clone(),
+                if n.applied { "applied" } else { "NOT APPLIED" }.to_owned(),
+                n.services.to_string(),
+                n.backends.to_string(),
+                opt(n.flows),
+                n.attach.to_string(),
+                n.interfaces.join(","),
+                n.last_sync
+                    .map_or("-".to_owned(), |s| format!("{}s ago", s.ago_secs)),
+            ]);
+        }
+        println!();
+        t.print();
+        for n in &v.networks {
+            network_details(n);
         }
     });
 }
 
-fn network_status(n: &NetworkStatus) {
-    let state = if n.applied {
-        "applied".to_owned()
-    } else {
-        format!("NOT APPLIED: {}", or_dash(n.error.as_deref()))
-    };
-    let by_state = (n.flows_by_state.as_ref())
-        .map(|m| {
-            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{v} {k}")).collect();
-            format!(" ({})", parts.join(", "))
-        })
-        .unwrap_or_default();
+/// What a row of the status table cannot hold.
+fn network_details(n: &NetworkStatus) {
+    println!("\nnetwork {}:", n.name);
+    if let Some(e) = &n.error {
+        println!("  error: {e}");
+    }
     println!(
-        "network {}: {state}; {} services, {} backends, {} flows{by_state}; attach {} on {}",
-        n.name,
-        n.services,
-        n.backends,
-        n.flows.map_or("-".to_owned(), |f| f.to_string()),
-        n.attach,
-        n.interfaces.join(",")
+        "  {}, {}",
+        count(n.services as u64, "service", "services"),
+        count(n.backends as u64, "backend", "backends"),
     );
+    if let Some(f) = n.flows {
+        let by_state = (n.flows_by_state.as_ref())
+            .map(|m| {
+                let parts: Vec<String> = m.iter().map(|(k, v)| format!("{v} {k}")).collect();
+                format!(" ({})", parts.join(", "))
+            })
+            .unwrap_or_default();
+        println!("  flows: {f}{by_state}");
+    }
+    if let Some(s) = &n.last_sync {
+        println!(
+            "  last sync: {}s ago, {} written, {} deleted, {} flushed",
+            s.ago_secs,
+            count(s.written as u64, "entry", "entries"),
+            s.deleted,
+            count(s.flows_flushed as u64, "flow", "flows"),
+        );
+    }
     if let Some(path) = &n.path {
         println!("  path: {path}");
     }

@@ -242,7 +242,10 @@ fn ensure_network(client: &Client, conf: &Conf, bridge: Option<&str>) -> Result<
         }
     }
     client
-        .call::<Done>(&Request::Apply { state })
+        .call::<Done>(&Request::Apply {
+            state,
+            dry_run: false,
+        })
         .map_err(err("adding the bridge to"))?;
     Ok(false)
 }

@@ -47,6 +47,17 @@ macro_rules! keyword_enum {
             }
         }
 
+        // The CLI's flags take the same spellings, and its help lists them.
+        impl clap::ValueEnum for $name {
+            fn value_variants<'a>() -> &'a [Self] {
+                Self::ALL
+            }
+
+            fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+                Some(clap::builder::PossibleValue::new(self.as_str()))
+            }
+        }
+
         impl FromStr for $name {
             type Err = Invalid;
 

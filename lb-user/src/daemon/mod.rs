@@ -18,7 +18,7 @@ use std::{
     net::SocketAddr,
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use anyhow::{Context as _, Result};
@@ -26,12 +26,13 @@ use hyper::StatusCode;
 
 use crate::{
     api::{
-        ApiError, ConntrackEntry, Done, LastSync, NetworkStatus, NetworkSummary, Reply, Request,
-        ServiceEntry, Status,
+        ApiError, BackendStats, ConntrackEntry, Done, ElementEntry, LastSync, NetworkStatus,
+        NetworkSummary, Reply, Request, ServiceEntry, Status,
     },
     core::{
-        elements::network_elements,
-        model::{DesiredState, Mode, Network},
+        diff::diff,
+        elements::{SetKey, network_elements},
+        model::{DesiredState, Mode, Network, Service},
     },
     dataplane::{
         DSR_STATE, Dataplane, STATES, SyncStats,
@@ -87,7 +88,8 @@ struct Stats {
     reconcile_count: u64,
     reconcile_sum: f64,
     apply_errors: BTreeMap<String, u64>,
-    last_sync: BTreeMap<String, SyncStats>,
+    /// When each network was last applied, and what that wrote.
+    last_sync: BTreeMap<String, (SystemTime, SyncStats)>,
 }
 
 pub struct Daemon {
@@ -241,7 +243,7 @@ impl Daemon {
                     self.hold(&net);
                     self.errors.remove(&net.name);
                     self.stale.remove(&net.name);
-                    self.stats.last_sync.insert(net.name.clone(), stats);
+                    (self.stats.last_sync).insert(net.name.clone(), (SystemTime::now(), stats));
                     self.applied.insert(net.name.clone(), net);
                     self.unrecorded = true;
                 }
@@ -347,7 +349,14 @@ impl Daemon {
     /// answer says which of the three it got to: a refusal (400, nothing saved), a failure to
     /// save (500, nothing changed), or saved but a network it touched not applied yet (500
     /// with `saved`: the retry applies it).
-    fn commit(&mut self, new: DesiredState, what: String) -> Result<Reply, ApiError> {
+    /// Checks `new` whole, saves it and applies it; a dry run stops after the checks. Either
+    /// way the answer lists what differs from the current desired state.
+    fn commit(
+        &mut self,
+        new: DesiredState,
+        what: String,
+        dry_run: bool,
+    ) -> Result<Reply, ApiError> {
         let rejected = |e: anyhow::Error| ApiError::bad_request(format!("rejected: {e:#}"));
         new.validate()
             .map_err(|e| rejected(anyhow::Error::new(e)))?;
@@ -370,6 +379,14 @@ impl Daemon {
                 .map_err(rejected)?;
             }
         }
+        let changes = diff(&self.desired, &new);
+        if dry_run {
+            return Ok(Reply::Done(Done {
+                done: "dry run: nothing saved or applied; the change would make".to_owned(),
+                changes,
+                dry_run: true,
+            }));
+        }
         crate::write_atomically(&self.state_dir.join(STATE), new.to_json().as_bytes())
             .context("saving the desired state (nothing was changed)")
             .map_err(|e| ApiError::internal(&e, false))?;
@@ -388,7 +405,11 @@ impl Daemon {
             );
             return Err(ApiError::internal(&e, true));
         }
-        Ok(Reply::Done(Done { done: what }))
+        Ok(Reply::Done(Done {
+            done: what,
+            changes,
+            dry_run: false,
+        }))
     }
 
     fn network(&self, name: &str) -> Result<&Network, ApiError> {
@@ -425,13 +446,13 @@ impl Daemon {
                 let what = format!("network {} added", network.name);
                 let mut new = self.desired.clone();
                 new.networks.push(network);
-                self.commit(new, what)
+                self.commit(new, what, false)
             }
             Request::NetworkRm { name } => {
                 self.network(&name)?;
                 let mut new = self.desired.clone();
                 new.networks.retain(|n| n.name != name);
-                self.commit(new, format!("network {name} removed"))
+                self.commit(new, format!("network {name} removed"), false)
             }
             Request::NetworkList => Ok(Reply::Networks(
                 (self.desired.networks.iter())
@@ -456,7 +477,7 @@ impl Daemon {
                 new.network_mut(&network)
                     .expect("checked above")
                     .upsert_service(service);
-                self.commit(new, what)
+                self.commit(new, what, false)
             }
             Request::ServiceRm {
                 network,
@@ -479,32 +500,32 @@ impl Daemon {
                 }
                 self.commit(
                     new,
-                    format!("{n} contribution(s) of service {id} removed from {network}"),
+                    format!(
+                        "{n} {} of service {id} removed from {network}",
+                        if n == 1 { "generation" } else { "generations" }
+                    ),
+                    false,
                 )
             }
-            Request::ServiceList { network } => Ok(Reply::Services(
-                (self.selected(&network)?.into_iter())
-                    .flat_map(|n| {
-                        let network = n.name;
-                        (n.services.into_iter()).map(move |service| ServiceEntry {
-                            network: network.clone(),
-                            service,
-                        })
-                    })
-                    .collect(),
-            )),
-            Request::Apply { state } => {
-                let what = format!("{} network(s) applied", state.networks.len());
-                self.commit(state, what)
+            Request::ServiceList { network } => {
+                let mut out = Vec::new();
+                for n in self.selected(&network)? {
+                    out.extend(self.service_entries(&n));
+                }
+                Ok(Reply::Services(out))
+            }
+            Request::Apply { state, dry_run } => {
+                let what = match state.networks.len() {
+                    1 => "the state of 1 network applied".to_owned(),
+                    n => format!("the state of {n} networks applied"),
+                };
+                self.commit(state, what, dry_run)
             }
             Request::State => Ok(Reply::State(self.desired.clone())),
             Request::Elements { network } => Ok(Reply::Elements(
                 (self.selected(&network)?.iter())
                     .flat_map(|n| {
-                        network_elements(n)
-                            .iter()
-                            .map(|e| e.to_string())
-                            .collect::<Vec<_>>()
+                        (network_elements(n).into_iter()).map(|e| ElementEntry::new(&n.name, e))
                     })
                     .collect(),
             )),
@@ -514,9 +535,13 @@ impl Daemon {
                     let flows = (self.dp.flows(&n))
                         .with_context(|| format!("network {}: reading its flows", n.name))
                         .map_err(|e| ApiError::internal(&e, false))?;
-                    out.extend(flows.into_iter().map(|flow| ConntrackEntry {
-                        network: n.name.clone(),
-                        flow,
+                    out.extend(flows.into_iter().map(|mut flow| {
+                        flow.service =
+                            frontend_owner(&n, &flow.proto, &flow.frontend).map(|s| s.id.clone());
+                        ConntrackEntry {
+                            network: n.name.clone(),
+                            flow,
+                        }
                     }));
                 }
                 Ok(Reply::Conntrack(out))
@@ -549,7 +574,10 @@ impl Daemon {
                 mode: n.mode,
                 path: self.dp.path(&n),
                 services: n.services.len(),
-                backends: n.services.iter().map(|s| s.backends.len()).sum(),
+                backends: (n.services.iter())
+                    .flat_map(|s| s.backends.iter().map(|b| b.ip))
+                    .collect::<BTreeSet<_>>()
+                    .len(),
                 flows: counted.as_ref().map(|c| c.by_state.iter().sum()),
                 flows_by_state: counted.as_ref().map(|c| {
                     (STATES.iter())
@@ -560,7 +588,9 @@ impl Daemon {
                 }),
                 flow_entries: counted.as_ref().and_then(|c| c.entries),
                 warnings,
-                last_sync: self.stats.last_sync.get(&n.name).map(|s| LastSync {
+                last_sync: self.stats.last_sync.get(&n.name).map(|(at, s)| LastSync {
+                    at_unix: (at.duration_since(SystemTime::UNIX_EPOCH)).map_or(0, |d| d.as_secs()),
+                    ago_secs: at.elapsed().map_or(0, |d| d.as_secs()),
                     written: s.written,
                     deleted: s.deleted,
                     flows_flushed: s.flows_flushed,
@@ -575,6 +605,82 @@ impl Daemon {
             networks,
         }
     }
+}
+
+impl Daemon {
+    /// `network`'s contributions as `lb service list` shows them: frontends, and each
+    /// backend's state, live flows and counters (read once for the network).
+    fn service_entries(&mut self, network: &Network) -> Vec<ServiceEntry> {
+        let counts = self.dp.counts(network).unwrap_or_default();
+        let flows = self.dp.flows(network).ok();
+        let mut out = Vec::new();
+        for service in &network.services {
+            let keys = set_keys(service);
+            let backends = (service.backends.iter())
+                .map(|b| {
+                    let (mut packets, mut bytes, mut seen) = (0, 0, false);
+                    for c in counts.iter().filter(|c| {
+                        c.backend == Some(b.ip) && keys.iter().any(|k| k.to_string() == c.service)
+                    }) {
+                        (packets, bytes, seen) = (packets + c.packets, bytes + c.bytes, true);
+                    }
+                    let flows = flows.as_ref().map(|f| {
+                        (f.iter())
+                            .filter(|f| f.backend.split(':').next() == Some(&b.ip.to_string()))
+                            .filter(|f| {
+                                frontend_owner(network, &f.proto, &f.frontend)
+                                    .is_some_and(|s| s.id == service.id)
+                            })
+                            .count() as u64
+                    });
+                    BackendStats {
+                        address: b.ip,
+                        state: if b.disabled { "disabled" } else { "active" }.to_owned(),
+                        flows,
+                        packets: seen.then_some(packets),
+                        bytes: seen.then_some(bytes),
+                    }
+                })
+                .collect();
+            out.push(ServiceEntry {
+                network: network.name.clone(),
+                service: service.clone(),
+                frontends: (service.vip.iter().map(|v| v.to_string()))
+                    .chain(service.ports.iter().map(|p| p.to_string()))
+                    .collect(),
+                backends,
+            });
+        }
+        out
+    }
+}
+
+/// The composed sets a contribution belongs to, as counters name them.
+fn set_keys(service: &Service) -> Vec<SetKey> {
+    (service.vip.map(SetKey::Vip).into_iter())
+        .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
+        .collect()
+}
+
+/// The contribution of `network` that a flow to `frontend` (`ADDR:PORT`, as flows show it)
+/// over `proto` was sent by: the one with that VIP, else the one publishing that port (on
+/// that address, or on every address). Generations of one service share their frontends,
+/// so any of them names the service.
+fn frontend_owner<'a>(network: &'a Network, proto: &str, frontend: &str) -> Option<&'a Service> {
+    let (addr, port) = frontend.rsplit_once(':')?;
+    let (addr, port): (std::net::Ipv4Addr, u16) = (addr.parse().ok()?, port.parse().ok()?);
+    (network.services.iter())
+        .find(|s| s.vip == Some(addr))
+        .or_else(|| {
+            network.services.iter().find(|s| {
+                s.ports.iter().any(|p| {
+                    let k = p.key();
+                    k.proto.as_str() == proto
+                        && k.port == port
+                        && k.host_ip.is_none_or(|h| h == addr)
+                })
+            })
+        })
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {

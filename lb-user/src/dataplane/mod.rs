@@ -25,7 +25,12 @@ use crate::core::model::Network;
 pub struct Flow {
     pub proto: String,
     pub client: String,
-    pub service: String,
+    /// The address and port the client asked (a VIP's, or the node's for a published port).
+    pub frontend: String,
+    /// The id of the service that frontend belongs to, filled in by the daemon (`None`: no
+    /// service of the network has it any more).
+    #[serde(default)]
+    pub service: Option<String>,
     pub backend: String,
     /// `opening` (no answer yet), `established` or `closing` (TCP closed or reset); `dsr`
     /// for a DSR session (the balancer sees one direction only, so it has no state).

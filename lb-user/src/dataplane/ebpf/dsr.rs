@@ -191,7 +191,7 @@ impl EbpfNetwork {
         let mut out: Vec<Flow> = (self.dsr_sessions().iter())
             .filter_map(|(k, s)| session_row(k, s, timeout, now))
             .collect();
-        out.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+        out.sort_by(|a, b| (&a.frontend, &a.client).cmp(&(&b.frontend, &b.client)));
         out
     }
 }
@@ -242,7 +242,8 @@ pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Optio
     Some(Flow {
         proto: gc::proto_name(k.proto),
         client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
-        service: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
+        frontend: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
+        service: None,
         // Backend and port as NAT rows show them: DSR keeps the VIP's port.
         backend: format!("{}:{}", ip(s.backend), u16::from_be(k.dport)),
         state: DSR_STATE.to_owned(),
@@ -353,7 +354,7 @@ mod tests {
         assert_eq!(
             (
                 row.client.as_str(),
-                row.service.as_str(),
+                row.frontend.as_str(),
                 row.backend.as_str(),
                 row.state.as_str()
             ),

@@ -91,14 +91,15 @@ pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane
         .map(|(k, e)| crate::dataplane::Flow {
             proto: proto_name(k.proto),
             client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
-            service: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
+            frontend: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
+            service: None,
             backend: format!("{}:{}", ip(e.daddr), u16::from_be(e.dport)),
             state: state_name(k, e).to_owned(),
             expires_secs: Some(e.expires_ns.saturating_sub(now).div_ceil(NS_PER_SEC)),
             idle_secs: None,
         })
         .collect();
-    flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    flows.sort_by(|a, b| (&a.frontend, &a.client).cmp(&(&b.frontend, &b.client)));
     flows
 }
 

@@ -106,14 +106,15 @@ pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
         flows.push(Flow {
             proto: proto.to_owned(),
             client: format!("{src}:{sport}"),
-            service: format!("{dst}:{dport}"),
+            frontend: format!("{dst}:{dport}"),
+            service: None,
             backend: format!("{bsrc}:{bport}"),
             state: kernel_state(proto, &words).to_owned(),
             expires_secs: words.get(2).and_then(|w| w.parse().ok()),
             idle_secs: None,
         });
     }
-    flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    flows.sort_by(|a, b| (&a.frontend, &a.client).cmp(&(&b.frontend, &b.client)));
     Ok(flows)
 }
 

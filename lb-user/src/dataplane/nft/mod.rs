@@ -481,7 +481,8 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
             flows.push(Flow {
                 proto: proto.to_owned(),
                 client: s.client.to_string(),
-                service: s.service.to_string(),
+                frontend: s.service.to_string(),
+                service: None,
                 backend,
                 state: DSR_STATE.to_owned(),
                 expires_secs: Some(s.expires_secs),
@@ -490,7 +491,7 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
             });
         }
     }
-    flows.sort_by(|a, b| (&a.service, &a.client).cmp(&(&b.service, &b.client)));
+    flows.sort_by(|a, b| (&a.frontend, &a.client).cmp(&(&b.frontend, &b.client)));
     Ok(flows)
 }
 

@@ -1,0 +1,423 @@
+//! The `lb` CLI as an operator meets it, the real binary against a real daemon: output piped
+//! into a reader that goes away, each exit code (0 applied, 1 refused, 2 usage, 3 accepted but
+//! not applied, 4 daemon unreachable or not permitted), errors as JSON under `--json`, global
+//! options before or after the command, `apply -f -`, a dry run that changes nothing, the
+//! difference every apply prints (exactly what changed), headed tables and their JSON. Root only
+//! (the daemon programs a dataplane).
+use std::{
+    io::Write as _,
+    net::Ipv4Addr,
+    os::unix::process::ExitStatusExt as _,
+    path::Path,
+    process::{Command, Output, Stdio},
+};
+
+use lb_tests::{
+    bpffs::Bpffs,
+    daemon::{FailingNft, LbDaemon, Run, network_add, service_set},
+    netns::Topology,
+    require_root,
+    traffic::{TIMEOUT, spawn_backends, tcp_request},
+};
+use lb_user::core::{
+    diff::{Change, Kind, Op},
+    model::DesiredState,
+};
+use serde_json::Value;
+
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const NET: &str = "clinet";
+
+fn lb() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_lb"))
+}
+
+/// `lb ARGS` with `stdin` on its standard input.
+fn lb_stdin(d: &LbDaemon, args: &[&str], stdin: &str) -> Run {
+    let mut child = Command::new(lb())
+        .args(args)
+        .arg("--socket")
+        .arg(d.socket())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap().into()
+}
+
+/// The error `lb --json` wrote on stderr, checked to carry the exit code it exited with.
+fn json_error(r: &Run) -> String {
+    let v: Value = serde_json::from_str(r.stderr.trim())
+        .unwrap_or_else(|e| panic!("stderr is not one JSON object ({e}): {r:?}"));
+    assert_eq!(v["exit_code"].as_i64(), r.code.map(i64::from), "{r:?}");
+    v["error"].as_str().expect("an error message").to_owned()
+}
+
+fn state(d: &LbDaemon) -> DesiredState {
+    DesiredState::from_json(&d.ok(&["state"])).unwrap()
+}
+
+fn changes(out: &str) -> Vec<Change> {
+    let v: Value = serde_json::from_str(out).unwrap();
+    serde_json::from_value(v["changes"].clone()).unwrap()
+}
+
+/// A change as the test expects it.
+fn change(
+    op: Op,
+    kind: Kind,
+    service: Option<&str>,
+    backend: Option<Ipv4Addr>,
+    detail: &[&str],
+) -> Change {
+    Change {
+        op,
+        kind,
+        network: NET.into(),
+        service: service.map(String::from),
+        generation: service.map(|_| "1".to_owned()),
+        backend,
+        detail: detail.iter().map(|d| d.to_string()).collect(),
+    }
+}
+
+/// A client whose reader goes away ends as `head` leaves any Unix tool: killed by SIGPIPE (or
+/// done, if everything fit before), never a Rust panic.
+fn assert_ends_quietly_on_a_closed_pipe(d: &LbDaemon, args: &[&str]) {
+    let mut child = Command::new(lb())
+        .args(args)
+        .arg("--socket")
+        .arg(d.socket())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader is gone before lb writes a byte.
+    drop(child.stdout.take());
+    let Output { status, stderr, .. } = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&stderr);
+    assert!(
+        status.signal() == Some(libc::SIGPIPE) || status.code() == Some(0),
+        "lb {args:?} into a closed pipe: {status:?} {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "lb {args:?}: {stderr}");
+}
+
+#[test]
+fn exit_codes_json_errors_pipes_and_global_options() {
+    if !require_root("exit_codes_json_errors_pipes_and_global_options") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let nft = FailingNft::new().unwrap();
+    let d = nft.start_daemon(lb(), bpffs.path()).unwrap();
+
+    // 0: applied; global options before the command, -j, the ls alias, a headed table.
+    d.ok(&network_add(&topo, NET));
+    let socket = d.socket();
+    let socket = socket.to_str().unwrap();
+    let listed = Command::new(lb())
+        .args(["--socket", socket, "-j", "network", "ls"])
+        .output()
+        .unwrap();
+    assert!(listed.status.success(), "{listed:?}");
+    let v: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(v[0]["name"], NET, "{v}");
+    let table = d.ok(&["network", "ls"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NETWORK",
+            "INTERFACES",
+            "NETNS",
+            "MODE",
+            "ATTACH",
+            "MASQUERADE",
+            "SERVICES"
+        ],
+        "{table}"
+    );
+    assert!(table.lines().nth(1).unwrap().starts_with(NET), "{table}");
+    // An empty list prints its header.
+    let empty = d.ok(&["service", "ls"]);
+    assert_eq!(empty.lines().count(), 1, "{empty}");
+    assert!(empty.starts_with("NETWORK  SERVICE"), "{empty}");
+
+    // Output into a reader that went away.
+    for args in [&["state"][..], &["status", "--json"], &["network", "ls"]] {
+        assert_ends_quietly_on_a_closed_pipe(&d, args);
+    }
+
+    // 1: refused, nothing changed; under --json the error is JSON on stderr.
+    let before = state(&d);
+    let r = d.cli(&["service", "rm", NET, "nosuch", "--json"]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        json_error(&r).contains("has no service \"nosuch\""),
+        "{r:?}"
+    );
+    let r = d.cli(&["network", "add", NET, "--interface", "x"]);
+    assert_eq!(r.code, Some(1), "{r:?}");
+    assert!(
+        r.stderr.starts_with("lb: network \"clinet\" exists"),
+        "{r:?}"
+    );
+    assert_eq!(state(&d), before, "nothing changed");
+
+    // 2: usage, from clap and from a value lb cannot read; nothing asked.
+    let r = d.cli(&["network", "add", "other"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("--interface"), "{r:?}");
+    let r = d.cli(&["service", "set", NET, "a", "--backend", "10.0.0.300", "-j"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(json_error(&r).contains("--backend 10.0.0.300"), "{r:?}");
+    let r = d.cli(&[
+        "network",
+        "add",
+        "other",
+        "--interface",
+        "x",
+        "--mode",
+        "fast",
+    ]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("[possible values: nat, dsr]"), "{r:?}");
+    assert_eq!(state(&d), before, "nothing changed");
+
+    // 3: accepted, not applied yet (the dataplane fails); `apply --wait` gives up with 3, and
+    // returns 0 once the daemon's retry gets through.
+    nft.fail(true).unwrap();
+    let set = service_set(NET, "api", "1", VIP, "tcp/18080:80", &topo.backend_ips);
+    let r = d.cli(&set);
+    assert_eq!(r.code, Some(3), "{r:?}");
+    assert!(
+        r.stderr
+            .contains("saved, but network clinet is not applied yet"),
+        "{r:?}"
+    );
+    let mut wanted = state(&d);
+    wanted.networks[0].services[0].backends.truncate(1);
+    let r = lb_stdin(
+        &d,
+        &["apply", "-f", "-", "--wait", "2", "-j"],
+        &wanted.to_json(),
+    );
+    assert_eq!(r.code, Some(3), "{r:?}");
+    assert!(json_error(&r).contains("not applied after 2s"), "{r:?}");
+    nft.fail(false).unwrap();
+    let r = lb_stdin(&d, &["apply", "-f", "-", "--wait", "30"], &wanted.to_json());
+    assert_eq!(r.code, Some(0), "{r:?}");
+    assert!(d.network_status(NET)["applied"].as_bool().unwrap());
+
+    // 4: no daemon at the socket; a user the socket does not let in.
+    let r: Run = Command::new(lb())
+        .args(["status", "--socket", "/nonexistent/lb.sock", "--json"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(r.code, Some(4), "{r:?}");
+    assert!(
+        json_error(&r).contains("no socket at /nonexistent/lb.sock"),
+        "{r:?}"
+    );
+    let r: Run = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(lb())
+        .args(["status", "--socket", socket])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(r.code, Some(4), "{r:?}");
+    assert!(
+        r.stderr.contains("not permitted to reach the daemon"),
+        "{r:?}"
+    );
+    assert!(r.stderr.contains("mode 0600, owner uid 0"), "{r:?}");
+}
+
+#[test]
+fn apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing() {
+    if !require_root("apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing") {
+        return;
+    }
+    let topo = Topology::new(3).unwrap();
+    let _servers = spawn_backends(&topo, 80, 53).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    d.ok(&network_add(&topo, NET));
+    let [b0, b1, b2] = [0, 1, 2].map(|i| topo.backend_ips[i]);
+    let mut set = service_set(NET, "api", "1", VIP, "tcp/18080:80", &[b0, b1]);
+    set.push("-j".into());
+    let out = d.ok(&set);
+    assert_eq!(
+        changes(&out),
+        [
+            change(Op::Added, Kind::Service, Some("api"), None, &[]),
+            change(Op::Added, Kind::Backend, Some("api"), Some(b0), &[]),
+            change(Op::Added, Kind::Backend, Some("api"), Some(b1), &[]),
+        ]
+    );
+    let web = Ipv4Addr::new(10, 99, 0, 11);
+    d.ok(&service_set(NET, "web", "1", web, "tcp/18081:80", &[b2]));
+
+    // One file that changes a network setting, adds and disables a backend, removes another
+    // and a whole service, and publishes one more port.
+    let before = state(&d);
+    let mut next = before.clone();
+    let net = &mut next.networks[0];
+    net.masquerade = "always".parse().unwrap();
+    net.services.retain(|s| s.id != "web");
+    let api = &mut net.services[0];
+    api.backends[0].disabled = true;
+    api.backends.retain(|b| b.ip != b1);
+    api.backends.push(lb_user::core::model::Backend {
+        ip: b2,
+        disabled: false,
+    });
+    api.ports.push("udp/15353:53".parse().unwrap());
+    let expected = vec![
+        change(
+            Op::Changed,
+            Kind::Network,
+            None,
+            None,
+            &["masquerade: auto -> always"],
+        ),
+        change(
+            Op::Changed,
+            Kind::Service,
+            Some("api"),
+            None,
+            &["ports: +udp/15353:53"],
+        ),
+        change(
+            Op::Changed,
+            Kind::Backend,
+            Some("api"),
+            Some(b0),
+            &["active -> disabled"],
+        ),
+        change(Op::Removed, Kind::Backend, Some("api"), Some(b1), &[]),
+        change(Op::Added, Kind::Backend, Some("api"), Some(b2), &[]),
+        Change {
+            service: Some("web".into()),
+            generation: Some("1".into()),
+            ..change(Op::Removed, Kind::Service, None, None, &[])
+        },
+    ];
+    let file = d.state_dir().join("next.json");
+    std::fs::write(&file, next.to_json()).unwrap();
+    let file = file.to_str().unwrap();
+
+    // A dry run: the same difference, nothing saved, nothing applied.
+    let elements = d.ok(&["elements", NET]);
+    let dry = d.ok(&["apply", "-f", file, "--dry-run", "--json"]);
+    assert_eq!(changes(&dry), expected, "{dry}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&dry).unwrap()["dry_run"],
+        true
+    );
+    assert_eq!(state(&d), before, "a dry run saves nothing");
+    assert_eq!(
+        d.ok(&["elements", NET]),
+        elements,
+        "a dry run applies nothing"
+    );
+    // A dry run is checked as the change would be: an invalid one is refused.
+    let mut bad = next.clone();
+    bad.networks[0].services[0].backends.clear();
+    bad.networks[0].services[0].vip = None;
+    bad.networks[0].services[0].ports.clear();
+    let r = lb_stdin(&d, &["apply", "-f", "-", "--dry-run"], &bad.to_json());
+    assert_eq!(r.code, Some(1), "{r:?}");
+
+    // Applied: the printed lines list exactly those changes.
+    let out = d.ok(&["apply", "-f", file]);
+    let lines: Vec<&str> = out.lines().skip(1).map(str::trim).collect();
+    assert_eq!(
+        lines,
+        [
+            "~ network clinet: masquerade: auto -> always".to_owned(),
+            "~ service api generation 1 in clinet: ports: +udp/15353:53".to_owned(),
+            format!("~ backend {b0} of service api generation 1 in clinet: active -> disabled"),
+            format!("- backend {b1} of service api generation 1 in clinet"),
+            format!("+ backend {b2} of service api generation 1 in clinet"),
+            "- service web generation 1 in clinet".to_owned(),
+        ],
+        "{out}"
+    );
+    assert_eq!(state(&d), next);
+    // The same file again: nothing.
+    let again = d.ok(&["apply", "-f", file]);
+    assert!(again.contains("no changes"), "{again}");
+
+    // `service ls`: one row per backend with its state and counts, the service's columns on
+    // its first; conntrack names the service by id, and the address asked as its frontend.
+    let _conn = lb_tests::traffic::TcpSession::connect(&topo.client, VIP, 80, TIMEOUT).unwrap();
+    tcp_request(&topo.client, VIP, 80, TIMEOUT).unwrap();
+    let table = d.ok(&["service", "ls", NET]);
+    println!("{table}");
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        [
+            "NETWORK",
+            "SERVICE",
+            "GENERATION",
+            "FRONTENDS",
+            "BACKEND",
+            "STATE",
+            "FLOWS",
+            "PACKETS",
+            "BYTES"
+        ]
+    );
+    assert_eq!(
+        &rows[1][..6],
+        [
+            NET,
+            "api",
+            "1",
+            &VIP.to_string(),
+            "tcp/18080:80",
+            "udp/15353:53"
+        ]
+        .as_slice()
+    );
+    assert_eq!(rows[1][6..8], [b0.to_string().as_str(), "disabled"]);
+    assert_eq!(rows[2][..2], [b2.to_string().as_str(), "active"]);
+    let json: Value = serde_json::from_str(&d.ok(&["service", "ls", NET, "-j"])).unwrap();
+    let live = &json[0]["backends"][1];
+    assert_eq!(live["address"], b2.to_string(), "{json}");
+    assert!(live["flows"].as_u64().unwrap() >= 1, "{json}");
+    assert!(live["packets"].as_u64().unwrap() > 0, "{json}");
+    let flows = d.conntrack(NET);
+    assert!(
+        flows
+            .iter()
+            .any(|f| f["service"] == "api" && f["frontend"] == format!("{VIP}:80")),
+        "{flows:?}"
+    );
+    let ct = d.ok(&["conntrack"]);
+    assert!(ct.starts_with("NETWORK"), "{ct}");
+
+    // Status counts distinct backends and says when the last sync was.
+    let st = d.network_status(NET);
+    assert_eq!(st["backends"], 2, "{st}");
+    assert!(st["last_sync"]["at_unix"].as_u64().unwrap() > 0, "{st}");
+    let said = d.ok(&["status"]);
+    assert!(said.contains("1 service, 2 backends"), "{said}");
+    assert!(said.contains("last sync: "), "{said}");
+}
