@@ -1,8 +1,13 @@
 //! `lb load` / `lb unload`, the real binary against a netns topology: what an operator runs.
 //! Root only.
-use std::{net::Ipv4Addr, path::Path, process::Command, time::Duration};
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
-use lb_common::FLOW_REPLY;
+use lb_common::{FLOW_REPLY, LAYOUT_MAP, MAP_LAYOUTS};
 use lb_tests::{
     bpffs::Bpffs,
     bpftool::{self, Entry, addr, port},
@@ -71,14 +76,31 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `tc`: the `--tc` choice (`auto` picks TCX on this kernel; `netlink` forces clsact filters).
-fn load_serve_unload(attach: Attach, tc: &str) {
+/// A topology whose backends serve, a private bpffs, and a work dir (the CLI's state dir)
+/// holding `state.json` (its path, last): `state` of the topology as `edit` changes it.
+fn setup(
+    attach: Attach,
+    edit: impl FnOnce(&mut DesiredState),
+) -> (
+    Topology,
+    Vec<lb_tests::traffic::Backend>,
+    Bpffs,
+    PathBuf,
+    PathBuf,
+) {
     let topo = Topology::new(2).unwrap();
-    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    let bpffs = Bpffs::new().unwrap();
+    let servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let work = tempdir();
     let file = work.join("state.json");
-    std::fs::write(&file, state(&topo, attach).to_json()).unwrap();
+    let mut desired = state(&topo, attach);
+    edit(&mut desired);
+    std::fs::write(&file, desired.to_json()).unwrap();
+    (topo, servers, Bpffs::new().unwrap(), work, file)
+}
+
+/// `tc`: the `--tc` choice (`auto` picks TCX on this kernel; `netlink` forces clsact filters).
+fn load_serve_unload(attach: Attach, tc: &str) {
+    let (topo, _servers, bpffs, work, file) = setup(attach, |_| {});
     let file_arg = file.to_str().unwrap();
 
     let out = lb(
@@ -197,14 +219,9 @@ fn lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs() {
     if !require_root("lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs") {
         return;
     }
-    let topo = Topology::new(2).unwrap();
-    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    let bpffs = Bpffs::new().unwrap();
-    let work = tempdir();
-    let file = work.join("state.json");
-    let mut other = state(&topo, Attach::Tc);
-    other.networks[0].services[0].vip = Some(Ipv4Addr::new(10, 99, 0, 99));
-    std::fs::write(&file, other.to_json()).unwrap();
+    let (topo, _servers, bpffs, work, file) = setup(Attach::Tc, |other| {
+        other.networks[0].services[0].vip = Some(Ipv4Addr::new(10, 99, 0, 99));
+    });
     let file_arg = file.to_str().unwrap();
     let refused = |holder: u32, what: &str| {
         for args in [&["load", "--state", file_arg][..], &["unload"]] {
@@ -322,20 +339,15 @@ fn dump_by_fields(bpffs: &Path, map: &str, key: &[&str], value: &[&str]) -> Vec<
     entries
 }
 
-/// What the README's inspection section shows: after `lb load` and real traffic, bpftool
-/// dumps the service, backend and flow maps with every field by name (the maps are BTF maps),
-/// and the values decode to what the state file and the traffic put there.
+/// What the README's inspection section shows: after `lb load` and real traffic, every map
+/// pinned reports its BTF, bpftool dumps the service, backend and flow maps with every field
+/// by name, and the values decode to what the state file and the traffic put there.
 #[test]
 fn bpftool_dumps_the_maps_by_field_name() {
     if !require_root("bpftool_dumps_the_maps_by_field_name") {
         return;
     }
-    let topo = Topology::new(2).unwrap();
-    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    let bpffs = Bpffs::new().unwrap();
-    let work = tempdir();
-    let file = work.join("state.json");
-    std::fs::write(&file, state(&topo, Attach::Tc).to_json()).unwrap();
+    let (topo, _servers, bpffs, work, file) = setup(Attach::Tc, |_| {});
     let out = lb(
         &["load", "--state", file.to_str().unwrap()],
         bpffs.path(),
@@ -350,6 +362,11 @@ fn bpftool_dumps_the_maps_by_field_name() {
     assert_eq!(served, topo.client_ip);
     tcp_request(&topo.client, topo.node_ip, 18080, TIMEOUT).unwrap();
     let bpffs = bpffs.path();
+    // Every map lb pins carries BTF, empty ones included; the four below are read by field.
+    for map in (MAP_LAYOUTS.iter().map(|(m, _)| *m)).chain([LAYOUT_MAP]) {
+        let show = bpftool::map_show(&bpffs.join("cli").join(map)).unwrap();
+        assert!(show["btf_id"].is_u64(), "{map} has no BTF: {show}");
+    }
 
     let service = ["set_id", "count", "session_timeout", "flags"];
     let vips = dump_by_fields(bpffs, "lb_vips", &["addr"], &service);

@@ -99,7 +99,7 @@ pub fn map_dump(pin: &Path) -> Result<Vec<Entry>> {
 }
 
 /// An address field (`u32` in network byte order) as bpftool prints it: `"saddr": 33557002`
-/// is the bytes 0a 14 00 02, 10.20.0.2.
+/// is the bytes 0a 0a 00 02, 10.10.0.2.
 pub fn addr(field: &Value) -> Ipv4Addr {
     let n = field.as_u64().and_then(|n| u32::try_from(n).ok());
     Ipv4Addr::from(
