@@ -11,7 +11,7 @@ use std::{
     net::Ipv4Addr,
     os::unix::{fs::PermissionsExt as _, net::UnixStream, process::CommandExt as _},
     path::Path,
-    process::{Command, Stdio},
+    process::Command,
 };
 
 use hyper::{Method, StatusCode};
@@ -483,22 +483,7 @@ fn dataplane_of(dp: &str, topo: &Topology, bpffs: &Path) -> String {
     .iter()
     .map(|m| format!("map dump pinned {}\n", bpffs.join("fz").join(m).display()))
     .collect();
-    let mut child = Command::new("bpftool")
-        .args(["batch", "file", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("bpftool runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "bpftool: {out:?}");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    lb_tests::bpftool::batch(&script).unwrap()
 }
 
 fn get_state(client: &api::Client) -> Vec<u8> {

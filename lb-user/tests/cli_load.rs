@@ -1,9 +1,16 @@
 //! `lb load` / `lb unload`, the real binary against a netns topology: what an operator runs.
 //! Root only.
-use std::{net::Ipv4Addr, path::Path, process::Command, time::Duration};
+use std::{
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
 
+use lb_common::{FLOW_REPLY, LAYOUT_MAP, MAP_LAYOUTS};
 use lb_tests::{
     bpffs::Bpffs,
+    bpftool::{self, Entry, addr, port},
     daemon::{LbDaemon, network_add, service_set},
     netns::Topology,
     require_root,
@@ -69,14 +76,31 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-/// `tc`: the `--tc` choice (`auto` picks TCX on this kernel; `netlink` forces clsact filters).
-fn load_serve_unload(attach: Attach, tc: &str) {
+/// A topology whose backends serve, a private bpffs, and a work dir (the CLI's state dir)
+/// holding `state.json` (its path, last): `state` of the topology as `edit` changes it.
+fn setup(
+    attach: Attach,
+    edit: impl FnOnce(&mut DesiredState),
+) -> (
+    Topology,
+    Vec<lb_tests::traffic::Backend>,
+    Bpffs,
+    PathBuf,
+    PathBuf,
+) {
     let topo = Topology::new(2).unwrap();
-    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    let bpffs = Bpffs::new().unwrap();
+    let servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let work = tempdir();
     let file = work.join("state.json");
-    std::fs::write(&file, state(&topo, attach).to_json()).unwrap();
+    let mut desired = state(&topo, attach);
+    edit(&mut desired);
+    std::fs::write(&file, desired.to_json()).unwrap();
+    (topo, servers, Bpffs::new().unwrap(), work, file)
+}
+
+/// `tc`: the `--tc` choice (`auto` picks TCX on this kernel; `netlink` forces clsact filters).
+fn load_serve_unload(attach: Attach, tc: &str) {
+    let (topo, _servers, bpffs, work, file) = setup(attach, |_| {});
     let file_arg = file.to_str().unwrap();
 
     let out = lb(
@@ -195,14 +219,9 @@ fn lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs() {
     if !require_root("lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs") {
         return;
     }
-    let topo = Topology::new(2).unwrap();
-    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    let bpffs = Bpffs::new().unwrap();
-    let work = tempdir();
-    let file = work.join("state.json");
-    let mut other = state(&topo, Attach::Tc);
-    other.networks[0].services[0].vip = Some(Ipv4Addr::new(10, 99, 0, 99));
-    std::fs::write(&file, other.to_json()).unwrap();
+    let (topo, _servers, bpffs, work, file) = setup(Attach::Tc, |other| {
+        other.networks[0].services[0].vip = Some(Ipv4Addr::new(10, 99, 0, 99));
+    });
     let file_arg = file.to_str().unwrap();
     let refused = |holder: u32, what: &str| {
         for args in [&["load", "--state", file_arg][..], &["unload"]] {
@@ -297,4 +316,132 @@ fn lb_load_with_netlink_tc_filters_serves_and_unloads() {
     if require_root("lb_load_with_netlink_tc_filters_serves_and_unloads") {
         load_serve_unload(Attach::Tc, "netlink");
     }
+}
+
+/// The dump of map `map` of network `cli`, after checking that the kernel holds its BTF (a
+/// `btf_id`) and that every entry has the fields `key` and `value` name.
+fn dump_by_fields(bpffs: &Path, map: &str, key: &[&str], value: &[&str]) -> Vec<Entry> {
+    let pin = bpffs.join("cli").join(map);
+    let show = bpftool::map_show(&pin).unwrap();
+    assert!(
+        show["btf_id"].as_u64().is_some_and(|id| id > 0),
+        "{map}: bpftool map show reports no BTF: {show}"
+    );
+    let entries = bpftool::map_dump(&pin).unwrap();
+    assert!(!entries.is_empty(), "{map}: no entries");
+    for e in &entries {
+        for (what, fields, json) in [("key", key, &e.key), ("value", value, &e.value)] {
+            for f in fields {
+                assert!(json.get(f).is_some(), "{map}: no {what} field {f} in {e:?}");
+            }
+        }
+    }
+    entries
+}
+
+/// What the README's inspection section shows: after `lb load` and real traffic, every map
+/// pinned reports its BTF, bpftool dumps the service, backend and flow maps with every field
+/// by name, and the values decode to what the state file and the traffic put there.
+#[test]
+fn bpftool_dumps_the_maps_by_field_name() {
+    if !require_root("bpftool_dumps_the_maps_by_field_name") {
+        return;
+    }
+    let (topo, _servers, bpffs, work, file) = setup(Attach::Tc, |_| {});
+    let out = lb(
+        &["load", "--state", file.to_str().unwrap()],
+        bpffs.path(),
+        &work,
+    );
+    assert!(out.status.success(), "lb load: {}", text(&out.stderr));
+    let r: Reply = tcp_request(&topo.client, VIP, PORT, TIMEOUT)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let served = *r.peer.ip();
+    assert_eq!(served, topo.client_ip);
+    tcp_request(&topo.client, topo.node_ip, 18080, TIMEOUT).unwrap();
+    let bpffs = bpffs.path();
+    // Every map lb pins carries BTF, empty ones included; the four below are read by field.
+    for map in (MAP_LAYOUTS.iter().map(|(m, _)| *m)).chain([LAYOUT_MAP]) {
+        let show = bpftool::map_show(&bpffs.join("cli").join(map)).unwrap();
+        assert!(show["btf_id"].is_u64(), "{map} has no BTF: {show}");
+    }
+
+    let service = ["set_id", "count", "session_timeout", "flags"];
+    let vips = dump_by_fields(bpffs, "lb_vips", &["addr"], &service);
+    println!("lb_vips: {vips:?}");
+    let vip = (vips.iter())
+        .find(|e| addr(&e.key["addr"]) == VIP)
+        .unwrap_or_else(|| panic!("no entry of {VIP} in lb_vips: {vips:?}"));
+    assert_eq!(vip.value["count"], 2, "{vip:?}");
+
+    let ports = dump_by_fields(bpffs, "lb_ports", &["addr", "port", "proto"], &service);
+    println!("lb_ports: {ports:?}");
+    let published = (ports.iter())
+        .find(|e| port(&e.key["port"]) == 18080)
+        .unwrap_or_else(|| panic!("no entry of port 18080 in lb_ports: {ports:?}"));
+    assert_eq!(published.key["proto"], libc::IPPROTO_TCP, "{published:?}");
+    assert_eq!(published.value["count"], 2, "{published:?}");
+
+    let backends = dump_by_fields(
+        bpffs,
+        "lb_backends",
+        &["set_id", "slot"],
+        &["addr", "port", "counter"],
+    );
+    println!("lb_backends: {backends:?}");
+    // A VIP keeps the packet's port (0); the published port's set rewrites to the target.
+    for (set, to) in [
+        (&vip.value["set_id"], 0),
+        (&published.value["set_id"], PORT),
+    ] {
+        let mut addrs: Vec<(Ipv4Addr, u16)> = (backends.iter())
+            .filter(|e| &e.key["set_id"] == set)
+            .map(|e| (addr(&e.value["addr"]), port(&e.value["port"])))
+            .collect();
+        addrs.sort();
+        let configured: Vec<_> = topo.backend_ips.iter().map(|ip| (*ip, to)).collect();
+        assert_eq!(
+            addrs, configured,
+            "set {set}: the configured backends and port: {backends:?}"
+        );
+    }
+
+    let flows = dump_by_fields(
+        bpffs,
+        "lb_flows",
+        &["saddr", "daddr", "sport", "dport", "proto"],
+        &[
+            "saddr",
+            "daddr",
+            "sport",
+            "dport",
+            "flags",
+            "replied",
+            "closing_orig",
+            "closing_reply",
+            "hash",
+            "counter",
+            "expires_ns",
+        ],
+    );
+    println!("lb_flows: {flows:?}");
+    let original = (flows.iter())
+        .find(|e| {
+            (
+                addr(&e.key["saddr"]),
+                addr(&e.key["daddr"]),
+                port(&e.key["dport"]),
+            ) == (topo.client_ip, VIP, PORT)
+                && e.value["flags"].as_u64().unwrap() & u64::from(FLOW_REPLY) == 0
+        })
+        .unwrap_or_else(|| panic!("no entry of {} → {VIP}:{PORT}: {flows:?}", topo.client_ip));
+    let to = addr(&original.value["daddr"]);
+    assert!(
+        topo.backend_ips.contains(&to),
+        "the flow is sent to a backend, not {to}: {original:?}"
+    );
+    assert_eq!(original.value["replied"], 1, "{original:?}");
+    std::fs::remove_dir_all(&work).unwrap();
 }

@@ -6,13 +6,13 @@ use std::{
     io::{Read as _, Write as _},
     net::Ipv4Addr,
     path::Path,
-    process::Command,
     time::Duration,
 };
 
 use hyper::Method;
 use lb_tests::{
     bpffs::Bpffs,
+    bpftool,
     daemon::{LbDaemon, network_add, service_set},
     netns::Topology,
     require_root, scale,
@@ -513,13 +513,9 @@ fn snapshot(d: &LbDaemon, bpffs: &Bpffs, network: &str) -> (String, Vec<String>)
     ]
     .iter()
     .map(|m| {
-        let out = Command::new("bpftool")
-            .args(["map", "dump", "pinned"])
-            .arg(bpffs.path().join(network).join(m))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{m}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        let pin = bpffs.path().join(network).join(m);
+        let dump = bpftool::json(&["map", "dump", "pinned", pin.to_str().unwrap()]);
+        dump.unwrap_or_else(|e| panic!("{m}: {e:#}")).to_string()
     })
     .collect();
     (d.ok(&["state", "--json"]), maps)

@@ -2,8 +2,10 @@
 //! network changed in place (an interface added and dropped, tc↔xdp) and a newer build of the
 //! programs replacing the running ones keep the pinned flow table and 20 open connections,
 //! each on its backend; pinned maps of another layout are refused, or replaced when the
-//! operator asks. Root only.
+//! operator asks; maps pinned without BTF (by an lb of before the BTF maps) are adopted as
+//! they are. Root only.
 use std::{
+    collections::BTreeMap,
     net::Ipv4Addr,
     path::{Path, PathBuf},
 };
@@ -12,8 +14,10 @@ use aya::programs::{
     links::{FdLink, PinnedLink},
     loaded_programs,
 };
+use lb_common::LAYOUT_MAP;
 use lb_tests::{
     bpffs::Bpffs,
+    bpftool,
     daemon::{LbDaemon, service_set},
     netns::Topology,
     require_root,
@@ -648,5 +652,98 @@ fn a_statistics_map_of_another_layout_is_replaced_without_asking() {
     );
     println!(
         "an older lb_counters was replaced without asking; lb_flows and the connection stayed"
+    );
+}
+
+/// Replaces every map pinned in `dir` by one as an lb of before the BTF maps (aya-ebpf's
+/// legacy `maps` section) pinned it: the same type, key and value sizes, capacity, flags and
+/// name, and no BTF; what the map held is copied over (per-CPU statistics excepted: they
+/// start at zero, as a replaced statistics map does). Returns the new maps' ids by name.
+fn pin_without_btf(dir: &Path) -> BTreeMap<String, u32> {
+    let mut ids = BTreeMap::new();
+    for (map, _) in lb_common::MAP_LAYOUTS.iter().chain([&(LAYOUT_MAP, 0)]) {
+        let pin = dir.join(map);
+        let show = bpftool::map_show(&pin).unwrap();
+        assert!(show["btf_id"].is_u64(), "{map}: lb pins BTF maps: {show}");
+        let dump = bpftool::json(&["map", "dump", "pinned", pin.to_str().unwrap()]).unwrap();
+        std::fs::remove_file(&pin).unwrap();
+        let field = |f: &str| show[f].to_string().trim_matches('"').to_owned();
+        let mut script = format!(
+            "map create {} type {} key {} value {} entries {} name {} flags {}\n",
+            pin.display(),
+            field("type"),
+            field("bytes_key"),
+            field("bytes_value"),
+            field("max_entries"),
+            field("name"),
+            field("flags"),
+        );
+        let bytes = |v: &Value| -> String {
+            (v.as_array().unwrap().iter())
+                .map(|b| b.as_str().unwrap())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        for e in dump.as_array().unwrap() {
+            if e.get("value").is_some() {
+                script += &format!(
+                    "map update pinned {} key {} value {}\n",
+                    pin.display(),
+                    bytes(&e["key"]),
+                    bytes(&e["value"])
+                );
+            }
+        }
+        bpftool::batch(&script).unwrap_or_else(|e| panic!("{map}: {e:#}"));
+        let legacy = bpftool::map_show(&pin).unwrap();
+        assert!(legacy.get("btf_id").is_none(), "{map}: {legacy}");
+        ids.insert(map.to_string(), map_id(&pin));
+    }
+    ids
+}
+
+/// Maps pinned by an lb of before the BTF maps carry no BTF, and are otherwise the same (type,
+/// sizes, capacity, flags): this lb adopts them as they are, with their contents — replacing
+/// them only to get BTF would drop every flow. Its programs run on them, flows are written to
+/// the adopted `lb_flows`, and 20 connections live through an upgrade to a newer build; the
+/// maps keep no BTF (bpftool dumps them as bytes) until they are created again.
+#[test]
+fn maps_pinned_without_btf_are_adopted_as_they_are() {
+    if !require_root("maps_pinned_without_btf_are_adopted_as_they_are") {
+        return;
+    }
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(&bpffs, &[]);
+    network(&d, &topo, "old", 2, "tc");
+    let dir = bpffs.path().join("old");
+    d.stop();
+    let legacy = pin_without_btf(&dir);
+    d.restart().unwrap();
+    let st = status(&d, "old");
+    assert_eq!(st["applied"], true, "{st}");
+    let (mut sessions, replies) = open_sessions(&topo);
+
+    let object = patched_object(d.state_dir().parent().unwrap());
+    d.set_env(&[("LB_EBPF_OBJECT", object.to_str().unwrap())]);
+    d.restart().unwrap();
+    let st = status(&d, "old");
+    assert_eq!(st["applied"], true, "{st}");
+    assert_eq!(st["flows"], CONNECTIONS, "{st}");
+    still_served(&mut sessions, &replies, "the upgrade");
+    for (map, id) in &legacy {
+        let pin = dir.join(map);
+        assert_eq!(map_id(&pin), *id, "{map} adopted, not replaced");
+        let show = bpftool::map_show(&pin).unwrap();
+        assert!(show.get("btf_id").is_none(), "{map} has BTF now: {show}");
+    }
+    let flows = dir.join("lb_flows");
+    let dump = bpftool::map_dump(&flows).unwrap_err();
+    println!("lb_flows pinned without BTF, after the upgrade: {dump:#}");
+    assert!(
+        !d.log().contains("replacing pinned maps"),
+        "nothing replaced:\n{}",
+        d.log()
     );
 }

@@ -10,11 +10,11 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     net::{Ipv4Addr, SocketAddr, TcpStream},
     path::{Path, PathBuf},
-    process::Command,
 };
 
 use lb_tests::{
     bpffs::Bpffs,
+    bpftool,
     daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape, service_set},
     netns::Topology,
     require_root,
@@ -22,7 +22,6 @@ use lb_tests::{
         Reply, TIMEOUT, UdpSession, spawn_backend, spawn_backends, tcp_request, udp_request,
     },
 };
-use serde_json::Value;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const NET: &str = "socklb";
@@ -232,30 +231,11 @@ fn link_pins(bpffs: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-fn bpftool(args: &[&str]) -> Value {
-    let out = Command::new("bpftool")
-        .arg("-j")
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "bpftool {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "bpftool {args:?}: {e}: {:?}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
 /// The ids of the programs the network's socket links run.
 fn linked_programs(bpffs: &Path) -> Vec<u64> {
     (link_pins(bpffs).iter())
         .map(|pin| {
-            let link = bpftool(&["link", "show", "pinned", pin.to_str().unwrap()]);
+            let link = bpftool::json(&["link", "show", "pinned", pin.to_str().unwrap()]).unwrap();
             link["prog_id"]
                 .as_u64()
                 .unwrap_or_else(|| panic!("no prog_id in {link}"))
@@ -266,7 +246,7 @@ fn linked_programs(bpffs: &Path) -> Vec<u64> {
 /// The programs the node's cgroup links run, each as often as a link runs it. (This
 /// machine's bpftool 7.1 lists nothing under `cgroup show`; the links are what lb attaches.)
 fn cgroup_programs() -> Vec<u64> {
-    let links = bpftool(&["link", "show"]);
+    let links = bpftool::json(&["link", "show"]).unwrap();
     (links.as_array().unwrap().iter())
         .filter(|l| l["type"] == "cgroup")
         .map(|l| l["prog_id"].as_u64().unwrap())

@@ -50,5 +50,6 @@ pub mod tools;
 pub mod traffic;
 
 pub mod bpffs;
+pub mod bpftool;
 pub mod daemon;
 pub mod demo;

@@ -5,6 +5,7 @@ use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use lb_tests::{
     bpffs::Bpffs,
+    bpftool,
     netns::{NODE_BRIDGE, Topology},
     plane::{Plane, apply},
     require_root,
@@ -120,44 +121,17 @@ fn vip_and_published_port(plane: Plane, offload: bool, name: &str) {
             "the kernel's conntrack holds the client's flows:\n{ct}"
         );
     } else {
-        let dump = bpftool_flows(&bpffs, name);
+        // As an operator reads the conntrack entries: `bpftool map dump pinned …/lb_flows`.
+        let flows = bpftool::map_dump(&bpffs.path().join(name).join("lb_flows")).unwrap();
         assert!(
-            dump.contains(&client_bytes(&topo)),
-            "bpftool shows the client's flows:\n{dump}"
+            (flows.iter()).any(|e| bpftool::addr(&e.key["saddr"]) == topo.client_ip),
+            "bpftool shows the client's flows: {flows:?}"
         );
     }
     println!(
         "{name}: offload {offload}: VIP spread {seen:?}; published port answered by {}",
         r.backend
     );
-}
-
-/// `bpftool map dump pinned …/lb_flows`, as an operator would read the conntrack entries.
-fn bpftool_flows(bpffs: &Bpffs, network: &str) -> String {
-    let path = bpffs.path().join(network).join("lb_flows");
-    let out = std::process::Command::new("bpftool")
-        .args(["map", "dump", "pinned"])
-        .arg(&path)
-        .output()
-        .expect("bpftool runs");
-    assert!(
-        out.status.success(),
-        "bpftool: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// How bpftool prints a flow key that starts with the client's address (the maps carry no
-/// BTF, so keys are hex bytes).
-fn client_bytes(topo: &Topology) -> String {
-    let octets: Vec<String> = topo
-        .client_ip
-        .octets()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("key:\n{}", octets.join(" "))
 }
 
 #[test]
