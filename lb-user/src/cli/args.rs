@@ -65,8 +65,9 @@ pub enum Cmd {
         /// nftables (LB_PROBE_FAIL=REASON forces the fallback).
         #[arg(long, value_enum, default_value = "auto")]
         dataplane: DataplaneArg,
-        /// Prometheus text on this loopback address (off unless given).
-        #[arg(long)]
+        /// Prometheus text on http://ADDR/metrics (off unless given): an address or a
+        /// host:port (localhost:9464) that resolves to loopback only.
+        #[arg(long, value_parser = daemon::metrics_addr)]
         metrics: Option<SocketAddr>,
         /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]

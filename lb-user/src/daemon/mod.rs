@@ -44,10 +44,11 @@ use crate::{
     },
 };
 
+mod caps;
 mod metrics;
 mod server;
 
-pub use server::run;
+pub use server::{metrics_addr, run};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb";
 const STATE: &str = "state.json";
@@ -83,10 +84,8 @@ const BUCKETS: [f64; 9] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0]
 
 #[derive(Default)]
 struct Stats {
-    reconcile_buckets: [u64; BUCKETS.len()],
-    reconcile_count: u64,
-    reconcile_sum: f64,
-    apply_errors: BTreeMap<String, u64>,
+    /// Failed applies and reconcile durations, as the metrics expose them.
+    own: metrics::Own,
     last_sync: BTreeMap<String, SyncStats>,
 }
 
@@ -219,7 +218,11 @@ impl Daemon {
                 Err(e) => {
                     let msg = format!("{e:#}");
                     tracing::warn!(network = %name, error = %msg, "remove failed; will retry");
-                    *self.stats.apply_errors.entry(name.clone()).or_default() += 1;
+                    (self.stats.own.apply_errors)
+                        .get_or_create(&metrics::NetworkLabels {
+                            network: name.clone(),
+                        })
+                        .inc();
                     self.errors.insert(name.clone(), msg.clone());
                     failed.insert(name, msg);
                 }
@@ -248,20 +251,17 @@ impl Daemon {
                 Err(e) => {
                     let msg = format!("{e:#}");
                     tracing::warn!(network = %net.name, error = %msg, "apply failed; the last good dataplane stays, will retry");
-                    *self.stats.apply_errors.entry(net.name.clone()).or_default() += 1;
+                    (self.stats.own.apply_errors)
+                        .get_or_create(&metrics::NetworkLabels {
+                            network: net.name.clone(),
+                        })
+                        .inc();
                     self.errors.insert(net.name.clone(), msg.clone());
                     failed.insert(net.name.clone(), msg);
                 }
             }
         }
-        let secs = start.elapsed().as_secs_f64();
-        self.stats.reconcile_count += 1;
-        self.stats.reconcile_sum += secs;
-        for (i, le) in BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                self.stats.reconcile_buckets[i] += 1;
-            }
-        }
+        (self.stats.own.reconcile).observe(start.elapsed().as_secs_f64());
         failed
     }
 
