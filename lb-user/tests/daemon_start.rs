@@ -66,6 +66,19 @@ impl Paths {
         refusal(cmd)
     }
 
+    /// Panics unless `run` exited 1 before it probed the kernel or chose a dataplane, and
+    /// left nothing behind.
+    fn assert_refused_early(&self, run: &Run) {
+        assert_eq!(run.code, Some(1), "{run:?}");
+        for word in PROBED {
+            assert!(
+                !run.stderr.contains(word),
+                "{word:?} before the refusal: {run:?}"
+            );
+        }
+        self.assert_empty(run);
+    }
+
     /// Panics, naming them, if the failed start left anything in the directory.
     fn assert_empty(&self, run: &Run) {
         let left: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
@@ -101,7 +114,6 @@ fn a_daemon_without_capabilities_exits_naming_them_before_it_probes() {
         ],
         &[],
     );
-    assert_eq!(run.code, Some(1), "{run:?}");
     for cap in [
         "CAP_BPF",
         "CAP_PERFMON",
@@ -120,13 +132,7 @@ fn a_daemon_without_capabilities_exits_naming_them_before_it_probes() {
         "{}",
         run.stderr
     );
-    for word in PROBED {
-        assert!(
-            !run.stderr.contains(word),
-            "{word:?} before the check: {run:?}"
-        );
-    }
-    paths.assert_empty(&run);
+    paths.assert_refused_early(&run);
 }
 
 /// Root without one capability (a unit that forgot it) is told exactly which one.
@@ -144,7 +150,6 @@ fn root_without_cap_net_admin_is_told_that_one() {
         ],
         &[],
     );
-    assert_eq!(run.code, Some(1), "{run:?}");
     let line = (run.stderr.lines())
         .find(|l| l.contains("missing capabilities"))
         .unwrap_or_else(|| panic!("no capability error: {run:?}"));
@@ -158,13 +163,7 @@ fn root_without_cap_net_admin_is_told_that_one() {
             "only CAP_NET_ADMIN is missing: {line}"
         );
     }
-    for word in PROBED {
-        assert!(
-            !run.stderr.contains(word),
-            "{word:?} before the check: {run:?}"
-        );
-    }
-    paths.assert_empty(&run);
+    paths.assert_refused_early(&run);
 }
 
 /// A metrics port another process holds fails the start with a message naming it, before
@@ -179,7 +178,6 @@ fn a_taken_metrics_port_fails_the_start_and_leaves_nothing_behind() {
     let addr = taken.local_addr().unwrap().to_string();
     let paths = Paths::new();
     let run = paths.start(&[], &["--metrics", &addr]);
-    assert_eq!(run.code, Some(1), "{run:?}");
     assert!(
         run.stderr
             .contains(&format!("binding the metrics endpoint {addr}"))
@@ -187,14 +185,8 @@ fn a_taken_metrics_port_fails_the_start_and_leaves_nothing_behind() {
         "says which address is taken: {}",
         run.stderr
     );
-    for word in PROBED {
-        assert!(
-            !run.stderr.contains(word),
-            "{word:?} before the bind: {run:?}"
-        );
-    }
     assert!(!paths.socket().exists(), "no socket left: {run:?}");
-    paths.assert_empty(&run);
+    paths.assert_refused_early(&run);
 }
 
 /// The daemon logs one line per endpoint, without colours when its stderr is a file, and

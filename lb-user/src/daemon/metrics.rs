@@ -151,7 +151,7 @@ impl Daemon {
             let net = NetworkLabels::of(&n.name);
             // Every network has its series from the start, 0 until an apply fails: a
             // series that appears only with its first error breaks `rate()` and alerts.
-            self.stats.own.apply_errors.get_or_create(&net);
+            self.stats.own.apply_errors.get_or_create(&net).inc_by(0);
             if let Some(c) = self.dp.flow_stats(&n) {
                 flows.get_or_create(&net).set(c.by_state.iter().sum());
                 for (state, count) in STATES.iter().zip(c.by_state) {

@@ -491,7 +491,7 @@ pub fn metrics_addr(arg: &str) -> Result<SocketAddr, String> {
 /// next daemon adopts it.
 ///
 /// A start that fails leaves nothing behind: capabilities are checked before anything else,
-/// both endpoints are bound before a dataplane is chosen, and what the start created (the
+/// the metrics port is bound before a dataplane is chosen, and what the start created (the
 /// socket, its lock file, directories) is removed again ([`Created`]).
 pub fn run(opts: Options) -> Result<()> {
     super::caps::check(opts.dataplane)?;
@@ -510,28 +510,32 @@ pub fn run(opts: Options) -> Result<()> {
         .build()
         .context("starting the runtime")?;
     let socket = opts.socket.clone();
-    let (listener, metrics_listener) = {
-        let _in_rt = rt.enter();
-        let metrics_listener = match opts.metrics {
-            Some(addr) => Some(
-                std::net::TcpListener::bind(addr)
-                    .and_then(|l| {
-                        l.set_nonblocking(true)?;
-                        tokio::net::TcpListener::from_std(l)
-                    })
-                    .with_context(|| {
-                        format!("binding the metrics endpoint {addr} (nothing was changed)")
-                    })?,
-            ),
-            None => None,
-        };
-        let listener = created.track(&socket, || bind_socket(&socket))?;
-        (listener, metrics_listener)
+    // The metrics port, which another process may hold, is bound before a dataplane is
+    // chosen, so that a taken one fails the start with nothing applied.
+    let metrics_listener = match opts.metrics {
+        Some(addr) => Some({
+            let _in_rt = rt.enter();
+            std::net::TcpListener::bind(addr)
+                .and_then(|l| {
+                    l.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(l)
+                })
+                .with_context(|| {
+                    format!("binding the metrics endpoint {addr} (nothing was changed)")
+                })?
+        }),
+        None => None,
     };
     let (dp, reason) = dataplane(&opts)?;
     tracing::info!(dataplane = dp.name(), reason = %reason, "dataplane selected");
     retire_other(dp.name(), &opts, &known_networks(&opts.state_dir));
     let daemon = Daemon::new(&opts.state_dir, dp, reason)?;
+    // The socket last (under its lock, so nothing else binds it meanwhile): a client (and
+    // the tests' harness) that can connect talks to a daemon that has applied its state.
+    let listener = {
+        let _in_rt = rt.enter();
+        created.track(&socket, || bind_socket(&socket))?
+    };
     let (jobs, rx) = mpsc::channel();
     let retry = opts.retry;
     let actor = std::thread::Builder::new()
