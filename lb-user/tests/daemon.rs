@@ -1195,8 +1195,9 @@ fn nftables_metrics_are_prometheus_text_on_loopback() {
     }
 }
 
-/// The same series on both dataplanes. The eBPF counters count packets (a connection is a
-/// SYN, data and ACKs at least); the nftables map counters sit in a nat chain, which sees a
+/// The same series on both dataplanes, which `promtool check metrics` accepts, on `/metrics`
+/// only (any other path is 404). The eBPF counters count packets (a connection is a SYN,
+/// data and ACKs at least); the nftables map counters sit in a nat chain, which sees a
 /// connection's first packet only, so there they count connections, exactly.
 fn metrics(dp: &str) {
     let topo = Topology::new(2).unwrap();

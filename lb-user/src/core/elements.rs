@@ -125,7 +125,7 @@ enum Maps {
     Both,
 }
 
-/// The key of one composed set — a service as counters name it — ordered structurally (see
+/// The key of one composed set — a service's frontend, as counters name it — ordered structurally (see
 /// the module comment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SetKey {
