@@ -3,16 +3,20 @@
 //! `--metrics` that resolves to loopback, and a start that fails leaves nothing behind.
 //! Root only (the capability tests drop root's capabilities from a root start).
 use std::{
+    net::Ipv4Addr,
     path::{Path, PathBuf},
-    process::Command,
     time::Duration,
 };
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{LbDaemon, Run, free_metrics_addr, refusal, scrape},
+    daemon::{
+        LbDaemon, Run, free_metrics_addr, network_add, refusal, scrape, service_set, wrapped,
+    },
+    netns::Topology,
     poll_until, require_root,
     tools::TempDir,
+    traffic::{TIMEOUT, spawn_backends, tcp_request},
 };
 
 fn lb() -> &'static Path {
@@ -47,14 +51,7 @@ impl Paths {
     /// `lb daemon` on these paths with `extra` flags, run through `wrapper` (a command
     /// that runs its arguments, e.g. `setpriv …`), expected to exit.
     fn start(&self, wrapper: &[&str], extra: &[&str]) -> Run {
-        let mut cmd = match wrapper.split_first() {
-            Some((first, rest)) => {
-                let mut c = Command::new(first);
-                c.args(rest).arg(lb());
-                c
-            }
-            None => Command::new(lb()),
-        };
+        let mut cmd = wrapped(wrapper, lb());
         cmd.arg("daemon")
             .arg("--state-dir")
             .arg(self.state())
@@ -230,4 +227,47 @@ fn the_daemon_says_where_it_listens_and_takes_a_loopback_name() {
         run.stderr
     );
     paths.assert_empty(&run);
+}
+
+/// The capabilities README's sample unit grants (`CapabilityBoundingSet=`) are enough: under
+/// exactly those, a root daemon on the eBPF dataplane applies a network in a namespace with
+/// a VIP and a published port below 1024 (held by the daemon), and the VIP answers.
+#[test]
+fn the_documented_capabilities_are_enough_for_an_ebpf_network() {
+    if !require_root("the_documented_capabilities_are_enough_for_an_ebpf_network") {
+        return;
+    }
+    const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+    const PORT: u16 = 8080;
+    let topo = Topology::new(2).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start_wrapped(
+        lb(),
+        bpffs.path(),
+        &[
+            "setpriv",
+            "--inh-caps=-all",
+            "--bounding-set=-all,+bpf,+perfmon,+net_admin,+sys_admin,+net_bind_service",
+        ],
+        &["--dataplane", "ebpf"],
+    )
+    .unwrap();
+    d.ok(&network_add(&topo, "caps"));
+    d.ok(&service_set(
+        "caps",
+        "api",
+        "1",
+        VIP,
+        &format!("tcp/80:{PORT}"),
+        &topo.backend_ips,
+    ));
+    let status = d.network_status("caps");
+    assert_eq!(status["applied"], true, "{status}\n{}", d.log());
+    assert_eq!(
+        status["warnings"],
+        serde_json::json!([]),
+        "port 80 held, nothing else amiss: {status}"
+    );
+    tcp_request(&topo.client, VIP, PORT, TIMEOUT).expect("the VIP answers");
 }

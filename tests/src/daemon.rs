@@ -18,6 +18,8 @@ pub struct LbDaemon {
     child: Option<Child>,
     extra: Vec<String>,
     env: Vec<(String, String)>,
+    /// A command the daemon runs under (`setpriv …`), if any.
+    wrapper: Vec<String>,
 }
 
 /// What one `lb` client command did.
@@ -93,6 +95,14 @@ impl LbDaemon {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self> {
+        let mut d = Self::new(lb, bpffs, extra)?;
+        d.set_env(env);
+        d.spawn()?;
+        Ok(d)
+    }
+
+    /// A daemon not started yet, with its private directory.
+    fn new(lb: &Path, bpffs: &Path, extra: &[&str]) -> Result<Self> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lbt-daemon-{}-{}",
@@ -101,15 +111,27 @@ impl LbDaemon {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let mut d = LbDaemon {
+        Ok(LbDaemon {
             lb: lb.to_path_buf(),
             bpffs: bpffs.to_path_buf(),
             dir,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
-        };
-        d.set_env(env);
+            wrapper: Vec::new(),
+        })
+    }
+
+    /// Like [`LbDaemon::start`], with the daemon run by `wrapper` (a command that runs its
+    /// arguments, such as `setpriv --bounding-set=…`).
+    pub fn start_wrapped(
+        lb: &Path,
+        bpffs: &Path,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
+        let mut d = Self::new(lb, bpffs, extra)?;
+        d.wrapper = wrapper.iter().map(|s| s.to_string()).collect();
         d.spawn()?;
         Ok(d)
     }
@@ -147,7 +169,7 @@ impl LbDaemon {
             .create(true)
             .append(true)
             .open(self.dir.join("daemon.log"))?;
-        let child = Command::new(&self.lb)
+        let child = wrapped(&self.wrapper, &self.lb)
             .arg("daemon")
             .arg("--state-dir")
             .arg(self.state_dir())
@@ -272,6 +294,19 @@ impl Drop for LbDaemon {
     fn drop(&mut self) {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `program` run by `wrapper` (a command that runs its arguments, such as `setpriv …`), or
+/// by itself when `wrapper` is empty.
+pub fn wrapped<S: AsRef<std::ffi::OsStr>>(wrapper: &[S], program: &Path) -> Command {
+    match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(program);
+            c
+        }
+        None => Command::new(program),
     }
 }
 
