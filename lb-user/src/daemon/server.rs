@@ -166,7 +166,6 @@ fn retire_nft(networks: &[Network]) -> Result<()> {
 
 /// What a start created (files, then directories) and removes again if it fails before it
 /// serves: a failed start leaves nothing behind. Disarmed once the daemon serves.
-#[derive(Default)]
 struct Created {
     paths: Vec<std::path::PathBuf>,
     armed: bool,
@@ -313,11 +312,19 @@ type Body = http_body_util::Full<hyper::body::Bytes>;
 
 fn reply(status: StatusCode, body: &impl serde::Serialize) -> hyper::Response<Body> {
     let body = serde_json::to_vec(body).expect("a reply always serializes");
-    let mut resp = hyper::Response::new(Body::from(body));
+    response(status, body, "application/json")
+}
+
+fn response(
+    status: StatusCode,
+    body: impl Into<hyper::body::Bytes>,
+    content_type: &'static str,
+) -> hyper::Response<Body> {
+    let mut resp = hyper::Response::new(Body::from(body.into()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
+        hyper::header::HeaderValue::from_static(content_type),
     );
     resp
 }
@@ -409,32 +416,22 @@ async fn serve_metrics(listener: tokio::net::TcpListener, jobs: mpsc::Sender<Job
     }
 }
 
-fn text(status: StatusCode, body: String, content_type: &'static str) -> hyper::Response<Body> {
-    let mut resp = hyper::Response::new(Body::from(body));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(content_type),
-    );
-    resp
-}
-
 async fn metrics_answer(
     req: hyper::Request<hyper::body::Incoming>,
     jobs: mpsc::Sender<Job>,
 ) -> hyper::Response<Body> {
     const PLAIN: &str = "text/plain; charset=utf-8";
     if req.uri().path() != "/metrics" {
-        return text(
+        return response(
             StatusCode::NOT_FOUND,
             format!("{} not found: metrics are on /metrics\n", req.uri().path()),
             PLAIN,
         );
     }
     if !matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD) {
-        let mut resp = text(
+        let mut resp = response(
             StatusCode::METHOD_NOT_ALLOWED,
-            "/metrics answers GET\n".into(),
+            "/metrics answers GET\n",
             PLAIN,
         );
         resp.headers_mut().insert(
@@ -445,9 +442,9 @@ async fn metrics_answer(
     }
     let (tx, rx) = tokio::sync::oneshot::channel();
     let stopping = || {
-        text(
+        response(
             StatusCode::SERVICE_UNAVAILABLE,
-            "the daemon is stopping\n".into(),
+            "the daemon is stopping\n",
             PLAIN,
         )
     };
@@ -459,8 +456,8 @@ async fn metrics_answer(
     };
     // The actor handed over its part; the rest is read on a blocking thread here.
     match tokio::task::spawn_blocking(move || scrape.render()).await {
-        Ok(body) => text(StatusCode::OK, body, metrics::CONTENT_TYPE),
-        Err(e) => text(
+        Ok(body) => response(StatusCode::OK, body, metrics::CONTENT_TYPE),
+        Err(e) => response(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("rendering the metrics: {e}\n"),
             PLAIN,
