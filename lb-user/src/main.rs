@@ -50,6 +50,8 @@ fn main() {
             }),
         )
         .with_writer(std::io::stderr)
+        // Colours for a reader, not for a journal or a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let json = cli.global.json;
     if let Err(e) = cli::commands::run(cli) {

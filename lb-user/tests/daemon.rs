@@ -3,7 +3,6 @@
 //! backends applied and changed, metrics. Root only.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::{Read as _, Write as _},
     net::Ipv4Addr,
     path::Path,
     time::Duration,
@@ -13,7 +12,7 @@ use hyper::Method;
 use lb_tests::{
     bpffs::Bpffs,
     bpftool,
-    daemon::{LbDaemon, network_add, service_set},
+    daemon::{LbDaemon, check_metrics, http_get, network_add, scrape, service_set},
     netns::Topology,
     require_root, scale,
     traffic::{Reply, TIMEOUT, TcpSession, spawn_backends, tcp_request},
@@ -1193,8 +1192,9 @@ fn nftables_metrics_are_prometheus_text_on_loopback() {
     }
 }
 
-/// The same series on both dataplanes. The eBPF counters count packets (a connection is a
-/// SYN, data and ACKs at least); the nftables map counters sit in a nat chain, which sees a
+/// The same series on both dataplanes, which `promtool check metrics` accepts, on `/metrics`
+/// only (any other path is 404). The eBPF counters count packets (a connection is a SYN,
+/// data and ACKs at least); the nftables map counters sit in a nat chain, which sees a
 /// connection's first packet only, so there they count connections, exactly.
 fn metrics(dp: &str) {
     let topo = Topology::new(2).unwrap();
@@ -1212,16 +1212,15 @@ fn metrics(dp: &str) {
     for _ in 0..10 {
         tcp_request(&topo.client, VIP, PORT, TIMEOUT).unwrap();
     }
-    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        .unwrap();
-    let mut text = String::new();
-    conn.read_to_string(&mut text).unwrap();
-    assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
+    let text = scrape(&addr).unwrap();
+    check_metrics(&text);
+    let (status, body) = http_get(&addr, "/").unwrap();
+    assert_eq!(status, 404, "only /metrics is served: {body}");
     let mut per_backend = BTreeMap::new();
     for line in text.lines().filter(|l| {
-        l.starts_with("lb_packets_total{network=\"met\",service=\"vip 10.99.0.10\",backend=\"1")
+        l.starts_with(
+            "lb_packets_total{network=\"met\",service=\"api\",frontend=\"10.99.0.10\",backend=\"1",
+        )
     }) {
         let (labels, n) = line.rsplit_once(' ').unwrap();
         per_backend.insert(labels.to_owned(), n.parse::<u64>().unwrap());
@@ -1234,7 +1233,7 @@ fn metrics(dp: &str) {
         assert!(counted >= 10 * 3, "SYN, data, ACKs: {per_backend:?}");
     }
     let service_total = format!(
-        "lb_packets_total{{network=\"met\",service=\"vip {VIP}\",backend=\"\"}} {counted}\n"
+        "lb_packets_total{{network=\"met\",service=\"api\",frontend=\"{VIP}\",backend=\"\"}} {counted}\n"
     );
     assert!(
         text.contains(&service_total),
@@ -1247,6 +1246,7 @@ fn metrics(dp: &str) {
         "lb_reconcile_duration_seconds_count ",
         "# TYPE lb_reconcile_duration_seconds histogram",
         "# TYPE lb_apply_errors_total counter",
+        "lb_apply_errors_total{network=\"met\"} 0\n",
     ] {
         assert!(text.contains(needle), "{needle} missing:\n{text}");
     }

@@ -258,7 +258,7 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     let text = scrape(&metrics).unwrap();
     let counted = |backend: &str| -> u64 {
         let series = format!(
-            "lb_packets_total{{network=\"{NET}\",service=\"vip {VIP}\",backend=\"{backend}\"}} "
+            "lb_packets_total{{network=\"{NET}\",service=\"web\",frontend=\"{VIP}\",backend=\"{backend}\"}} "
         );
         (text.lines())
             .find_map(|l| l.strip_prefix(&series))

@@ -294,8 +294,9 @@ fn spread_and_bypass(d: &LbDaemon, sw: &Switch) {
 fn counted(d: &LbDaemon, sw: &Switch, plane: Plane, metrics: &str) {
     let text = scrape(metrics).unwrap();
     for b in &sw.topo.backend_ips {
-        let series =
-            format!("lb_packets_total{{network=\"{NET}\",service=\"vip {VIP}\",backend=\"{b}\"}} ");
+        let series = format!(
+            "lb_packets_total{{network=\"{NET}\",service=\"web\",frontend=\"{VIP}\",backend=\"{b}\"}} "
+        );
         let n: u64 = (text.lines())
             .find_map(|l| l.strip_prefix(&series))
             .and_then(|n| n.trim().parse().ok())

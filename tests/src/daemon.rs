@@ -18,6 +18,8 @@ pub struct LbDaemon {
     child: Option<Child>,
     extra: Vec<String>,
     env: Vec<(String, String)>,
+    /// A command the daemon runs under (`setpriv …`), if any.
+    wrapper: Vec<String>,
 }
 
 /// What one `lb` client command did.
@@ -93,6 +95,14 @@ impl LbDaemon {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self> {
+        let mut d = Self::new(lb, bpffs, extra)?;
+        d.set_env(env);
+        d.spawn()?;
+        Ok(d)
+    }
+
+    /// A daemon not started yet, with its private directory.
+    fn new(lb: &Path, bpffs: &Path, extra: &[&str]) -> Result<Self> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "lbt-daemon-{}-{}",
@@ -101,15 +111,27 @@ impl LbDaemon {
         ));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir)?;
-        let mut d = LbDaemon {
+        Ok(LbDaemon {
             lb: lb.to_path_buf(),
             bpffs: bpffs.to_path_buf(),
             dir,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
-        };
-        d.set_env(env);
+            wrapper: Vec::new(),
+        })
+    }
+
+    /// Like [`LbDaemon::start`], with the daemon run by `wrapper` (a command that runs its
+    /// arguments, such as `setpriv --bounding-set=…`).
+    pub fn start_wrapped(
+        lb: &Path,
+        bpffs: &Path,
+        wrapper: &[&str],
+        extra: &[&str],
+    ) -> Result<Self> {
+        let mut d = Self::new(lb, bpffs, extra)?;
+        d.wrapper = wrapper.iter().map(|s| s.to_string()).collect();
         d.spawn()?;
         Ok(d)
     }
@@ -147,7 +169,7 @@ impl LbDaemon {
             .create(true)
             .append(true)
             .open(self.dir.join("daemon.log"))?;
-        let child = Command::new(&self.lb)
+        let child = wrapped(&self.wrapper, &self.lb)
             .arg("daemon")
             .arg("--state-dir")
             .arg(self.state_dir())
@@ -222,36 +244,18 @@ impl LbDaemon {
     }
 
     /// Runs another `lb daemon` on `state_dir`, `socket` and `bpffs` (some of them this
-    /// one's), which is expected to refuse and exit. One that still runs after 20s (it took
-    /// the resources over) is killed and reported as `code: None`.
+    /// one's) with this one's flags, which is expected to refuse and exit ([`refusal`]).
     pub fn another(&self, state_dir: &Path, socket: &Path, bpffs: &Path) -> Run {
-        let mut child = Command::new(&self.lb)
-            .arg("daemon")
+        let mut cmd = Command::new(&self.lb);
+        cmd.arg("daemon")
             .arg("--state-dir")
             .arg(state_dir)
             .arg("--socket")
             .arg(socket)
             .arg("--bpffs")
             .arg(bpffs)
-            .args(&self.extra)
-            .env("LB_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("lb runs");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while child.try_wait().expect("waiting for lb").is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        if child.try_wait().expect("waiting for lb").is_none() {
-            let _ = child.kill();
-        }
-        let mut run: Run = child.wait_with_output().expect("lb's output").into();
-        if run.code.is_some_and(|_| Instant::now() >= deadline) {
-            run.code = None;
-        }
-        run
+            .args(&self.extra);
+        refusal(cmd)
     }
 
     /// SIGKILL: no clean-up of any kind, as a crash.
@@ -293,18 +297,98 @@ impl Drop for LbDaemon {
     }
 }
 
+/// `program` run by `wrapper` (a command that runs its arguments, such as `setpriv …`), or
+/// by itself when `wrapper` is empty.
+pub fn wrapped<S: AsRef<std::ffi::OsStr>>(wrapper: &[S], program: &Path) -> Command {
+    match wrapper.split_first() {
+        Some((first, rest)) => {
+            let mut c = Command::new(first);
+            c.args(rest).arg(program);
+            c
+        }
+        None => Command::new(program),
+    }
+}
+
+/// Runs `cmd` (an `lb daemon` expected to refuse and exit) with `LB_LOG=info`, and what it
+/// said. One that still runs after 20s (it took the resources over) is killed and reported
+/// as `code: None`.
+pub fn refusal(mut cmd: Command) -> Run {
+    let mut child = cmd
+        .env("LB_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("lb runs");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().expect("waiting for lb").is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if child.try_wait().expect("waiting for lb").is_none() {
+        let _ = child.kill();
+    }
+    let mut run: Run = child.wait_with_output().expect("lb's output").into();
+    if run.code.is_some_and(|_| Instant::now() >= deadline) {
+        run.code = None;
+    }
+    run
+}
+
 /// One scrape of the daemon's metrics at `addr` (`--metrics ADDR`): the Prometheus text.
 pub fn scrape(addr: &str) -> Result<String> {
+    let (status, body) = http_get(addr, "/metrics")?;
+    ensure!(status == 200, "metrics answered {status}: {body}");
+    Ok(body)
+}
+
+/// `GET path` on `addr` over HTTP/1.1: the status code and the body.
+pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
     use std::io::{Read as _, Write as _};
     let mut conn =
         std::net::TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     conn.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n")?;
+    conn.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: lb\r\nConnection: close\r\n\r\n").as_bytes(),
+    )?;
     let mut text = String::new();
     conn.read_to_string(&mut text)
-        .with_context(|| format!("reading metrics from {addr}"))?;
-    ensure!(text.starts_with("HTTP/1.1 200"), "metrics answered: {text}");
-    Ok(text)
+        .with_context(|| format!("reading {path} from {addr}"))?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("no end of the head in {text:?}"))?;
+    let status = (head.strip_prefix("HTTP/1.1 "))
+        .and_then(|h| h.get(..3))
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("not an HTTP/1.1 answer: {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// Panics unless `promtool check metrics` (Debian `prometheus`, `cargo xtask setup`)
+/// accepts `text`: the Prometheus text format and its lint (HELP on every series, `_total`
+/// on counters only, units spelled out).
+pub fn check_metrics(text: &str) {
+    use std::io::Write as _;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs (cargo xtask setup installs the prometheus package)");
+    let mut stdin = child.stdin.take().expect("promtool's stdin");
+    stdin
+        .write_all(text.as_bytes())
+        .expect("writing to promtool");
+    drop(stdin);
+    let out: Run = child.wait_with_output().expect("promtool's output").into();
+    assert!(
+        out.ok(),
+        "promtool check metrics refused the exposition ({:?}):\n{}{}\nthe exposition:\n{text}",
+        out.code,
+        out.stdout,
+        out.stderr
+    );
 }
 
 /// `lb_datapath_packets_total` of `network`'s program `hook` for `reason` in a scrape (0 when

@@ -33,10 +33,13 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "netsniff-ng", // trafgen: UDP from a PF_PACKET TX ring, skbs with paged payload (tests)
     "nftables",    // the fallback dataplane
     "nginx-light", // HTTP backends that answer who they are and whom they saw (tests)
-    "python3",     // the README's "First five minutes" serves its backends with http.server
-    "sockperf",    // request round trips (ping-pong) in `cargo xtask bench`
-    "tcpdump",     // debugging captures in namespaces
-    "wrk",         // HTTP load: keep-alive runs and connection storms (tests)
+    // promtool: `promtool check metrics` on the daemon's /metrics (tests). Its server is not
+    // started: setup installs under a policy-rc.d that refuses service starts.
+    "prometheus",
+    "python3",  // the README's "First five minutes" serves its backends with http.server
+    "sockperf", // request round trips (ping-pong) in `cargo xtask bench`
+    "tcpdump",  // debugging captures in namespaces
+    "wrk",      // HTTP load: keep-alive runs and connection storms (tests)
 ];
 
 /// Where Debian's invoke-rc.d asks whether a maintainer script may start a service; exit

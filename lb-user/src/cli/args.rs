@@ -79,8 +79,9 @@ pub enum Cmd {
         /// nftables (LB_PROBE_FAIL=REASON forces the fallback).
         #[arg(long, value_enum, default_value = "auto")]
         dataplane: DataplaneArg,
-        /// Serve Prometheus metrics on /metrics at this loopback address (off unless given).
-        #[arg(long, value_name = "ADDR:PORT")]
+        /// Serve Prometheus metrics on http://ADDR/metrics (off unless given): an address or
+        /// a host:port (localhost:9464) that resolves to loopback only.
+        #[arg(long, value_name = "HOST:PORT", value_parser = daemon::metrics_addr)]
         metrics: Option<SocketAddr>,
         /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]

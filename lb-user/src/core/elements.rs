@@ -11,6 +11,7 @@
 //! `10.0.0.5 . 0-32767` precedes `10.0.0.5 . 32768-65535`, `10.0.0.5` precedes `10.0.0.10` and
 //! port 80 precedes 443. Within a set, interval order is slot order, which is the set's sorted
 //! order, so the output is stable.
+use std::collections::HashMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
@@ -18,7 +19,7 @@ use std::str::FromStr;
 use lb_common::{BUCKETS, bucket_interval};
 
 use crate::core::compose::{Composed, PortKey, compose};
-use crate::core::model::{Mode, Network};
+use crate::core::model::{Mode, Network, Service};
 
 /// NAT map of VIP → backend (any port).
 pub const NAT_SERVICE_VIP: &str = "nat-service-vip";
@@ -124,7 +125,7 @@ enum Maps {
     Both,
 }
 
-/// The key of one composed set — a service as counters name it — ordered structurally (see
+/// The key of one composed set — a service's frontend, as counters name it — ordered structurally (see
 /// the module comment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SetKey {
@@ -133,14 +134,31 @@ pub enum SetKey {
 }
 
 impl fmt::Display for SetKey {
-    /// `vip 10.99.0.10`, `tcp/8080`, `tcp/8080@192.168.1.10`: the `service` label of the
+    /// `10.99.0.10`, `tcp/8080`, `tcp/8080@192.168.1.10`: the `frontend` label of the
     /// metrics, on every dataplane.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SetKey::Vip(vip) => write!(f, "vip {vip}"),
+            SetKey::Vip(vip) => vip.fmt(f),
             SetKey::Port(key) => key.fmt(f),
         }
     }
+}
+
+/// The sets a service claims (its VIP and its published ports).
+pub fn claims(service: &Service) -> impl Iterator<Item = SetKey> + '_ {
+    service
+        .vip
+        .map(SetKey::Vip)
+        .into_iter()
+        .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
+}
+
+/// The id of the service claiming each of `network`'s sets: one id per set, as validation
+/// refuses a VIP or a port claimed by two services (only the generations of one share them).
+pub fn claimed_by(network: &Network) -> HashMap<SetKey, &str> {
+    (network.services.iter())
+        .flat_map(|s| claims(s).map(|k| (k, s.id.as_str())))
+        .collect()
 }
 
 /// An element with the set it belongs to and the backend it sends to.

@@ -1,10 +1,19 @@
-//! The Prometheus text exposition of every network's counters and the daemon's own.
+//! The Prometheus exposition of every network's counters and the daemon's own, encoded by
+//! `prometheus-client` in the Prometheus text format (0.0.4, which every Prometheus and
+//! `promtool check metrics` read). A counter is registered without its `_total`, which the
+//! encoder appends: `lb_packets` is exposed as `lb_packets_total`.
 //!
 //! Contract: a scrape holds the actor (the one writer) only for what needs its state. The
 //! per-service counters of a dataplane that can read them without it
 //! ([`crate::dataplane::Dataplane::counts_reader`]: nftables, whose read is a listing of the table) are read by
 //! the scrape's own thread, in [`Scrape::render`].
-use std::fmt::Write as _;
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, prometheus_text},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
 
 use super::{BUCKETS, Daemon};
 use crate::{
@@ -12,14 +21,72 @@ use crate::{
     dataplane::{Count, CountsReader, STATES},
 };
 
+/// The `Content-Type` of [`Scrape::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// A gauge of a count (the default gauge is an `i64`).
+type Gauge64 = Gauge<u64, AtomicU64>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NetworkLabels {
+    pub network: String,
+}
+
+impl NetworkLabels {
+    fn of(network: &str) -> Self {
+        Self {
+            network: network.to_owned(),
+        }
+    }
+}
+
+/// A service's counters: `service` is its id, `frontend` what clients address (its VIP,
+/// or a published port as `tcp/8080` or `tcp/8080@192.168.1.10`), `backend` empty for the
+/// frontend's own total.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ServiceLabels {
+    network: String,
+    service: String,
+    frontend: String,
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    network: String,
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DatapathLabels {
+    network: String,
+    hook: String,
+    reason: String,
+}
+
+/// The daemon's own series, kept across scrapes (the actor updates them as it works).
+pub struct Own {
+    pub apply_errors: Family<NetworkLabels, Counter>,
+    pub reconcile: Histogram,
+}
+
+impl Default for Own {
+    fn default() -> Self {
+        Self {
+            apply_errors: Family::default(),
+            reconcile: Histogram::new(BUCKETS),
+        }
+    }
+}
+
 /// One scrape: what the actor read, and what is left to read off it.
 pub struct Scrape {
     /// Each network's counters, read by the actor.
     counts: Vec<(String, Vec<Count>)>,
     /// Networks whose counters are read in [`Scrape::render`], and how.
     deferred: Option<(CountsReader, Vec<Network>)>,
-    /// Every other family, rendered by the actor.
-    rest: String,
+    /// Every other family, filled by the actor.
+    rest: Registry,
 }
 
 impl Scrape {
@@ -32,87 +99,75 @@ impl Scrape {
                 }
             }
         }
-        let mut out = String::from(
-            "# HELP lb_packets_total Packets translated, per service (backend=\"\") and backend.\n# TYPE lb_packets_total counter\n",
-        );
-        let mut bytes = String::from(
-            "# HELP lb_bytes_total Bytes (IP length) translated, per service and backend.\n# TYPE lb_bytes_total counter\n",
-        );
+        let packets = Family::<ServiceLabels, Counter>::default();
+        let bytes = Family::<ServiceLabels, Counter>::default();
         for (network, counts) in &self.counts {
             for c in counts {
-                let labels = format!(
-                    "network=\"{}\",service=\"{}\",backend=\"{}\"",
-                    esc(network),
-                    esc(&c.service),
-                    c.backend.map(|b| b.to_string()).unwrap_or_default()
-                );
-                let _ = writeln!(out, "lb_packets_total{{{labels}}} {}", c.packets);
-                let _ = writeln!(bytes, "lb_bytes_total{{{labels}}} {}", c.bytes);
+                let labels = ServiceLabels {
+                    network: network.clone(),
+                    service: c.service.clone(),
+                    frontend: c.frontend.clone(),
+                    backend: c.backend.map(|b| b.to_string()).unwrap_or_default(),
+                };
+                packets.get_or_create(&labels).inc_by(c.packets);
+                bytes.get_or_create(&labels).inc_by(c.bytes);
             }
         }
-        out.push_str(&bytes);
-        out.push_str(&self.rest);
+        let mut registry = self.rest;
+        registry.register(
+            "lb_packets",
+            "Packets translated, per service frontend (backend=\"\") and backend",
+            packets,
+        );
+        registry.register(
+            "lb_bytes",
+            "Bytes (IP length) translated, per service frontend and backend",
+            bytes,
+        );
+        let mut out = String::new();
+        prometheus_text::encode(&mut out, &registry).expect("writing to a String cannot fail");
         out
     }
-}
-
-/// A label value, escaped as the text format wants it.
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"")
 }
 
 impl Daemon {
     /// A scrape of every network's counters and the daemon's own; see [`Scrape::render`].
     pub fn metrics(&mut self) -> Scrape {
-        let mut out = String::new();
         let reader = self.dp.counts_reader();
         let mut counts = Vec::new();
-        let mut flows = Metric::new("lb_conntrack_entries", "gauge", "Live tracked flows.");
-        let mut states = Metric::new("lb_flows", "gauge", "Live tracked flows by state.");
-        let mut entries = Metric::new(
-            "lb_flow_table_entries",
-            "gauge",
-            "Entries in the flow table (eBPF: both directions and masquerade pairs, expired ones not yet collected).",
-        );
-        let mut expiries = Metric::new(
-            "lb_flow_expiries_total",
-            "counter",
-            "Flow entries the collector deleted after they expired.",
-        );
-        let mut evictions = Metric::new(
-            "lb_flow_evictions_total",
-            "counter",
-            "Flows found to have lost entries before they expired (LRU eviction), re-created or restored by the datapath.",
-        );
-        let mut masq_failures = Metric::new(
-            "lb_masquerade_failures_total",
-            "counter",
-            "New flows dropped because no masquerade port was free.",
-        );
-        let mut datapath = Metric::new(
-            "lb_datapath_packets_total",
-            "counter",
-            "Program runs per hook and outcome or event reason.",
-        );
+        let flows = Family::<NetworkLabels, Gauge64>::default();
+        let states = Family::<StateLabels, Gauge64>::default();
+        let entries = Family::<NetworkLabels, Gauge64>::default();
+        let expiries = Family::<NetworkLabels, Counter>::default();
+        let evictions = Family::<NetworkLabels, Counter>::default();
+        let masq_failures = Family::<NetworkLabels, Counter>::default();
+        let datapath = Family::<DatapathLabels, Counter>::default();
         for n in self.desired.networks.clone() {
             if reader.is_none()
                 && let Ok(c) = self.dp.counts(&n)
             {
                 counts.push((n.name.clone(), c));
             }
-            let net = format!("network=\"{}\"", esc(&n.name));
+            let net = NetworkLabels::of(&n.name);
+            // Every network has its series from the start, 0 until an apply fails: a
+            // series that appears only with its first error breaks `rate()` and alerts.
+            self.stats.own.apply_errors.get_or_create(&net).inc_by(0);
             if let Some(c) = self.dp.flow_stats(&n) {
-                flows.add(&net, c.by_state.iter().sum());
+                flows.get_or_create(&net).set(c.by_state.iter().sum());
                 for (state, count) in STATES.iter().zip(c.by_state) {
                     if super::shows_state(&n, state) {
-                        states.add(&format!("{net},state=\"{state}\""), count);
+                        let labels = StateLabels {
+                            network: n.name.clone(),
+                            state: (*state).to_owned(),
+                        };
+                        states.get_or_create(&labels).set(count);
                     }
                 }
                 if let Some(e) = c.entries {
-                    entries.add(&net, e);
+                    entries.get_or_create(&net).set(e);
                 }
                 if let Some(e) = c.expired_total {
-                    expiries.add(&net, e);
+                    expiries.get_or_create(&net).inc_by(e);
                 }
             }
             if let Ok(reasons) = self.dp.reasons(&n)
@@ -124,63 +179,60 @@ impl Daemon {
                         .map(|(_, _, c)| c)
                         .sum()
                 };
-                evictions.add(&net, sum(&["flow_recreated", "entry_restored"]));
-                masq_failures.add(&net, sum(&["masq_failed"]));
+                (evictions.get_or_create(&net)).inc_by(sum(&["flow_recreated", "entry_restored"]));
+                (masq_failures.get_or_create(&net)).inc_by(sum(&["masq_failed"]));
                 for (hook, reason, count) in reasons {
-                    datapath.add(&format!("{net},hook=\"{hook}\",reason=\"{reason}\""), count);
+                    let labels = DatapathLabels {
+                        network: n.name.clone(),
+                        hook: hook.to_string(),
+                        reason: reason.to_string(),
+                    };
+                    datapath.get_or_create(&labels).inc_by(count);
                 }
             }
         }
-        for m in [
-            flows,
-            states,
+        let mut rest = Registry::default();
+        rest.register("lb_conntrack_entries", "Live tracked flows", flows);
+        rest.register("lb_flows", "Live tracked flows by state", states);
+        rest.register(
+            "lb_flow_table_entries",
+            "Entries in the flow table (eBPF: both directions and masquerade pairs, expired ones not yet collected)",
             entries,
+        );
+        rest.register(
+            "lb_flow_expiries",
+            "Flow entries the collector deleted after they expired",
             expiries,
+        );
+        rest.register(
+            "lb_flow_evictions",
+            "Flows found to have lost entries before they expired (LRU eviction), re-created or restored by the datapath",
             evictions,
+        );
+        rest.register(
+            "lb_masquerade_failures",
+            "New flows dropped because no masquerade port was free",
             masq_failures,
+        );
+        rest.register(
+            "lb_datapath_packets",
+            "Program runs per hook and outcome or event reason",
             datapath,
-        ] {
-            out.push_str(&m.text);
-        }
-        out.push_str("# HELP lb_apply_errors_total Failed applies, per network.\n# TYPE lb_apply_errors_total counter\n");
-        for (n, c) in &self.stats.apply_errors {
-            let _ = writeln!(out, "lb_apply_errors_total{{network=\"{}\"}} {c}", esc(n));
-        }
-        out.push_str("# HELP lb_reconcile_duration_seconds Time to bring every network to its desired state.\n# TYPE lb_reconcile_duration_seconds histogram\n");
-        for (le, c) in BUCKETS.iter().zip(self.stats.reconcile_buckets) {
-            let _ = writeln!(
-                out,
-                "lb_reconcile_duration_seconds_bucket{{le=\"{le}\"}} {c}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "lb_reconcile_duration_seconds_bucket{{le=\"+Inf\"}} {}\nlb_reconcile_duration_seconds_sum {}\nlb_reconcile_duration_seconds_count {}",
-            self.stats.reconcile_count, self.stats.reconcile_sum, self.stats.reconcile_count
+        );
+        rest.register(
+            "lb_apply_errors",
+            "Failed applies, per network",
+            self.stats.own.apply_errors.clone(),
+        );
+        rest.register(
+            "lb_reconcile_duration_seconds",
+            "Time to bring every network to its desired state",
+            self.stats.own.reconcile.clone(),
         );
         Scrape {
             counts,
             deferred: reader.map(|r| (r, self.desired.networks.clone())),
-            rest: out,
+            rest,
         }
-    }
-}
-
-/// One metric family of the exposition: its HELP and TYPE lines, then its samples.
-struct Metric {
-    name: &'static str,
-    text: String,
-}
-
-impl Metric {
-    fn new(name: &'static str, kind: &str, help: &str) -> Self {
-        Self {
-            name,
-            text: format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"),
-        }
-    }
-
-    fn add(&mut self, labels: &str, value: u64) {
-        let _ = writeln!(self.text, "{}{{{labels}}} {value}", self.name);
     }
 }

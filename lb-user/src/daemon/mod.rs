@@ -31,7 +31,7 @@ use crate::{
     },
     core::{
         diff::diff,
-        elements::{SetKey, network_elements},
+        elements::{claims, network_elements},
         model::{DesiredState, Mode, Network, Service},
     },
     dataplane::{
@@ -45,10 +45,11 @@ use crate::{
     },
 };
 
+mod caps;
 mod metrics;
 mod server;
 
-pub use server::run;
+pub use server::{metrics_addr, run};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb";
 const STATE: &str = "state.json";
@@ -84,10 +85,8 @@ const BUCKETS: [f64; 9] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0]
 
 #[derive(Default)]
 struct Stats {
-    reconcile_buckets: [u64; BUCKETS.len()],
-    reconcile_count: u64,
-    reconcile_sum: f64,
-    apply_errors: BTreeMap<String, u64>,
+    /// Failed applies and reconcile durations, as the metrics expose them.
+    own: metrics::Own,
     /// When each network was last applied, and what that wrote.
     last_sync: BTreeMap<String, (SystemTime, SyncStats)>,
 }
@@ -221,7 +220,11 @@ impl Daemon {
                 Err(e) => {
                     let msg = format!("{e:#}");
                     tracing::warn!(network = %name, error = %msg, "remove failed; will retry");
-                    *self.stats.apply_errors.entry(name.clone()).or_default() += 1;
+                    (self.stats.own.apply_errors)
+                        .get_or_create(&metrics::NetworkLabels {
+                            network: name.clone(),
+                        })
+                        .inc();
                     self.errors.insert(name.clone(), msg.clone());
                     failed.insert(name, msg);
                 }
@@ -250,20 +253,17 @@ impl Daemon {
                 Err(e) => {
                     let msg = format!("{e:#}");
                     tracing::warn!(network = %net.name, error = %msg, "apply failed; the last good dataplane stays, will retry");
-                    *self.stats.apply_errors.entry(net.name.clone()).or_default() += 1;
+                    (self.stats.own.apply_errors)
+                        .get_or_create(&metrics::NetworkLabels {
+                            network: net.name.clone(),
+                        })
+                        .inc();
                     self.errors.insert(net.name.clone(), msg.clone());
                     failed.insert(net.name.clone(), msg);
                 }
             }
         }
-        let secs = start.elapsed().as_secs_f64();
-        self.stats.reconcile_count += 1;
-        self.stats.reconcile_sum += secs;
-        for (i, le) in BUCKETS.iter().enumerate() {
-            if secs <= *le {
-                self.stats.reconcile_buckets[i] += 1;
-            }
-        }
+        (self.stats.own.reconcile).observe(start.elapsed().as_secs_f64());
         failed
     }
 
@@ -615,13 +615,14 @@ impl Daemon {
         let flows = self.dp.flows(network).ok();
         let mut out = Vec::new();
         for service in &network.services {
-            let keys = set_keys(service);
+            let keys: Vec<String> = claims(service).map(|k| k.to_string()).collect();
             let backends = (service.backends.iter())
                 .map(|b| {
                     let (mut packets, mut bytes, mut seen) = (0, 0, false);
-                    for c in counts.iter().filter(|c| {
-                        c.backend == Some(b.ip) && keys.iter().any(|k| k.to_string() == c.service)
-                    }) {
+                    for c in counts
+                        .iter()
+                        .filter(|c| c.backend == Some(b.ip) && keys.contains(&c.frontend))
+                    {
                         (packets, bytes, seen) = (packets + c.packets, bytes + c.bytes, true);
                     }
                     let flows = flows.as_ref().map(|f| {
@@ -653,13 +654,6 @@ impl Daemon {
         }
         out
     }
-}
-
-/// The composed sets a contribution belongs to, as counters name them.
-fn set_keys(service: &Service) -> Vec<SetKey> {
-    (service.vip.map(SetKey::Vip).into_iter())
-        .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
-        .collect()
 }
 
 /// The contribution of `network` that a flow to `frontend` (`ADDR:PORT`, as flows show it)

@@ -2,6 +2,7 @@
 //! the API socket and the metrics endpoint.
 use std::{
     collections::BTreeMap,
+    net::SocketAddr,
     os::unix::fs::PermissionsExt as _,
     path::Path,
     sync::{Arc, mpsc},
@@ -12,7 +13,6 @@ use anyhow::{Context as _, Result, bail};
 use http_body_util::BodyExt as _;
 use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::{
     APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, metrics, read_state,
@@ -164,14 +164,57 @@ fn retire_nft(networks: &[Network]) -> Result<()> {
     NftDataplane.remove_others(&[]).map(drop)
 }
 
+/// What a start created (files, then directories) and removes again if it fails before it
+/// serves: a failed start leaves nothing behind. Disarmed once the daemon serves.
+struct Created {
+    paths: Vec<std::path::PathBuf>,
+    armed: bool,
+}
+
+impl Created {
+    fn new() -> Self {
+        Self {
+            paths: Vec::new(),
+            armed: true,
+        }
+    }
+
+    /// Runs `make`, which may create `path`; remembers `path` if it did.
+    fn track<T>(&mut self, path: &Path, make: impl FnOnce() -> Result<T>) -> Result<T> {
+        let existed = path.exists();
+        let out = make();
+        if !existed && path.exists() {
+            self.paths.push(path.to_path_buf());
+        }
+        out
+    }
+}
+
+impl Drop for Created {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Latest first: a file before the directory it was created in. A directory is only
+        // removed if empty (something else may have put a file there since).
+        for p in self.paths.iter().rev() {
+            let _ = if p.is_dir() {
+                std::fs::remove_dir(p)
+            } else {
+                std::fs::remove_file(p)
+            };
+        }
+    }
+}
+
 /// The locks that make this daemon the only writer of its state dir, its bpffs dir and its
 /// socket, taken before anything is read or changed; held until the process exits.
-fn take_locks(opts: &Options) -> Result<Vec<Lock>> {
-    create_private_dir(&opts.state_dir)?;
+fn take_locks(opts: &Options, created: &mut Created) -> Result<Vec<Lock>> {
+    created.track(&opts.state_dir, || create_private_dir(&opts.state_dir))?;
     let mut locks = vec![Lock::dir(&opts.state_dir, "the state dir")?];
     // No bpffs dir (and none can be made) means nothing of lb's is pinned there and no eBPF
     // dataplane can be run on it: there is nothing to guard.
-    match Lock::dir(&opts.bpffs, "the bpffs dir") {
+    match created.track(&opts.bpffs, || Lock::dir(&opts.bpffs, "the bpffs dir")) {
         Ok(l) => locks.push(l),
         Err(e) if !opts.bpffs.is_dir() => {
             tracing::info!(error = %format!("{e:#}"), "no bpffs dir to lock");
@@ -179,11 +222,12 @@ fn take_locks(opts: &Options) -> Result<Vec<Lock>> {
         Err(e) => return Err(e),
     }
     if let Some(dir) = opts.socket.parent() {
-        create_private_dir(dir)?;
+        created.track(dir, || create_private_dir(dir))?;
     }
     let mut lock = opts.socket.clone().into_os_string();
     lock.push(".lock");
-    locks.push(Lock::file(Path::new(&lock), "the API socket's lock")?);
+    let lock = Path::new(&lock);
+    locks.push(created.track(lock, || Lock::file(lock, "the API socket's lock"))?);
     // A daemon that predates the lock file would not hold it.
     if std::os::unix::net::UnixStream::connect(&opts.socket).is_ok() {
         bail!(
@@ -195,7 +239,8 @@ fn take_locks(opts: &Options) -> Result<Vec<Lock>> {
 }
 
 /// Binds the API socket (under the socket's lock: a file there is a stale one) and leaves it
-/// readable and writable by root only.
+/// mode 0600, owned by the daemon's user: only root and that user can connect (and
+/// [`permitted`] answers anyone else 403).
 fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
     if path.exists() {
         std::fs::remove_file(path)
@@ -208,19 +253,33 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
     Ok(listener)
 }
 
-/// Serves one connection: HTTP/1.1, any number of requests, each answered in turn.
+/// Serves one API connection.
 async fn serve_conn(stream: tokio::net::UnixStream, jobs: mpsc::Sender<Job>) {
     let permitted = permitted(&stream);
+    serve_http(stream, "API", move |req| {
+        respond(req, permitted.clone(), jobs.clone())
+    })
+    .await;
+}
+
+/// Serves one connection of the API or the metrics endpoint: HTTP/1.1, any number of
+/// requests, each answered in turn by `answer`.
+async fn serve_http<S, F, Fut>(stream: S, what: &'static str, answer: F)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: Fn(hyper::Request<hyper::body::Incoming>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = hyper::Response<Body>> + Send + 'static,
+{
     let service = hyper::service::service_fn(move |req| {
-        let (jobs, permitted) = (jobs.clone(), permitted.clone());
-        async move { Ok::<_, std::convert::Infallible>(respond(req, permitted, jobs).await) }
+        let answer = answer(req);
+        async move { Ok::<_, std::convert::Infallible>(answer.await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(READ_TIMEOUT)
         .serve_connection(TokioIo::new(stream), service);
     if let Err(e) = conn.await {
-        tracing::debug!(error = %e, "API connection");
+        tracing::debug!(error = %e, "{what} connection");
     }
 }
 
@@ -253,11 +312,19 @@ type Body = http_body_util::Full<hyper::body::Bytes>;
 
 fn reply(status: StatusCode, body: &impl serde::Serialize) -> hyper::Response<Body> {
     let body = serde_json::to_vec(body).expect("a reply always serializes");
-    let mut resp = hyper::Response::new(Body::from(body));
+    response(status, body, "application/json")
+}
+
+fn response(
+    status: StatusCode,
+    body: impl Into<hyper::body::Bytes>,
+    content_type: &'static str,
+) -> hyper::Response<Body> {
+    let mut resp = hyper::Response::new(Body::from(body.into()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
+        hyper::header::HeaderValue::from_static(content_type),
     );
     resp
 }
@@ -336,57 +403,136 @@ async fn read_body(mut body: hyper::body::Incoming) -> Result<Vec<u8>, ApiError>
         })
 }
 
+/// The metrics endpoint: `GET /metrics` (or `HEAD`), 404 on any other path.
 async fn serve_metrics(listener: tokio::net::TcpListener, jobs: mpsc::Sender<Job>) {
     loop {
-        let Ok((mut conn, _)) = listener.accept().await else {
+        let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let jobs = jobs.clone();
-        tokio::spawn(async move {
-            let mut req = [0u8; 1024];
-            let _ = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut req)).await;
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            // The actor hands over its part; the rest is read on a blocking thread here.
-            let body = match jobs.send(Job::Metrics(tx)) {
-                Ok(()) => match rx.await {
-                    Ok(scrape) => tokio::task::spawn_blocking(move || scrape.render())
-                        .await
-                        .unwrap_or_default(),
-                    Err(_) => String::new(),
-                },
-                Err(_) => String::new(),
-            };
-            let head = format!(
-                "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                body.len()
-            );
-            let _ = conn.write_all(head.as_bytes()).await;
-            let _ = conn.write_all(body.as_bytes()).await;
-            let _ = conn.shutdown().await;
-        });
+        tokio::spawn(serve_http(stream, "metrics", move |req| {
+            metrics_answer(req, jobs.clone())
+        }));
     }
+}
+
+async fn metrics_answer(
+    req: hyper::Request<hyper::body::Incoming>,
+    jobs: mpsc::Sender<Job>,
+) -> hyper::Response<Body> {
+    const PLAIN: &str = "text/plain; charset=utf-8";
+    if req.uri().path() != "/metrics" {
+        return response(
+            StatusCode::NOT_FOUND,
+            format!("{} not found: metrics are on /metrics\n", req.uri().path()),
+            PLAIN,
+        );
+    }
+    if !matches!(*req.method(), hyper::Method::GET | hyper::Method::HEAD) {
+        let mut resp = response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "/metrics answers GET\n",
+            PLAIN,
+        );
+        resp.headers_mut().insert(
+            hyper::header::ALLOW,
+            hyper::header::HeaderValue::from_static("GET, HEAD"),
+        );
+        return resp;
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stopping = || {
+        response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the daemon is stopping\n",
+            PLAIN,
+        )
+    };
+    if jobs.send(Job::Metrics(tx)).is_err() {
+        return stopping();
+    }
+    let Ok(scrape) = rx.await else {
+        return stopping();
+    };
+    // The actor handed over its part; the rest is read on a blocking thread here.
+    match tokio::task::spawn_blocking(move || scrape.render()).await {
+        Ok(body) => response(StatusCode::OK, body, metrics::CONTENT_TYPE),
+        Err(e) => response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rendering the metrics: {e}\n"),
+            PLAIN,
+        ),
+    }
+}
+
+/// `--metrics`: an address, or a `host:port` whose name resolves to loopback only (the
+/// endpoint is unauthenticated). The first IPv4 address of a name, else its first.
+pub fn metrics_addr(arg: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs as _;
+    let addrs: Vec<SocketAddr> = (arg.to_socket_addrs())
+        .map_err(|e| format!("{arg}: not an address or host:port that resolves: {e}"))?
+        .collect();
+    if let Some(a) = addrs.iter().find(|a| !a.ip().is_loopback()) {
+        return Err(format!(
+            "{arg} resolves to {}, which is not loopback: the metrics endpoint listens on loopback only",
+            a.ip()
+        ));
+    }
+    (addrs.iter().find(|a| a.is_ipv4()))
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("{arg} resolves to no address"))
 }
 
 /// Runs the daemon until SIGTERM or SIGINT. The dataplane stays in place when it stops: the
 /// next daemon adopts it.
+///
+/// A start that fails leaves nothing behind: capabilities are checked before anything else,
+/// the metrics port is bound before a dataplane is chosen, and what the start created (the
+/// socket, its lock file, directories) is removed again ([`Created`]).
 pub fn run(opts: Options) -> Result<()> {
+    super::caps::check(opts.dataplane)?;
     if let Some(addr) = opts.metrics
         && !addr.ip().is_loopback()
     {
         bail!("--metrics {addr}: the metrics endpoint listens on loopback only");
     }
+    let mut created = Created::new();
     // First of all: a second daemon on the same state dir, bpffs or socket stops here, before
     // it chooses a dataplane, retires the other one or reconciles anything.
-    let _locks = take_locks(&opts)?;
+    let _locks = take_locks(&opts, &mut created)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let socket = opts.socket.clone();
+    // The metrics port, which another process may hold, is bound before a dataplane is
+    // chosen, so that a taken one fails the start with nothing applied.
+    let metrics_listener = match opts.metrics {
+        Some(addr) => Some({
+            let _in_rt = rt.enter();
+            std::net::TcpListener::bind(addr)
+                .and_then(|l| {
+                    l.set_nonblocking(true)?;
+                    tokio::net::TcpListener::from_std(l)
+                })
+                .with_context(|| {
+                    format!("binding the metrics endpoint {addr} (nothing was changed)")
+                })?
+        }),
+        None => None,
+    };
     let (dp, reason) = dataplane(&opts)?;
     tracing::info!(dataplane = dp.name(), reason = %reason, "dataplane selected");
     retire_other(dp.name(), &opts, &known_networks(&opts.state_dir));
     let daemon = Daemon::new(&opts.state_dir, dp, reason)?;
+    // The socket last (under its lock, so nothing else binds it meanwhile): a client (and
+    // the tests' harness) that can connect talks to a daemon that has applied its state.
+    let listener = {
+        let _in_rt = rt.enter();
+        created.track(&socket, || bind_socket(&socket))?
+    };
     let (jobs, rx) = mpsc::channel();
     let retry = opts.retry;
     let actor = std::thread::Builder::new()
@@ -396,16 +542,16 @@ pub fn run(opts: Options) -> Result<()> {
             move || actor(daemon, rx, to_self, retry)
         })
         .context("starting the actor")?;
-    let socket = opts.socket.clone();
+    // Serving from here: what the start created is the running daemon's.
+    created.armed = false;
     rt.block_on(async {
-        let listener = bind_socket(&socket)?;
-        if let Some(addr) = opts.metrics {
-            let l = tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding the metrics endpoint {addr}"))?;
+        if let Some(l) = metrics_listener {
+            if let Ok(addr) = l.local_addr() {
+                tracing::info!("metrics served on http://{addr}/metrics");
+            }
             tokio::spawn(serve_metrics(l, jobs.clone()));
         }
-        tracing::info!(socket = %socket.display(), "listening");
+        tracing::info!("API listening on {}", socket.display());
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
             tokio::select! {

@@ -6,9 +6,11 @@
 //! what differs, and either succeeds or leaves the last good state serving: the caller keeps
 //! `previous` as the applied state until a call succeeds. `remove` undoes everything `apply`
 //! did for a network and tolerates pieces already gone.
-use std::net::Ipv4Addr;
+use std::{collections::HashMap, net::Ipv4Addr};
 
 use anyhow::Result;
+
+use crate::core::elements::SetKey;
 
 pub mod ebpf;
 pub mod nft;
@@ -45,15 +47,37 @@ pub struct Flow {
 /// [`Flow::state`] of a DSR session.
 pub const DSR_STATE: &str = "dsr";
 
-/// Packets and bytes of one service or backend, summed over CPUs.
+/// Packets and bytes of one service frontend or one of its backends, summed over CPUs.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Count {
-    /// `vip 10.99.0.10`, `tcp/8080`, `tcp/8080@192.168.1.1`.
+    /// The id of the service; empty for a frontend no service claims any more.
     pub service: String,
-    /// `None` for the service's own total.
+    /// What clients address: `10.99.0.10` (a VIP), `tcp/8080`, `tcp/8080@192.168.1.1`.
+    pub frontend: String,
+    /// `None` for the frontend's own total.
     pub backend: Option<Ipv4Addr>,
     pub packets: u64,
     pub bytes: u64,
+}
+
+impl Count {
+    /// The counts of `set` (of `backend`, or the set's total), named for the service that
+    /// claims it in `ids` ([`crate::core::elements::claimed_by`] of the network).
+    pub fn new(
+        ids: &HashMap<SetKey, &str>,
+        set: SetKey,
+        backend: Option<Ipv4Addr>,
+        packets: u64,
+        bytes: u64,
+    ) -> Count {
+        Count {
+            service: ids.get(&set).copied().unwrap_or_default().to_owned(),
+            frontend: set.to_string(),
+            backend,
+            packets,
+            bytes,
+        }
+    }
 }
 
 /// The states a flow is listed in (`Flow::state`), in the order metrics list them; a DSR

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::{
     core::compose::{PortKey, compose},
-    core::elements::SetKey,
+    core::elements::{SetKey, claimed_by},
     core::model::{Attach, Mode, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats},
     node::{
@@ -484,23 +484,18 @@ impl Dataplane for EbpfDataplane {
         let counted = dp.counters()?;
         let of = |id: u32| counted.get(&id).copied().unwrap_or_default();
         let (held, totals) = dp.service_totals(&counted)?;
+        let ids = claimed_by(network);
         for (key, (_, backends)) in held {
-            let service = service_label(key);
+            // lb writes only protocols it publishes: an entry of any other is not its own.
+            let Some(set) = set_key(key) else {
+                tracing::warn!(network = %network.name, entry = ?key, "a service entry of an unknown protocol");
+                continue;
+            };
             let c = totals.get(key).copied().unwrap_or_default();
-            out.push(Count {
-                service: service.clone(),
-                backend: None,
-                packets: c.packets,
-                bytes: c.bytes,
-            });
+            out.push(Count::new(&ids, set, None, c.packets, c.bytes));
             for b in backends {
                 let c = of(b.counter);
-                out.push(Count {
-                    service: service.clone(),
-                    backend: Some(ip(b.addr)),
-                    packets: c.packets,
-                    bytes: c.bytes,
-                });
+                out.push(Count::new(&ids, set, Some(ip(b.addr)), c.packets, c.bytes));
             }
         }
         Ok(out)
@@ -541,10 +536,9 @@ fn xdp_tx_peers(network: &Network) -> Result<Vec<String>> {
     })
 }
 
-/// The composed set a service entry holds, as [`SetKey`]'s `Display` names it for every
-/// dataplane. lb writes only protocols it publishes; anything else is shown raw.
-fn service_label(key: &ServiceKey) -> String {
-    let set = match *key {
+/// The composed set a service entry holds; `None` for a protocol lb does not publish.
+fn set_key(key: &ServiceKey) -> Option<SetKey> {
+    match *key {
         ServiceKey::Vip(a) => Some(SetKey::Vip(ip(a))),
         ServiceKey::Port { addr, port, proto } => Proto::from_number(proto).map(|proto| {
             SetKey::Port(PortKey {
@@ -553,6 +547,5 @@ fn service_label(key: &ServiceKey) -> String {
                 port: u16::from_be(port),
             })
         }),
-    };
-    set.map_or_else(|| format!("{key:?}"), |s| s.to_string())
+    }
 }

@@ -13,18 +13,9 @@ use super::ruleset::{
 };
 use crate::core::{
     compose::compose,
-    elements::{SetKey, equal_weight_intervals},
+    elements::{SetKey, claims, equal_weight_intervals},
     model::{Network, Service},
 };
-
-/// The sets a service claims (its VIP and its published ports).
-fn claims(service: &Service) -> impl Iterator<Item = SetKey> + '_ {
-    service
-        .vip
-        .map(SetKey::Vip)
-        .into_iter()
-        .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
-}
 
 type ById<'a> = BTreeMap<(&'a str, &'a str), &'a Service>;
 

@@ -58,7 +58,7 @@ use anyhow::{Context as _, Result};
 use super::{Count, DSR_STATE, Dataplane, Flow, FlowStats, SyncStats};
 use crate::{
     core::compose::compose,
-    core::elements::{Element, SetKey, placed_elements},
+    core::elements::{Element, SetKey, claimed_by, placed_elements},
     core::model::{FlowTimeouts, Masquerade, Mode, Network, Proto},
     node::{Netlink, NodeAddr, in_netns, netlink},
 };
@@ -513,13 +513,11 @@ impl NftDataplane {
                 sum.1 += l.bytes;
             }
         }
+        let ids = claimed_by(network);
         Ok(sums
             .into_iter()
-            .map(|((set, backend), (packets, bytes))| Count {
-                service: set.to_string(),
-                backend,
-                packets,
-                bytes,
+            .map(|((set, backend), (packets, bytes))| {
+                Count::new(&ids, set, backend, packets, bytes)
             })
             .collect())
     }
