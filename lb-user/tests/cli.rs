@@ -5,7 +5,6 @@
 //! difference every apply prints (exactly what changed), headed tables and their JSON. Root only
 //! (the daemon programs a dataplane).
 use std::{
-    io::Write as _,
     net::Ipv4Addr,
     os::unix::process::ExitStatusExt as _,
     path::Path,
@@ -17,6 +16,7 @@ use lb_tests::{
     daemon::{FailingNft, LbDaemon, Run, network_add, service_set},
     netns::Topology,
     require_root,
+    tools::output_with_stdin,
     traffic::{TIMEOUT, spawn_backends, tcp_request},
 };
 use lb_user::core::{
@@ -34,22 +34,15 @@ fn lb() -> &'static Path {
 
 /// `lb ARGS` with `stdin` on its standard input.
 fn lb_stdin(d: &LbDaemon, args: &[&str], stdin: &str) -> Run {
-    let mut child = Command::new(lb())
-        .args(args)
-        .arg("--socket")
-        .arg(d.socket())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap().into()
+    output_with_stdin(
+        Command::new(lb())
+            .args(args)
+            .arg("--socket")
+            .arg(d.socket()),
+        stdin.as_bytes(),
+    )
+    .unwrap()
+    .into()
 }
 
 /// The error `lb --json` wrote on stderr, checked to carry the exit code it exited with.

@@ -17,7 +17,7 @@ use lb_tests::{
     daemon::{FailingNft, LbDaemon},
     netns::Netns,
     require_root,
-    tools::TempDir,
+    tools::{TempDir, output_with_stdin},
     traffic::{TIMEOUT, spawn_backend, tcp_request, udp_request},
 };
 use lb_user::api::{Client, Request, ServiceEntry};
@@ -169,26 +169,18 @@ impl<'a> Runtime<'a> {
             fields.insert((*k).into(), v.clone());
         }
         let kind = plugin["type"].as_str().unwrap();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", self.node.name()])
-            .arg(Self::binary(kind))
-            .env("CNI_COMMAND", command)
-            .env("CNI_CONTAINERID", &c.id)
-            .env("CNI_NETNS", c.ns.path())
-            .env("CNI_IFNAME", "eth0")
-            .env("CNI_PATH", CNI_DIR)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = output_with_stdin(
+            Command::new("ip")
+                .args(["netns", "exec", self.node.name()])
+                .arg(Self::binary(kind))
+                .env("CNI_COMMAND", command)
+                .env("CNI_CONTAINERID", &c.id)
+                .env("CNI_NETNS", c.ns.path())
+                .env("CNI_IFNAME", "eth0")
+                .env("CNI_PATH", CNI_DIR),
+            conf.to_string().as_bytes(),
+        )
+        .unwrap();
         Outcome {
             ok: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),

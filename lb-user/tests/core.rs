@@ -1393,3 +1393,51 @@ mod capacity {
         assert!(err.contains("remove the network and add it again"), "{err}");
     }
 }
+
+/// A change's difference lists exactly what differs, in reading order: a network's settings,
+/// then each contribution and its backends; a whole network added or removed is one line
+/// for itself (and, added, its contents), and a list merely reordered is no change.
+#[test]
+fn diff_lists_exactly_what_changed() {
+    use lb_user::core::diff::diff;
+    let state = |networks| DesiredState { networks };
+    let a = service("api", "1", "10.0.0.5", "10.0.1.1 10.0.1.2", "tcp/8080:80");
+    let old = state(vec![
+        nat(vec![a.clone()]),
+        network("gone", "v0", Mode::Nat, vec![]),
+    ]);
+    let lines = |o: &DesiredState, n: &DesiredState| -> Vec<String> {
+        diff(o, n).iter().map(|c| c.to_string()).collect()
+    };
+    assert!(lines(&old, &old).is_empty());
+
+    let mut reordered = old.clone();
+    reordered.networks.reverse();
+    reordered.networks[1].services[0].backends.reverse();
+    assert!(lines(&old, &reordered).is_empty(), "order is no change");
+
+    let mut a2 = a.clone();
+    a2.vip = None;
+    a2.backends = backends("10.0.1.2,disabled 10.0.1.3");
+    a2.ports = ports("tcp/8080:80 udp/53");
+    let mut web = nat(vec![a2, service("db", "2", "10.0.0.6", "10.0.2.1", "")]);
+    web.masquerade = Masquerade::Always;
+    let new = state(vec![web, network("new", "v1", Mode::Nat, vec![a.clone()])]);
+    assert_eq!(
+        lines(&old, &new),
+        [
+            "- network gone",
+            "+ network new",
+            "+ service api generation 1 in new",
+            "+ backend 10.0.1.1 of service api generation 1 in new",
+            "+ backend 10.0.1.2 of service api generation 1 in new",
+            "~ network web: masquerade: auto -> always",
+            "~ service api generation 1 in web: vip: 10.0.0.5 -> -; ports: +udp/53",
+            "- backend 10.0.1.1 of service api generation 1 in web",
+            "~ backend 10.0.1.2 of service api generation 1 in web: active -> disabled",
+            "+ backend 10.0.1.3 of service api generation 1 in web",
+            "+ service db generation 2 in web",
+            "+ backend 10.0.2.1 of service db generation 2 in web",
+        ]
+    );
+}

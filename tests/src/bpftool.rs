@@ -4,12 +4,7 @@
 //! `formatted` (besides the raw bytes under `key` and `value`). Addresses and ports are kept in
 //! network byte order, and bpftool prints such a field as the integer its bytes make on the
 //! host (little-endian here): [`addr`] and [`port`] read them back.
-use std::{
-    io::Write as _,
-    net::Ipv4Addr,
-    path::Path,
-    process::{Command, Stdio},
-};
+use std::{net::Ipv4Addr, path::Path, process::Command};
 
 use anyhow::{Context as _, Result, ensure};
 use serde_json::Value;
@@ -37,18 +32,10 @@ pub fn json(args: &[&str]) -> Result<Value> {
 /// `bpftool batch file -`: runs every line of `script` as one bpftool command, in one
 /// process; what they printed, one after the other.
 pub fn batch(script: &str) -> Result<String> {
-    let mut child = Command::new("bpftool")
-        .args(["batch", "file", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running bpftool batch")?;
-    (child.stdin.take())
-        .context("bpftool's stdin")?
-        .write_all(script.as_bytes())
-        .context("writing bpftool's batch")?;
-    let out = child.wait_with_output().context("waiting for bpftool")?;
+    let out = crate::tools::output_with_stdin(
+        Command::new("bpftool").args(["batch", "file", "-"]),
+        script.as_bytes(),
+    )?;
     ensure!(
         out.status.success(),
         "bpftool batch {script:?}: {}{}",

@@ -368,20 +368,12 @@ pub fn http_get(addr: &str, path: &str) -> Result<(u16, String)> {
 /// accepts `text`: the Prometheus text format and its lint (HELP on every series, `_total`
 /// on counters only, units spelled out).
 pub fn check_metrics(text: &str) {
-    use std::io::Write as _;
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs (cargo xtask setup installs the prometheus package)");
-    let mut stdin = child.stdin.take().expect("promtool's stdin");
-    stdin
-        .write_all(text.as_bytes())
-        .expect("writing to promtool");
-    drop(stdin);
-    let out: Run = child.wait_with_output().expect("promtool's output").into();
+    let out: Run = crate::tools::output_with_stdin(
+        Command::new("promtool").args(["check", "metrics"]),
+        text.as_bytes(),
+    )
+    .expect("promtool runs (cargo xtask setup installs the prometheus package)")
+    .into();
     assert!(
         out.ok(),
         "promtool check metrics refused the exposition ({:?}):\n{}{}\nthe exposition:\n{text}",

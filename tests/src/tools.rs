@@ -27,6 +27,29 @@ use anyhow::{Context, Result, bail, ensure};
 
 use crate::netns::Netns;
 
+/// Runs `cmd` with `input` on its standard input (then closed) and collects its output, as
+/// a shell's `cmd <<< input` does. A command that exits before reading all of it is not an
+/// error of this function: its exit status says what happened.
+pub fn output_with_stdin(cmd: &mut Command, input: &[u8]) -> Result<std::process::Output> {
+    use std::io::Write as _;
+    let mut child = (cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped()))
+    .spawn()
+    .with_context(|| format!("running {cmd:?}"))?;
+    let mut stdin = child.stdin.take().context("the child's stdin")?;
+    if let Err(e) = stdin.write_all(input)
+        && e.kind() != io::ErrorKind::BrokenPipe
+    {
+        return Err(e).with_context(|| format!("writing to {cmd:?}"));
+    }
+    drop(stdin);
+    child
+        .wait_with_output()
+        .with_context(|| format!("waiting for {cmd:?}"))
+}
+
 /// How long a server may take to accept connections after it was started: generous for a
 /// loaded 2-CPU VM, short enough that a broken configuration fails the test quickly.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);

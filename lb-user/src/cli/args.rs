@@ -53,14 +53,19 @@ pub struct Global {
 pub enum TcChoice {
     /// TCX links where the kernel has them (6.6+), netlink clsact otherwise.
     Auto,
+    /// TCX links (kernel 6.6+), pinned: replaced in place on upgrade.
     Tcx,
+    /// clsact qdisc filters over netlink (any kernel).
     Netlink,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum DataplaneArg {
+    /// eBPF where the kernel loads and verifies the programs, else nftables.
     Auto,
+    /// The TC/XDP programs; the daemon fails if the kernel cannot run them.
     Ebpf,
+    /// The equivalent nftables ruleset (one table per network).
     Nftables,
 }
 
@@ -129,8 +134,9 @@ pub enum Cmd {
     },
     /// The desired state, as JSON (the format `lb apply -f` takes).
     State,
-    /// Composed elements in DESIGN.md's notation: what the dataplane is told, bucket by
-    /// bucket (of a desired-state file with --state, without a daemon).
+    /// Composed elements, what the dataplane is told bucket by bucket, in moby's notation
+    /// (`nat-service-vip 10.99.0.10 . 0-32767 : 10.20.0.11`); of a desired-state file with
+    /// --state, without a daemon.
     Elements {
         /// Only this network's.
         network: Option<String>,
