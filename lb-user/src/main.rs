@@ -29,7 +29,20 @@ fn exit_code(e: &anyhow::Error) -> i32 {
 fn main() {
     let cli = match cli::args::Cli::try_parse() {
         Ok(cli) => cli,
-        // Help and version exit 0 on stdout; a usage error exits 2 (EXIT_USAGE) on stderr.
+        // Help and version exit 0 on stdout; a usage error exits 2 (EXIT_USAGE) on stderr,
+        // as one JSON document when the line asked for JSON (clap could not say so: it failed).
+        Err(e) if e.use_stderr() && std::env::args().any(|a| a == "-j" || a == "--json") => {
+            let message = e.render().to_string();
+            let message = message.lines().next().unwrap_or_default();
+            eprintln!(
+                "{}",
+                serde_json::json!({
+                    "error": message.trim_start_matches("error: "),
+                    "exit_code": EXIT_USAGE,
+                })
+            );
+            std::process::exit(EXIT_USAGE);
+        }
         Err(e) => e.exit(),
     };
     let daemon = matches!(cli.cmd, cli::args::Cmd::Daemon { .. });

@@ -184,6 +184,12 @@ fn exit_codes_json_errors_pipes_and_global_options() {
     ]);
     assert_eq!(r.code, Some(2), "{r:?}");
     assert!(r.stderr.contains("[possible values: nat, dsr]"), "{r:?}");
+    let r = d.cli(&["-j", "network", "add", "other", "--mode", "fast"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(
+        json_error(&r).contains("invalid value 'fast' for '--mode <MODE>'"),
+        "{r:?}"
+    );
     assert_eq!(state(&d), before, "nothing changed");
 
     // 3: accepted, not applied yet (the dataplane fails); `apply --wait` gives up with 3, and
