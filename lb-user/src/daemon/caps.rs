@@ -2,9 +2,9 @@
 //! a daemon without them would otherwise probe the kernel, fall back to nftables and only
 //! then fail on a permission, with something half-done.
 //!
-//! The set is what a systemd unit grants (README, "Running the daemon"). The kernel accepts
-//! CAP_SYS_ADMIN in place of CAP_BPF and CAP_PERFMON, but lb asks for each by name: a unit
-//! lists what eBPF uses, and the check does not depend on that overlap.
+//! The set is what `dist/lb.service` grants, no more (a test below holds the two together).
+//! The kernel accepts CAP_SYS_ADMIN in place of CAP_BPF and CAP_PERFMON, but lb asks for each
+//! by name: a unit lists what eBPF uses, and the check does not depend on that overlap.
 use anyhow::{Context as _, Result, bail};
 
 use super::DataplaneChoice;
@@ -92,5 +92,25 @@ mod tests {
         assert!(has(10) && has(12) && has(38) && has(39), "{eff:x}");
         assert!(!has(21), "{eff:x}");
         assert!(effective("Name:\tlb\n").is_err(), "no CapEff line");
+    }
+
+    /// The shipped unit grants exactly what the check asks for on the default dataplane
+    /// choice, in both of its lines: a capability added here and not there would stop the
+    /// unit's daemon at start; one there and not here would be granted for nothing.
+    #[test]
+    fn the_shipped_unit_grants_exactly_the_checked_set() {
+        let unit = include_str!("../../../dist/lb.service");
+        let mut want: Vec<&str> = needed(DataplaneChoice::Auto)
+            .iter()
+            .map(|(_, name, _)| *name)
+            .collect();
+        want.sort_unstable();
+        for key in ["CapabilityBoundingSet=", "AmbientCapabilities="] {
+            let line = (unit.lines().find_map(|l| l.strip_prefix(key)))
+                .unwrap_or_else(|| panic!("dist/lb.service has no {key} line"));
+            let mut granted: Vec<&str> = line.split_whitespace().collect();
+            granted.sort_unstable();
+            assert_eq!(granted, want, "dist/lb.service {key}");
+        }
     }
 }
