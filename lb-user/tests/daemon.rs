@@ -1272,6 +1272,15 @@ fn metrics(dp: &str) {
             "every counted packet was translated (for the stack, or redirected past it): {translated}"
         );
     }
+    // A removed network's series go with it, its error count's too: a series left behind
+    // would look like a network that still exists (and lingers in `sum()`s and alerts).
+    d.ok(&["network", "rm", "met"]);
+    let text = scrape(&addr).unwrap();
+    check_metrics(&text);
+    let left: Vec<&str> = (text.lines())
+        .filter(|l| l.contains("network=\"met\""))
+        .collect();
+    assert!(left.is_empty(), "series of a removed network: {left:#?}");
     let refused = LbDaemon::start(lb(), bpffs.path(), &["--metrics", "0.0.0.0:9"]);
     let err = format!(
         "{:#}",

@@ -220,11 +220,7 @@ impl Daemon {
                 Err(e) => {
                     let msg = format!("{e:#}");
                     tracing::warn!(network = %name, error = %msg, "remove failed; will retry");
-                    (self.stats.own.apply_errors)
-                        .get_or_create(&metrics::NetworkLabels {
-                            network: name.clone(),
-                        })
-                        .inc();
+                    self.stats.own.apply_failed(&name);
                     self.errors.insert(name.clone(), msg.clone());
                     failed.insert(name, msg);
                 }
@@ -253,11 +249,7 @@ impl Daemon {
                 Err(e) => {
                     let msg = format!("{e:#}");
                     tracing::warn!(network = %net.name, error = %msg, "apply failed; the last good dataplane stays, will retry");
-                    (self.stats.own.apply_errors)
-                        .get_or_create(&metrics::NetworkLabels {
-                            network: net.name.clone(),
-                        })
-                        .inc();
+                    self.stats.own.apply_failed(&net.name);
                     self.errors.insert(net.name.clone(), msg.clone());
                     failed.insert(net.name.clone(), msg);
                 }
