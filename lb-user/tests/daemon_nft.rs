@@ -6,7 +6,7 @@ use std::{collections::BTreeSet, net::Ipv4Addr, path::Path};
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{FailingNft, LbDaemon, network_add, service_set},
+    daemon::{FailingNft, LbDaemon, free_metrics_addr, network_add, scrape, service_set},
     netns::Topology,
     require_root,
     traffic::{Reply, TIMEOUT, spawn_backends, tcp_request},
@@ -254,6 +254,52 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
         sorted_lines(&d.ok(&["elements", "heal"]))
     );
     drop(d);
+}
+
+/// `lb_reconcile_duration_seconds_count`: how many times the daemon has reconciled.
+fn reconciles(metrics: &str) -> u64 {
+    let text = scrape(metrics).unwrap();
+    (text.lines())
+        .find_map(|l| l.strip_prefix("lb_reconcile_duration_seconds_count "))
+        .unwrap_or_else(|| panic!("no reconcile count:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+/// A network whose apply failed and that is removed before it was ever applied leaves
+/// nothing behind: no failure to retry (the daemon goes idle: it reconciles no more), no
+/// metrics series.
+#[test]
+fn a_network_removed_before_it_was_ever_applied_is_forgotten() {
+    if !require_root("a_network_removed_before_it_was_ever_applied_is_forgotten") {
+        return;
+    }
+    let topo = Topology::new(1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let nft = FailingNft::new().unwrap();
+    let metrics = free_metrics_addr().unwrap();
+    let d = LbDaemon::start_env(
+        lb(),
+        bpffs.path(),
+        &["--dataplane", "nftables", "--metrics", &metrics],
+        &[("PATH", &nft.path_env())],
+    )
+    .unwrap();
+    nft.fail(true).unwrap();
+    let r = d.cli(&network_add(&topo, "ghost"));
+    assert_eq!(r.code, Some(3), "saved, not applied: {r:?}");
+    let r = d.cli(&["network", "rm", "ghost"]);
+    assert_eq!(r.code, Some(0), "{r:?}");
+    let before = reconciles(&metrics);
+    // LbDaemon's daemons retry every second while a failure is kept.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let after = reconciles(&metrics);
+    assert_eq!(before, after, "nothing is left to retry\n{}", d.log());
+    let text = scrape(&metrics).unwrap();
+    let left: Vec<&str> = (text.lines())
+        .filter(|l| l.contains("network=\"ghost\""))
+        .collect();
+    assert!(left.is_empty(), "series of a removed network: {left:#?}");
 }
 
 #[test]

@@ -7,7 +7,7 @@
 //! per-service counters of a dataplane that can read them without it
 //! ([`crate::dataplane::Dataplane::counts_reader`]: nftables, whose read is a listing of the table) are read by
 //! the scrape's own thread, in [`Scrape::render`].
-use std::{collections::BTreeSet, sync::atomic::AtomicU64};
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::{
     encoding::{EncodeLabelSet, prometheus_text},
@@ -67,9 +67,6 @@ struct DatapathLabels {
 /// The daemon's own series, kept across scrapes (the actor updates them as it works).
 pub struct Own {
     apply_errors: Family<NetworkLabels, Counter>,
-    /// The networks `apply_errors` has a series for (a family cannot list its series): each
-    /// goes once its network is neither desired nor still on the node.
-    with_series: BTreeSet<String>,
     pub reconcile: Histogram,
 }
 
@@ -77,7 +74,6 @@ impl Default for Own {
     fn default() -> Self {
         Self {
             apply_errors: Family::default(),
-            with_series: BTreeSet::new(),
             reconcile: Histogram::new(BUCKETS),
         }
     }
@@ -85,26 +81,16 @@ impl Default for Own {
 
 impl Own {
     /// Counts a failed apply (or removal) of `network`.
-    pub fn apply_failed(&mut self, network: &str) {
-        self.errors_of(network).inc();
-    }
-
-    fn errors_of(&mut self, network: &str) -> Counter {
-        self.with_series.insert(network.to_owned());
+    pub fn apply_failed(&self, network: &str) {
         self.apply_errors
-            .get_or_create_owned(&NetworkLabels::of(network))
+            .get_or_create(&NetworkLabels::of(network))
+            .inc();
     }
 
-    /// Drops the series of networks for which `keep` is false.
-    fn retain(&mut self, keep: impl Fn(&str) -> bool) {
-        let gone: Vec<String> = (self.with_series.iter())
-            .filter(|n| !keep(n))
-            .cloned()
-            .collect();
-        for n in gone {
-            self.apply_errors.remove(&NetworkLabels::of(&n));
-            self.with_series.remove(&n);
-        }
+    /// Drops `network`'s series: it is off the node and no longer desired (the daemon's
+    /// `forget`), so a series left would look like a network that still exists.
+    pub fn forget(&self, network: &str) {
+        self.apply_errors.remove(&NetworkLabels::of(network));
     }
 }
 
@@ -180,7 +166,7 @@ impl Daemon {
             let net = NetworkLabels::of(&n.name);
             // Every network has its series from the start, 0 until an apply fails: a
             // series that appears only with its first error breaks `rate()` and alerts.
-            self.stats.own.errors_of(&n.name);
+            self.stats.own.apply_errors.get_or_create(&net).inc_by(0);
             if let Some(c) = self.dp.flow_stats(&n) {
                 flows.get_or_create(&net).set(c.by_state.iter().sum());
                 for (state, count) in STATES.iter().zip(c.by_state) {
@@ -220,10 +206,6 @@ impl Daemon {
                 }
             }
         }
-        // A network removed from the desired state keeps its series while its removal from
-        // the node is still failing (and counted); then it goes, as its other series do.
-        let (desired, applied) = (&self.desired, &self.applied);
-        (self.stats.own).retain(|n| desired.network(n).is_some() || applied.contains_key(n));
         let mut rest = Registry::default();
         rest.register("lb_conntrack_entries", "Live tracked flows", flows);
         rest.register("lb_flows", "Live tracked flows by state", states);

@@ -207,6 +207,15 @@ impl Daemon {
             .filter(|n| self.desired.network(n).is_none())
             .cloned()
             .collect();
+        // A network neither desired nor on the node (its apply failed, then it was removed)
+        // has nothing left to retry.
+        let moot: Vec<String> = (self.errors.keys().chain(&self.stale))
+            .filter(|n| self.desired.network(n).is_none() && !self.applied.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in moot {
+            self.forget(&name);
+        }
         for name in gone {
             let net = self.applied[&name].clone();
             match self.dp.remove(&net) {
@@ -214,8 +223,7 @@ impl Daemon {
                     self.holder.release(&name);
                     self.applied.remove(&name);
                     self.unrecorded = true;
-                    self.errors.remove(&name);
-                    self.stats.last_sync.remove(&name);
+                    self.forget(&name);
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
@@ -330,6 +338,15 @@ impl Daemon {
         }
     }
 
+    /// Drops what is kept of network `name` once it is off the node and not desired: its
+    /// failure, its pending re-apply, its last sync and its metrics series.
+    fn forget(&mut self, name: &str) {
+        self.errors.remove(name);
+        self.stale.remove(name);
+        self.stats.last_sync.remove(name);
+        self.stats.own.forget(name);
+    }
+
     /// Retries what failed (the actor calls this when idle).
     pub fn retry(&mut self) {
         if self.has_errors() {
@@ -337,12 +354,11 @@ impl Daemon {
         }
     }
 
-    /// Validates `new` whole and checks it against the node, saves it, then applies it. The
-    /// answer says which of the three it got to: a refusal (400, nothing saved), a failure to
-    /// save (500, nothing changed), or saved but a network it touched not applied yet (500
-    /// with `saved`: the retry applies it).
-    /// Checks `new` whole, saves it and applies it; a dry run stops after the checks. Either
-    /// way the answer lists what differs from the current desired state.
+    /// Validates `new` whole and checks it against the node, saves it, then applies it; a dry
+    /// run stops after the checks. The answer says which of these it got to: a refusal (400,
+    /// nothing saved), a failure to save (500, nothing changed), or saved but a network it
+    /// touched not applied yet (500 with `saved`: the retry applies it); and, either way,
+    /// what differs from the current desired state.
     fn commit(
         &mut self,
         new: DesiredState,
