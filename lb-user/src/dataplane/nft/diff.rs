@@ -1,7 +1,6 @@
 //! The difference between the tables of two networks, as one `nft -f` transaction that
 //! costs what changed: only the services that share a set with a changed one are rendered.
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 
 use anyhow::Result;
 use lb_common::BUCKETS;
@@ -95,24 +94,38 @@ fn units_in_use(network: &Network) -> BTreeSet<Unit> {
         .collect()
 }
 
-/// A difference between two networks' tables.
+/// A difference between two networks' tables: at most two transactions, run in order.
 #[derive(Debug)]
 pub struct Update {
-    /// The `nft -f` transaction.
+    /// The transaction that declares the units (chains and maps of a shape) the network starts
+    /// to use, with their elements, before anything can reach them; `None` when every unit
+    /// it needs is in the table already. Why it cannot be part of `script`: a set with a commit
+    /// step of its own (the interval maps of a unit are rbtree sets, whose lookups read an
+    /// array rebuilt at the end of the commit) answers nothing between the generation switch
+    /// and that step, so a packet sent to a unit declared in the same transaction finds no
+    /// interval, takes no translation and reaches the node itself, which resets it (seen: a
+    /// burst of such resets, a few every time a rolling update changed a set's number of
+    /// backends). Declared one transaction ahead, a unit is whole before the dispatch entry
+    /// that leads to it. Like `script`, it starts with the [`SYNC_SET`] check (it leaves the
+    /// element as it is), and it declares its units over whatever an earlier, failed sync
+    /// left of them.
+    pub prepare: Option<String>,
+    /// The transaction that switches the table to the network: dispatch entries, elements of
+    /// units already there, units no longer used.
     pub script: String,
     /// Moby's elements it adds and deletes (a changed element counts in both).
     pub written: usize,
     pub deleted: usize,
 }
 
-/// The `nft -f` transaction that turns the table written for `previous` into `network`'s:
-/// sets of a new shape get their chains, elements that changed are deleted and added again,
-/// dispatch entries follow, chains no set uses any more go. Elements that did not change are
-/// not touched, so their counters keep counting. It starts by replacing [`SYNC_SET`]'s
-/// element `sync_token(previous)`, so a table that is not the one written for `previous`
-/// (deleted, flushed, declared by someone else) fails the whole transaction, which changes
-/// nothing; the caller then declares the table whole. The DSR table follows in the same
-/// transaction as `dsr` says (`dsr::update`).
+/// The `nft -f` transactions that turn the table written for `previous` into `network`'s:
+/// sets of a new shape get their chains (in [`Update::prepare`]), elements that changed are
+/// deleted and added again, dispatch entries follow, chains no set uses any more go.
+/// Elements that did not change are not touched, so their counters keep counting. Each
+/// transaction starts with [`SYNC_SET`]'s element `sync_token(previous)` (the last one
+/// replaces it), so a table that is not the one written for `previous` (deleted, flushed,
+/// declared by someone else) fails it, which changes nothing; the caller then declares the
+/// table whole. The DSR table follows in the last transaction as `dsr` says (`dsr::update`).
 pub fn update(
     previous: &Network,
     network: &Network,
@@ -133,13 +146,15 @@ pub fn update(
     let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
     let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
     let (mut written, mut deleted) = (0, 0);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "delete element ip {t} {SYNC_SET} {{ {} }}\nadd element ip {t} {SYNC_SET} {{ {} }}",
-        sync_token(previous),
-        sync_token(network)
-    );
+    let token = |n: &Network| {
+        format!(
+            "delete element ip {t} {SYNC_SET} {{ {} }}\nadd element ip {t} {SYNC_SET} {{ {} }}\n",
+            sync_token(previous),
+            sync_token(n)
+        )
+    };
+    let mut prepare = token(previous);
+    let mut s = token(network);
     delete_elements(
         &mut s,
         &t,
@@ -158,9 +173,11 @@ pub fn update(
             .map(|v| v.to_string())
             .collect(),
     );
+    let mut declared = false;
     for (unit, intervals) in &new.units {
         if !had(unit) {
-            add_unit(&mut s, &t, unit, intervals);
+            add_unit(&mut prepare, &t, unit, intervals);
+            declared = true;
         }
     }
     // Slot elements: those gone or changed leave, those new or changed come; a unit that
@@ -191,7 +208,13 @@ pub fn update(
             .map(|(key, v)| format!("{} : {v}", nft_key(key)))
             .collect();
         written += come.len();
-        add_elements(&mut s, &t, &map, come);
+        // A new unit is filled where it is declared: whole before anything leads to it.
+        let to = if had(&(*kind, shape.clone())) {
+            &mut s
+        } else {
+            &mut prepare
+        };
+        add_elements(to, &t, &map, come);
     }
     // Dispatch entries that changed are deleted and added again (an add never replaces).
     for k in Kind::ALL {
@@ -214,6 +237,7 @@ pub fn update(
     written += dsr_written;
     deleted += dsr_deleted;
     Ok(Update {
+        prepare: declared.then_some(prepare),
         script: s,
         written,
         deleted,
@@ -224,6 +248,115 @@ pub fn update(
 mod tests {
     use super::*;
     use crate::core::model::{DesiredState, Mode};
+
+    fn network(services: &str) -> Network {
+        let json = format!(
+            r#"{{"networks":[{{"name":"roll","interfaces":["lbc0"],"services":[{services}]}}]}}"#
+        );
+        DesiredState::from_json(&json)
+            .expect("a valid state")
+            .networks[0]
+            .clone()
+    }
+
+    /// Generation `g` of service `api` on VIP 10.99.0.10 and tcp/8080, with `backends`
+    /// (`!` before an address: disabled).
+    fn generation(g: u32, backends: &[&str]) -> String {
+        let backends: Vec<String> = (backends.iter())
+            .map(|b| match b.strip_prefix('!') {
+                Some(ip) => format!(r#"{{"ip":"{ip}","disabled":true}}"#),
+                None => format!(r#"{{"ip":"{b}"}}"#),
+            })
+            .collect();
+        format!(
+            r#"{{"id":"api","generation":"{g}","vip":"10.99.0.10","backends":[{}],"ports":[{{"proto":"tcp","published":8080,"target":80}}]}}"#,
+            backends.join(",")
+        )
+    }
+
+    /// The chains of units (`v-…`, `p-…`, `h-…`) a script declares.
+    fn declared_units(script: &str) -> BTreeSet<String> {
+        (script.lines())
+            .filter_map(|l| l.strip_prefix("add chain ip lb-roll "))
+            .map(|c| c.split_whitespace().next().unwrap_or_default().to_owned())
+            .filter(|c| ["v-", "p-", "h-"].iter().any(|k| c.starts_with(k)))
+            .collect()
+    }
+
+    /// The contract of [`Update::prepare`], over the steps of a rolling update whose sets
+    /// change their number of backends (2, 4, 2 of the new generation, a new generation
+    /// alone) and back: the switching transaction declares no unit and every dispatch entry it
+    /// writes leads to a unit that is in the table already or declared by `prepare`, which
+    /// holds no dispatch entry and deletes nothing; a step that needs no new unit is one
+    /// transaction. (Break it by declaring units in `script` again: the first assertion fails.)
+    #[test]
+    fn units_are_declared_a_transaction_before_anything_leads_to_them() {
+        let (a, b, c, d) = ("10.20.0.10", "10.20.0.11", "10.20.0.12", "10.20.0.13");
+        let steps = [
+            network(&generation(1, &[a, b])),
+            network(&format!(
+                "{},{}",
+                generation(1, &[a, b]),
+                generation(2, &[c, d])
+            )),
+            network(&format!(
+                "{},{}",
+                generation(1, &[&format!("!{a}"), &format!("!{b}")]),
+                generation(2, &[c, d])
+            )),
+            network(&generation(2, &[c, d])),
+            network(&generation(2, &[c])),
+            network(&generation(2, &[a, b, c, d])),
+        ];
+        let sync = dsr::Sync::fresh(&steps[0]);
+        for (i, pair) in steps.windows(2).enumerate() {
+            let (prev, next) = (&pair[0], &pair[1]);
+            let u = update(prev, next, &[], &sync).unwrap();
+            assert!(
+                declared_units(&u.script).is_empty(),
+                "step {i}: the switch declares units:\n{}",
+                u.script
+            );
+            let before: BTreeSet<String> = (Layout::of(prev).units.keys())
+                .map(|(kind, shape)| super::super::ruleset::chain(*kind, shape))
+                .collect();
+            let prepared = u.prepare.as_deref().map(declared_units).unwrap_or_default();
+            for target in u.script.split("goto ").skip(1) {
+                let chain = target.split([' ', ',', '}']).next().unwrap_or_default();
+                if chain.matches('-').count() == 2 {
+                    // A unit's own chain (a dispatch target), not one of its slot chains.
+                    assert!(
+                        before.contains(chain) || prepared.contains(chain),
+                        "step {i}: a dispatch entry leads to {chain}, declared in neither the table nor prepare:\n{}",
+                        u.script
+                    );
+                }
+            }
+            let new_units = Layout::of(next)
+                .units
+                .keys()
+                .any(|(kind, shape)| !before.contains(&super::super::ruleset::chain(*kind, shape)));
+            assert_eq!(u.prepare.is_some(), new_units, "step {i}: {u:?}");
+            if let Some(p) = &u.prepare {
+                assert!(
+                    !p.contains("dispatch"),
+                    "step {i}: prepare dispatches:\n{p}"
+                );
+                let deletes: Vec<&str> = (p.lines())
+                    .filter(|l| l.starts_with("delete") && !l.contains(SYNC_SET))
+                    .collect();
+                assert!(deletes.is_empty(), "step {i}: prepare deletes {deletes:?}");
+                let check = format!(
+                    "add element ip lb-roll {SYNC_SET} {{ {} }}",
+                    sync_token(prev)
+                );
+                assert!(
+                    p.contains(&check),
+                    "step {i}: prepare checks the table:\n{p}"
+                );
+            }
+        }
+    }
 
     /// `update` decides which chains to add and delete from `units_in_use`, which names
     /// shapes without rendering elements: it must name them as `Layout::of` does.

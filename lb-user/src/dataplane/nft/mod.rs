@@ -28,12 +28,14 @@
 //! the same kernel: 10,000 × 10 with one published port each (200,000 elements) declared in
 //! 2.5 s, a one-set difference in 0.03 s.
 //!
-//! Syncs. Each sync is one `nft -f` transaction, so a failed one changes nothing. The first
-//! sync (and the first after a restart, when `previous` is `None`) declares the table whole.
-//! Later ones send the difference from `previous`, which starts by swapping the network's
-//! hash in the `lb-sync` set: a table that is not the one written for `previous` (deleted,
-//! flushed, redeclared by hand) fails that transaction, and the same sync declares the table
-//! whole instead. A hand edit inside a map that leaves `lb-sync` alone is not detected; the
+//! Syncs. A sync is one `nft -f` transaction, or two where the network starts to use a shape
+//! the table has no chains for (`diff::Update::prepare` says why those are declared a
+//! transaction ahead), so a failed one leaves a table that serves as before. A network's
+//! first sync (`previous` is `None`: nothing recorded as applied) declares the table whole.
+//! Later ones send the difference from `previous`, which starts by checking (and finally
+//! swapping) the network's hash in the `lb-sync` set: a table that is not the one written
+//! for `previous` (deleted, flushed, redeclared by hand) fails that transaction, and the same
+//! sync declares the table whole instead. A hand edit inside a map that leaves `lb-sync` alone is not detected; the
 //! next whole declaration (a restart) drops it.
 //!
 //! Counters: each element (moby's element, see `ruleset.rs`) carries its counter. A
@@ -207,7 +209,10 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
         Some(prev) => {
             let dsr = dsr_sync(network, previous, &present, support, false)?;
             let diff = update(prev, network, &subnets, &dsr)?;
-            match exec::transaction(&(diff.script + &localnet.script(&table))) {
+            let prepared = diff.prepare.as_deref().map_or(Ok(()), exec::transaction);
+            match prepared
+                .and_then(|()| exec::transaction(&(diff.script + &localnet.script(&table))))
+            {
                 Ok(()) => {
                     (stats.written, stats.deleted) = (diff.written, diff.deleted);
                     true

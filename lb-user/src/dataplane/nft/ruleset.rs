@@ -360,13 +360,15 @@ fn base_rules(network: &Network, subnets: &Subnets) -> BaseRules {
     }
 }
 
-/// `add` commands declaring one unit's maps and chains (its slot maps empty).
+/// Commands declaring one unit's maps and chains (its slot maps empty), emptied first where
+/// they exist: the same text declares a unit whatever an earlier, failed sync left of it
+/// (see `diff::update`, which declares new units one transaction ahead).
 pub(super) fn add_unit(s: &mut String, t: &str, (kind, shape): &Unit, intervals: &[String]) {
     for k in 0..intervals.len() {
         let m = slot(*kind, shape, k);
         let _ = writeln!(
             s,
-            "add map ip {t} {m} {{ typeof {}; counter; }}\nadd chain ip {t} {m}\nadd rule ip {t} {m} {}",
+            "add map ip {t} {m} {{ typeof {}; counter; }}\nflush map ip {t} {m}\nadd chain ip {t} {m}\nflush chain ip {t} {m}\nadd rule ip {t} {m} {}",
             kind.slot_typeof(),
             kind.slot_rule(&m)
         );
@@ -376,7 +378,7 @@ pub(super) fn add_unit(s: &mut String, t: &str, (kind, shape): &Unit, intervals:
         .map(|(k, i)| format!("{i} : goto {}", slot(*kind, shape, k)));
     let _ = writeln!(
         s,
-        "add map ip {t} {c} {{ typeof {NUMGEN} : verdict; flags interval; elements = {}; }}\nadd chain ip {t} {c}\nadd rule ip {t} {c} {NUMGEN} vmap @{c}",
+        "add map ip {t} {c} {{ typeof {NUMGEN} : verdict; flags interval; }}\nflush map ip {t} {c}\nadd element ip {t} {c} {}\nadd chain ip {t} {c}\nflush chain ip {t} {c}\nadd rule ip {t} {c} {NUMGEN} vmap @{c}",
         elements(jumps).expect("a shape has an interval")
     );
 }
