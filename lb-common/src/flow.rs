@@ -108,6 +108,10 @@ pub fn observe(e: &mut Flow, proto: u8, tcp_flags: u8) -> bool {
     if proto == IPPROTO_TCP {
         let rst = tcp_flags & TCP_RST != 0;
         let fin = tcp_flags & TCP_FIN != 0;
+        if rst && e.reset == 0 {
+            e.reset = 1;
+            changed = true;
+        }
         if (rst || (fin && !reply)) && e.closing_orig == 0 {
             e.closing_orig = 1;
             changed = true;
@@ -127,18 +131,33 @@ pub fn copy_state(to: &mut Flow, from: &Flow) {
     to.closing_orig = from.closing_orig;
     to.closing_reply = from.closing_reply;
     to.recreated = from.recreated;
+    to.reset = from.reset;
 }
 
-/// The timeout that applies to a flow in `e`'s state: TCP closed both ways (or reset) →
-/// `tcp_closing`; answered → `tcp_established`; re-created and not answered yet →
-/// `tcp_unreplied`; a SYN not answered yet → `tcp_syn`; UDP and SCTP → `udp`. A half-closed
-/// connection (one FIN) keeps `tcp_established`: one side may still send for long.
+/// The timeout that applies to a flow in `e`'s state: TCP reset → `tcp_closing`; closed by
+/// FINs both ways → `tcp_time_wait`; answered → `tcp_established`; re-created and not
+/// answered yet → `tcp_unreplied`; a SYN not answered yet → `tcp_syn`; UDP and SCTP → `udp`.
+/// A half-closed connection (one FIN) keeps `tcp_established`: one side may still send for
+/// long.
+///
+/// Why a closed connection outlives a reset one, as in the kernel's conntrack (TIME_WAIT
+/// 120 s, CLOSE 10 s): the side that closed first keeps the connection's 4-tuple in TIME_WAIT
+/// (60 s on Linux, not tunable), and a backend in TIME_WAIT takes a SYN on that tuple only as
+/// the same client's next connection, whose TCP timestamps (drawn per client address and
+/// destination address) are newer; a SYN of another connection that lb sent there — the same
+/// client port reused towards another service, or towards this one after its backend set
+/// changed — is answered with the old connection's ACK, and the client waits a second to
+/// send its SYN again. While the entries live, the reply tuple stays claimed (see `claim` in
+/// the programs), so such a connection gets another source port instead. A reset connection
+/// leaves no TIME_WAIT.
 #[inline(always)]
 pub fn timeout_secs(e: &Flow, proto: u8, t: &Timeouts) -> u32 {
     if proto != IPPROTO_TCP {
         t.udp
-    } else if e.closing_orig != 0 && e.closing_reply != 0 {
+    } else if e.reset != 0 {
         t.tcp_closing
+    } else if e.closing_orig != 0 && e.closing_reply != 0 {
+        t.tcp_time_wait
     } else if e.replied != 0 {
         t.tcp_established
     } else if e.recreated != 0 {
@@ -277,7 +296,7 @@ mod tests {
             observe(&mut rep, IPPROTO_TCP, TCP_FIN | TCP_ACK),
             "backend FIN"
         );
-        assert_eq!(timeout_secs(&rep, IPPROTO_TCP, &T), T.tcp_closing);
+        assert_eq!(timeout_secs(&rep, IPPROTO_TCP, &T), T.tcp_time_wait);
         assert!(
             reopens(&fwd, IPPROTO_TCP, TCP_SYN),
             "a SYN on a closing tuple"
@@ -291,10 +310,24 @@ mod tests {
         for flags in [0, FLOW_EGRESS | FLOW_REPLY] {
             let mut e = f(flags);
             assert!(observe(&mut e, IPPROTO_TCP, TCP_RST));
-            assert_eq!((e.closing_orig, e.closing_reply), (1, 1));
+            assert_eq!((e.closing_orig, e.closing_reply, e.reset), (1, 1, 1));
             assert_eq!(timeout_secs(&e, IPPROTO_TCP, &T), T.tcp_closing);
             assert!(!observe(&mut e, IPPROTO_TCP, TCP_RST), "nothing new");
         }
+    }
+
+    #[test]
+    fn a_rst_after_the_fins_ends_the_time_wait() {
+        let mut e = f(0);
+        observe(&mut e, IPPROTO_TCP, TCP_FIN | TCP_ACK);
+        let mut rep = f(FLOW_EGRESS | FLOW_REPLY);
+        copy_state(&mut rep, &e);
+        observe(&mut rep, IPPROTO_TCP, TCP_FIN | TCP_ACK);
+        assert_eq!(timeout_secs(&rep, IPPROTO_TCP, &T), T.tcp_time_wait);
+        const { assert!(T.tcp_time_wait > T.tcp_closing) };
+        assert!(observe(&mut rep, IPPROTO_TCP, TCP_RST), "reset");
+        copy_state(&mut e, &rep);
+        assert_eq!(timeout_secs(&e, IPPROTO_TCP, &T), T.tcp_closing);
     }
 
     #[test]

@@ -76,11 +76,20 @@ pub fn bucket(hash: u32) -> u32 {
 /// misses in a row happen once in ~10^20 flows, and a full range fails in bounded time.
 pub const PORT_PROBES: u32 = 16;
 
-/// How many other source ports a new flow tries when its reply tuple is taken (the same client
-/// address and port already reach the same backend port through another service, which
-/// takes a client reusing a port across two services at once): rare enough that a few tries
-/// suffice, and each try costs the verifier a copy of the claim.
+/// How many other source ports a flow tries, derived from its flow hash, when its reply tuple
+/// is taken: the same client address and port reach the same backend port through another
+/// flow, live or closed within `tcp_time_wait` (a client that reuses its ports across two
+/// services, or across a change of the backend set, meets them all the time: a proxy in
+/// front of a VIP does). Derived from the hash, so a flow re-created after losing its
+/// entries finds its port again while that is free.
 pub const CLASH_PROBES: u32 = 4;
+
+/// How many random source ports a flow's first packet (a SYN, a datagram) tries after the
+/// [`CLASH_PROBES`]: were they derived from the hash too, a SYN whose hash-derived ports are
+/// all taken would fail again, port for port, each time the client sent it again, for as long
+/// as their holders live (the kernel's NAT draws at random too). With the same density as
+/// [`PORT_PROBES`]' search, 16 misses in a row are as rare.
+pub const RANDOM_CLASH_PROBES: u32 = 12;
 
 /// Source ports a flow may be given: `min..=max` minus the hole `hole_min..=hole_max` (empty
 /// when `hole_min > hole_max`), as [`crate::Config`] holds them.

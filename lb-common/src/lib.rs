@@ -143,8 +143,8 @@ macro_rules! map_layout {
 /// is adopted with its size, which the controller reads and reports); the controller records the versions
 /// it pinned in `lb_layout` and never adopts a pinned map whose recorded version differs (or
 /// that predates the record, version 1): it refuses the network, or replaces the map where
-/// that is safe ([`DISPOSABLE_MAPS`]) or asked, so a program never reads a map written in
-/// another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
+/// that is safe ([`DISPOSABLE_MAPS`]; `lb_config`, converted) or asked, so a program never
+/// reads a map written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
 pub const MAP_LAYOUTS: [(&str, u32); 15] = [
     ("lb_vips", 1),
@@ -153,7 +153,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 15] = [
     ("lb_flows", 2),
     ("lb_local_addrs", 1),
     ("lb_ifaces", 1),
-    ("lb_config", 2),
+    ("lb_config", 3),
     ("lb_counters", 2),
     ("lb_frags", 1),
     ("lb_reasons", 4),
@@ -279,7 +279,12 @@ map_layout! {
         /// 1 for a flow re-created from a mid-connection packet whose entries were lost, until
         /// the backend answers (it gets the short `tcp_unreplied` timeout meanwhile).
         pub recreated: u8,
-        pub _pad: [u8; 3],
+        /// 1 once either side has sent a RST: the connection is gone at both ends (a closed
+        /// one ended by FINs is not, see [`flow::timeout_secs`]). Once this struct's padding:
+        /// an entry written by an lb before it holds 0 there, "not reset", which keeps a
+        /// closed flow the longer time, so the layout's version stands.
+        pub reset: u8,
+        pub _pad: [u8; 2],
         /// The flow hash of the client's original tuple (its low 16 bits are the flow's
         /// bucket), for whoever reads the table.
         pub hash: u32,
@@ -338,20 +343,24 @@ map_layout! {
         pub tcp_closing: u32,
         pub tcp_unreplied: u32,
         pub udp: u32,
+        pub tcp_time_wait: u32,
     }
 }
 
 impl Timeouts {
     /// The defaults, Cilium's where it has one: a SYN waits 60 s for its answer, an
-    /// established connection lives 6 h idle, a closed one (FIN both ways, or a RST) 10 s, a
-    /// flow re-created from a mid-connection packet 5 s until the backend answers, UDP and
-    /// SCTP 60 s idle.
+    /// established connection lives 6 h idle, a reset one 10 s, a flow re-created from a
+    /// mid-connection packet 5 s until the backend answers, UDP and SCTP 60 s idle; and the
+    /// kernel's for a connection closed by FINs both ways, 120 s
+    /// (`nf_conntrack_tcp_timeout_time_wait`): its reply tuple stays claimed while the side
+    /// that closed first holds it in TIME_WAIT (60 s on Linux), see [`flow::timeout_secs`].
     pub const DEFAULT: Timeouts = Timeouts {
         tcp_syn: 60,
         tcp_established: 21600,
         tcp_closing: 10,
         tcp_unreplied: 5,
         udp: 60,
+        tcp_time_wait: 120,
     };
 }
 

@@ -87,6 +87,9 @@ unsafe fn write_state(e: *mut Flow, next: &Flow) {
         if next.closing_reply != 0 && (*e).closing_reply == 0 {
             (*e).closing_reply = 1;
         }
+        if next.reset != 0 && (*e).reset == 0 {
+            (*e).reset = 1;
+        }
         (*e).expires_ns = next.expires_ns;
     }
 }

@@ -4,13 +4,13 @@ use core::mem::size_of;
 
 use aya_ebpf::{
     bindings::{BPF_F_CURRENT_NETNS, BPF_TCP_LISTEN, bpf_sock, bpf_sock_tuple},
-    helpers::{bpf_sk_lookup_tcp, bpf_sk_lookup_udp, bpf_sk_release},
+    helpers::{bpf_get_prandom_u32, bpf_sk_lookup_tcp, bpf_sk_lookup_udp, bpf_sk_release},
 };
 use lb_common::{
     Backend, BackendKey, Config, Flow, FlowKey, IPPROTO_TCP, IPPROTO_UDP, MASQ_PORT_MAX,
     MASQ_PORT_MIN, PortKey, Reason, Service, VipKey, flow,
     flow::{NS_PER_SEC, Opener},
-    hash::{self, CLASH_PROBES, PortRange},
+    hash::{self, CLASH_PROBES, PortRange, RANDOM_CLASH_PROBES},
     slot_for_bucket,
 };
 
@@ -190,10 +190,24 @@ pub fn new_flow(
     fwd.expires_ns =
         now + u64::from(flow::timeout_secs(&fwd, p.key.proto, &cfg.timeouts)) * NS_PER_SEC;
     // The client's own port first (what the backend would see without lb); another only when
-    // a live flow of another service already has this backend:port and client:port.
+    // another flow (live, or closed within tcp_time_wait) already has this backend:port and
+    // client:port: first those the flow hash gives, then, for a flow's first packet, random
+    // ones (a mid-flow packet re-creating its flow needs the port it had, which only the
+    // hash gives back).
     let mut claimed = false;
-    for attempt in 0..=CLASH_PROBES {
-        if attempt > 0 {
+    let probes = match opener {
+        Opener::MidFlow => CLASH_PROBES,
+        Opener::Syn | Opener::Datagram => CLASH_PROBES + RANDOM_CLASH_PROBES,
+    };
+    for attempt in 0..=probes {
+        if attempt > CLASH_PROBES {
+            // SAFETY: helper without preconditions.
+            let random = unsafe { bpf_get_prandom_u32() };
+            fwd.sport = CLASH_PORTS
+                .probe(random, 0)
+                .ok_or(Reason::NatFailed)?
+                .to_be();
+        } else if attempt > 0 {
             fwd.sport = CLASH_PORTS
                 .probe(hash, attempt - 1)
                 .ok_or(Reason::NatFailed)?

@@ -599,7 +599,7 @@ fn a_pinned_map_of_another_layout_is_refused_unless_replacing_is_asked() {
         .unwrap();
     assert!(
         line.contains("lb_flows (layout 1, this lb reads 2)")
-            && line.contains("lb_config (layout 1, this lb reads 2)"),
+            && line.contains("lb_config (layout 1, this lb reads 3)"),
         "{line}"
     );
     assert_eq!(
@@ -653,6 +653,91 @@ fn a_statistics_map_of_another_layout_is_replaced_without_asking() {
     println!(
         "an older lb_counters was replaced without asking; lb_flows and the connection stayed"
     );
+}
+
+/// An `lb_config` pinned in layout 2 (by an lb of before `tcp_time_wait`: 40 bytes, recreated
+/// here with bpftool from the running network's own values) is replaced without asking and
+/// its values carried over: the network is applied, the other maps adopted, the new config
+/// has the old flow-hash key with the default `tcp_time_wait`, and 20 open connections keep
+/// their backends even after every flow entry is deleted (re-created by that key) — under a
+/// new key most would land elsewhere. (Broken on purpose, the conversion taking no key: the
+/// connections after the flush fail.)
+#[test]
+fn an_lb_config_of_layout_2_is_converted_with_its_hash_key() {
+    if !require_root("an_lb_config_of_layout_2_is_converted_with_its_hash_key") {
+        return;
+    }
+    let topo = Topology::new(4).unwrap();
+    let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = start(&bpffs, &[]);
+    network(&d, &topo, "cfg", 2, "tc");
+    let dir = bpffs.path().join("cfg");
+    let config = |dir: &Path| -> lb_common::Config {
+        let pin = aya::maps::MapData::from_pin(dir.join("lb_config")).unwrap();
+        let array: aya::maps::Array<_, lb_common::Config> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(pin)).unwrap();
+        array.get(&0, 0).unwrap()
+    };
+    let before = config(&dir);
+    let (mut sessions, replies) = open_sessions(&topo);
+    let flows_id = map_id(&dir.join("lb_flows"));
+
+    d.stop();
+    // Layout 2: the fields of today's config but `timeouts.tcp_time_wait`.
+    let b = bytemuck::bytes_of(&before);
+    let time_wait = std::mem::offset_of!(lb_common::Config, timeouts)
+        + std::mem::offset_of!(lb_common::Timeouts, tcp_time_wait);
+    let layout2: Vec<u8> = [&b[..time_wait], &b[time_wait + 4..]].concat();
+    assert_eq!(layout2.len(), 40);
+    let hex: Vec<String> = layout2.iter().map(|x| format!("0x{x:02x}")).collect();
+    let pin = dir.join("lb_config");
+    std::fs::remove_file(&pin).unwrap();
+    bpftool::batch(&format!(
+        "map create {p} type array key 4 value 40 entries 1 name lb_config
+map update pinned {p} key 0 0 0 0 value {}
+",
+        hex.join(" "),
+        p = pin.display()
+    ))
+    .unwrap();
+    record_layout(&dir, "lb_config", 2);
+    let old_id = map_id(&pin);
+    d.restart().unwrap();
+
+    let st = status(&d, "cfg");
+    assert_eq!(st["applied"], true, "{st}");
+    let log = d.log();
+    assert!(
+        log.contains("replacing pinned maps of another layout")
+            && log.contains("lb_config (layout 2, this lb reads 3)")
+            && log.contains("carried over"),
+        "the log says what was replaced and carried:\n{log}"
+    );
+    assert_ne!(map_id(&pin), old_id, "lb_config replaced");
+    assert_eq!(map_id(&dir.join("lb_flows")), flows_id, "lb_flows adopted");
+    assert_eq!(recorded_layout(&dir, "lb_config"), 3, "recorded anew");
+    let after = config(&dir);
+    assert_eq!(
+        after.hash_key, before.hash_key,
+        "the flow-hash key carried over"
+    );
+    assert_eq!(
+        after, before,
+        "the network's own config, tcp_time_wait included"
+    );
+    still_served(&mut sessions, &replies, "the conversion");
+
+    // As LRU pressure would: every entry gone; each connection's next packet re-creates it
+    // by the flow hash, which must be the old one to find the same backends.
+    let flows = aya::maps::MapData::from_pin(dir.join("lb_flows")).unwrap();
+    let mut flows: aya::maps::HashMap<_, lb_common::FlowKey, lb_common::Flow> =
+        aya::maps::HashMap::try_from(aya::maps::Map::LruHashMap(flows)).unwrap();
+    let keys: Vec<lb_common::FlowKey> = flows.keys().filter_map(|k| k.ok()).collect();
+    for k in &keys {
+        let _ = flows.remove(k);
+    }
+    still_served(&mut sessions, &replies, "losing every flow entry");
 }
 
 /// Replaces every map pinned in `dir` by one as an lb of before the BTF maps (aya-ebpf's

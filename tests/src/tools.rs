@@ -866,6 +866,9 @@ counters! {
         listen_overflows = "TcpExt" "ListenOverflows",
         listen_drops = "TcpExt" "ListenDrops",
         tcp_abort_on_data = "TcpExt" "TCPAbortOnData",
+        /// SYNs a socket in TIME_WAIT refused for an older TCP timestamp (answering with the
+        /// old connection's ACK): another client connection sent onto a 4-tuple it closed.
+        paws_timewait = "TcpExt" "PAWSTimewait",
     }
 }
 
@@ -1689,11 +1692,16 @@ UdpLite: 0 0 0 0 0 0 0 0 0
         // A counter the kernel does not have is an error, not a zero.
         let netstat = "TcpExt: TCPSynRetrans ListenOverflows\nTcpExt: 3 0\n";
         assert!(Netstat::parse(netstat).is_err());
-        let netstat = "TcpExt: SyncookiesSent TCPSynRetrans ListenOverflows ListenDrops TCPTimeouts TCPAbortOnData\nTcpExt: 0 3 1 1 4 0\nIpExt: InNoRoutes\nIpExt: 0\n";
+        let netstat = "TcpExt: SyncookiesSent TCPSynRetrans ListenOverflows ListenDrops TCPTimeouts TCPAbortOnData PAWSTimewait\nTcpExt: 0 3 1 1 4 0 7\nIpExt: InNoRoutes\nIpExt: 0\n";
         let n = Netstat::parse(netstat).unwrap();
         assert_eq!(
-            (n.tcp_syn_retrans, n.listen_overflows, n.tcp_timeouts),
-            (3, 1, 4)
+            (
+                n.tcp_syn_retrans,
+                n.listen_overflows,
+                n.tcp_timeouts,
+                n.paws_timewait
+            ),
+            (3, 1, 4, 7)
         );
     }
 

@@ -817,7 +817,7 @@ fn a_mid_flow_ack_without_entries_is_recreated_on_the_same_backend() {
 }
 
 /// Each TCP state transition, on both entries of the flow: a SYN opens it (`tcp_syn`), the
-/// backend's answer establishes it, a FIN from each side closes it (`tcp_closing` once both
+/// backend's answer establishes it, a FIN from each side closes it (`tcp_time_wait` once both
 /// have), and a new SYN on the closed tuple is a new connection, selected afresh.
 #[test]
 fn tcp_states_follow_the_connection_and_a_syn_reopens_a_closed_tuple() {
@@ -866,7 +866,7 @@ fn tcp_states_follow_the_connection_and_a_syn_reopens_a_closed_tuple() {
     );
     assert_eq!(fwd.closing_reply, 0);
     assert!(
-        secs_left(&fwd) > i64::from(t.tcp_closing),
+        secs_left(&fwd) > i64::from(t.tcp_time_wait),
         "half-closed keeps the established timeout: {fwd:?}"
     );
 
@@ -878,9 +878,10 @@ fn tcp_states_follow_the_connection_and_a_syn_reopens_a_closed_tuple() {
         "backend FIN on both"
     );
     assert!(
-        (0..=i64::from(t.tcp_closing)).contains(&secs_left(&fwd)),
-        "closed both ways: {fwd:?}"
+        (i64::from(t.tcp_closing) + 1..=i64::from(t.tcp_time_wait)).contains(&secs_left(&fwd)),
+        "closed both ways: tcp_time_wait, longer than a reset's tcp_closing: {fwd:?}"
     );
+    assert_eq!((fwd.reset, rep.reset), (0, 0));
 
     let before = reason_count(&f, "tc_ingress", Reason::FlowReopened);
     expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443);
@@ -920,7 +921,11 @@ fn a_rst_from_either_side_closes_the_flow() {
             );
         }
         let fwd = f.flow(&key(&syn)).unwrap();
-        assert_eq!((fwd.closing_orig, fwd.closing_reply), (1, 1), "{fwd:?}");
+        assert_eq!(
+            (fwd.closing_orig, fwd.closing_reply, fwd.reset),
+            (1, 1, 1),
+            "{fwd:?}"
+        );
         assert!((0..=i64::from(t.tcp_closing)).contains(&secs_left(&fwd)));
     }
 }
@@ -1092,6 +1097,112 @@ fn two_flows_never_share_a_reply_tuple() {
             "the client's own port is restored"
         );
     }
+}
+
+/// Closes the TCP flow of `syn` (answered by `backend`:`port`) by FINs both ways, client first.
+fn close_by_fins(f: &mut Fixture, syn: &Ipv4Packet, backend: Ipv4Addr, port: u16) {
+    let fin = Ipv4Packet {
+        tcp_flags: TCP_FIN | TCP_ACK,
+        ..syn.clone()
+    };
+    let answer = |flags| Ipv4Packet {
+        tcp_flags: flags,
+        ..with_dst_packet(syn, backend, port).reply()
+    };
+    f.run(Prog::TcEgress, &answer(TCP_SYN | TCP_ACK).build());
+    f.run(Prog::TcIngress, &fin.build());
+    f.run(Prog::TcEgress, &answer(TCP_FIN | TCP_ACK).build());
+    let closed = f.flow(&key(syn)).unwrap();
+    assert_eq!((closed.closing_orig, closed.closing_reply), (1, 1));
+}
+
+/// A connection closed by FINs keeps its reply tuple claimed (`tcp_time_wait`: its backend may
+/// hold the 4-tuple in TIME_WAIT, where only the same client's next connection to the same
+/// service is taken): the same client port sent to another service that meets the same
+/// backend port gets another source port, while the same client port to the same service
+/// takes its tuple back (a reopen), `tcp_closing` (a reset connection's time) after the close.
+/// Broken on purpose (closed flows on `tcp_closing` again): the clashing flow keeps the
+/// client's port.
+#[test]
+fn a_closed_flows_reply_tuple_stays_claimed_for_its_time_wait() {
+    let Some(mut f) = fixture() else { return };
+    f.net.services[0].backends.truncate(1);
+    f.sync();
+    let to_vip = tcp(40390, VIP, 80, TCP_SYN);
+    expect_dnat(&mut f, Prog::TcIngress, &to_vip, &WEB[..1], 80);
+    close_by_fins(&mut f, &to_vip, WEB[0], 80);
+    // As if a reset connection's whole `tcp_closing` had passed since.
+    let aged = (Timeouts::DEFAULT.tcp_closing as u64 + 1) * 1_000_000_000;
+    for (k, mut e) in f.dp.flow_entries() {
+        e.expires_ns -= aged;
+        f.dp.flows_mut().insert(k, e, 0).unwrap();
+    }
+    let clashes = reason_count(&f, "tc_ingress", Reason::PortClash);
+
+    let to_port = tcp(40390, NODE, 8080, TCP_SYN);
+    let (_, out) = f.run(Prog::TcIngress, &to_port.build());
+    verify(&out).unwrap();
+    assert_eq!(dst(&out), (WEB[0], 80));
+    assert_ne!(
+        src(&out).1,
+        40390,
+        "another service's connection does not meet the closed one's TIME_WAIT"
+    );
+    assert_eq!(
+        reason_count(&f, "tc_ingress", Reason::PortClash),
+        clashes + 1
+    );
+
+    let (_, out) = f.run(Prog::TcIngress, &to_vip.build());
+    verify(&out).unwrap();
+    assert_eq!(dst(&out), (WEB[0], 80));
+    assert_eq!(
+        src(&out),
+        (CLIENT, 40390),
+        "the same client and service reopen their own tuple"
+    );
+}
+
+/// A SYN whose hash-derived clash ports are all taken tries random ones: every port the flow
+/// hash gives it is held (by connections of another service from those client ports), and
+/// it is still translated — to a port the hash did not give — instead of being dropped,
+/// which its retransmission would be again, port for port. (Broken on purpose, without the
+/// random probes: dropped as `nat_failed`.)
+#[test]
+fn a_syn_whose_hash_derived_ports_are_taken_tries_random_ones() {
+    let Some(mut f) = fixture() else { return };
+    f.net.services[0].backends.truncate(1);
+    f.sync();
+    let to_port = tcp(40400, NODE, 8080, TCP_SYN);
+    // The ports the hash gives the flow, learned by letting it take each in turn: its own
+    // port, then each clash port, held by a VIP connection from that port.
+    let mut held = vec![40400];
+    for _ in 0..=lb_common::hash::CLASH_PROBES {
+        let last = *held.last().unwrap();
+        expect_dnat(
+            &mut f,
+            Prog::TcIngress,
+            &tcp(last, VIP, 80, TCP_SYN),
+            &WEB[..1],
+            80,
+        );
+        let snapshot = f.tables();
+        let (_, out) = f.run(Prog::TcIngress, &to_port.build());
+        verify(&out).unwrap();
+        let port = src(&out).1;
+        f.restore(&snapshot);
+        if held.len() == 1 + lb_common::hash::CLASH_PROBES as usize {
+            assert!(
+                !held.contains(&port),
+                "a random port, not one of the hash's {held:?}: {port}"
+            );
+            assert_eq!(dst(&out), (WEB[0], 80));
+            assert_eq!(reason_count(&f, "tc_ingress", Reason::NatFailed), 0);
+            return;
+        }
+        held.push(port);
+    }
+    unreachable!("returns once every hash-derived port is held");
 }
 
 /// A masqueraded flow is counted once per packet (by its load-balancing pair), though each of

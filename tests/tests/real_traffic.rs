@@ -48,14 +48,16 @@ const PUBLISHED_TCP: u16 = 18080;
 const PUBLISHED_UDP: u16 = 18081;
 const IPERF_PORT: u16 = 5001;
 
-/// The issue's storm: connections opened (one request each, `Connection: close`).
+/// The issue's storm: connections opened (one request each, `Connection: close`). A storm
+/// test asserts it made at least this many.
 const STORM: u64 = 100_000;
 /// A storm's first wrk round; later rounds last what the rate so far says the rest of
-/// [`STORM`] takes (plus a tenth), until it has made [`STORM`] requests...
+/// [`STORM`] takes (plus a tenth), until it has made [`STORM`] requests.
 const STORM_ROUND: Duration = Duration::from_secs(10);
-/// ...or for this long at most: on a VM too slow for 100,000 in that time the test reports
-/// the rate it reached instead of running for minutes (no timing threshold is asserted).
-const STORM_LIMIT: Duration = Duration::from_secs(60);
+/// A hang guard, not a measure: a storm still short of [`STORM`] after this long fails,
+/// saying the rate it reached (this VM makes 100,000 in 10-20 s; a path that needs minutes
+/// is broken, not slow).
+const STORM_GUARD: Duration = Duration::from_secs(300);
 /// wrk's concurrent connections in a storm: enough to keep both CPUs busy with handshakes.
 const STORM_CONNECTIONS: u32 = 32;
 
@@ -428,13 +430,20 @@ impl Storm {
 }
 
 /// `Connection: close` requests from `client` to `url` in wrk rounds until [`STORM`] are
-/// done or [`STORM_LIMIT`] has passed.
+/// done (failing past [`STORM_GUARD`]).
 fn storm(client: &Netns, url: &str) -> Storm {
     let (tcp_before, ext_before) = (snmp(client).unwrap(), netstat(client).unwrap());
     let started = Instant::now();
     let mut s = Storm::default();
     let mut round = STORM_ROUND;
-    while s.wrk.requests < STORM && started.elapsed() < STORM_LIMIT {
+    while s.wrk.requests < STORM {
+        assert!(
+            started.elapsed() < STORM_GUARD,
+            "{url}: {} of {STORM} connections after {:?} ({:.0} connections/s): the path hangs",
+            s.wrk.requests,
+            started.elapsed(),
+            s.wrk.requests as f64 / started.elapsed().as_secs_f64()
+        );
         let opts = WrkOptions {
             duration: round,
             connections: STORM_CONNECTIONS,
@@ -451,12 +460,10 @@ fn storm(client: &Netns, url: &str) -> Storm {
         s.wrk.timeouts += r.timeouts;
         s.wrk.non_2xx += r.non_2xx;
         s.rounds += 1;
-        // The next round: what the rest takes at the rate so far, within what is left of
-        // the limit (at least wrk's one second).
+        // The next round: what the rest takes at the rate so far (at least wrk's one second).
         let rate = s.wrk.requests as f64 / started.elapsed().as_secs_f64();
         let rest = STORM.saturating_sub(s.wrk.requests) as f64 / rate.max(1.0);
-        let left = STORM_LIMIT.saturating_sub(started.elapsed()).as_secs_f64();
-        round = Duration::from_secs((rest * 1.1).min(left).ceil().max(1.0) as u64);
+        round = Duration::from_secs((rest * 1.1).ceil().max(1.0) as u64);
     }
     s.elapsed = started.elapsed();
     let tcp = snmp(client).unwrap().since(&tcp_before);
@@ -464,19 +471,6 @@ fn storm(client: &Netns, url: &str) -> Storm {
     s.attempt_fails = tcp.tcp_attempt_fails;
     s.syn_retrans = netstat(client).unwrap().since(&ext_before).tcp_syn_retrans;
     s
-}
-
-/// Says whether the storm reached [`STORM`]; when the VM was too slow for it within
-/// [`STORM_LIMIT`], says so with the rate reached (a note, not a failure).
-fn storm_size_note(name: &str, s: &Storm) {
-    if s.wrk.requests < STORM {
-        println!(
-            "{name}: NOTE: {} of {STORM} connections within {STORM_LIMIT:?}: this VM reached \
-             {:.0} connections/s",
-            s.wrk.requests,
-            s.rate()
-        );
-    }
 }
 
 /// That a storm made the dataplane drop no flow for want of a reply tuple or a masquerade
@@ -528,8 +522,11 @@ fn storm_then_masqueraded(plane: Plane, name: &str) {
     println!("{name}: storm: {}", s.summary());
     println!("{name}: flow table after the storm: {live} live, {expired} expired entries");
     println!("{name}: reasons: {}", reasons(&bpffs, &net));
-    storm_size_note(name, &s);
-    assert!(s.wrk.requests > 0, "{name}: the storm made no request");
+    assert!(
+        s.wrk.requests >= STORM,
+        "{name}: the storm made {} of {STORM} requests",
+        s.wrk.requests
+    );
     assert_no_tuple_drops(&bpffs, &net);
 
     let mut seen = BTreeMap::<String, usize>::new();
@@ -578,8 +575,11 @@ fn sandbox_storm(plane: Plane, name: &str) -> Storm {
     apply(plane, &net, &bpffs, None);
     let s = storm(&topo.client, &format!("http://{VIP}:{HTTP_PORT}/"));
     println!("{name} ({plane:?}): storm: {}", s.summary());
-    storm_size_note(name, &s);
-    assert!(s.wrk.requests > 0, "{name}: the storm made no request");
+    assert!(
+        s.wrk.requests >= STORM,
+        "{name}: the storm made {} of {STORM} requests",
+        s.wrk.requests
+    );
     if plane != Plane::Nft {
         println!("{name}: reasons: {}", reasons(&bpffs, &net));
         assert_no_tuple_drops(&bpffs, &net);
@@ -902,7 +902,8 @@ fn client_port(key: &FlowKey, e: &Flow, client: u32) -> Option<u16> {
     }
 }
 
-/// Short timeouts for the network (2 s for UDP and for closed TCP connections); a few
+/// Short timeouts for the network (2 s for UDP and for TCP connections closed by FINs,
+/// `tcp_time_wait`); a few
 /// answered UDP requests and closed HTTP connections through the VIP with masquerade
 /// `always`, and one keep-alive session left open. Without a daemon nothing deletes entries,
 /// so expiry is read from the entries themselves, on CLOCK_MONOTONIC as the programs read it.
@@ -921,7 +922,7 @@ fn idle_and_closed_flows_expire(plane: Plane, name: &str) {
     let mut net = network(&topo, name, plane, Masquerade::Always, Vec::new());
     net.timeouts = FlowTimeouts {
         udp: Some(TIMEOUT_SECS),
-        tcp_closing: Some(TIMEOUT_SECS),
+        tcp_time_wait: Some(TIMEOUT_SECS),
         ..FlowTimeouts::default()
     };
     apply(plane, &net, &bpffs, None);

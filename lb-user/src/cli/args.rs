@@ -81,7 +81,9 @@ pub enum Cmd {
         #[arg(long, default_value = DEFAULT_BPFFS)]
         bpffs: PathBuf,
         /// Which dataplane programs the networks: `auto` probes the kernel and falls back to
-        /// nftables (LB_PROBE_FAIL=REASON forces the fallback).
+        /// nftables (LB_PROBE_FAIL=REASON forces the fallback; on nftables,
+        /// LB_NFT_DSR_FAIL=REASON serves dsr networks' VIPs by NAT, as a kernel without the
+        /// netdev egress hook does).
         #[arg(long, value_enum, default_value = "auto")]
         dataplane: DataplaneArg,
         /// Serve Prometheus metrics on http://ADDR/metrics (off unless given): an address or
@@ -220,8 +222,9 @@ pub enum NetworkCmd {
         /// of the node takes it, as kubelet and Docker do.
         #[arg(long, value_enum, default_value_t)]
         hold_ports: HoldPorts,
-        /// A flow timeout, NAME=SECONDS (tcp_syn, tcp_established, tcp_closing,
-        /// tcp_unreplied, udp; dsr for a dsr network's sessions); repeatable.
+        /// A flow timeout, NAME=SECONDS (tcp_syn, tcp_established, tcp_closing (reset),
+        /// tcp_time_wait (closed by FINs), tcp_unreplied, udp; dsr for a dsr network's
+        /// sessions); repeatable.
         #[arg(long = "timeout", value_name = "NAME=SECONDS")]
         timeouts: Vec<String>,
     },

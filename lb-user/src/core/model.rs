@@ -232,9 +232,14 @@ pub struct FlowTimeouts {
     /// An answered TCP connection (default 21600, 6 h).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_established: Option<u32>,
-    /// A TCP connection closed both ways or reset (default 10).
+    /// A TCP connection reset by either side (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp_closing: Option<u32>,
+    /// A TCP connection closed by FINs both ways (default 120, the kernel's conntrack
+    /// TIME_WAIT): its reply tuple stays claimed while a backend may hold the connection in
+    /// TIME_WAIT (`lb_common::flow::timeout_secs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp_time_wait: Option<u32>,
     /// A TCP flow re-created from a mid-connection packet, until the backend answers
     /// (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -253,10 +258,11 @@ pub const MAX_TIMEOUT_SECS: u32 = 7 * 24 * 3600;
 
 impl FlowTimeouts {
     /// The timeout names, as `--timeout NAME=SECS` and the JSON fields spell them.
-    pub const NAMES: [&'static str; 6] = [
+    pub const NAMES: [&'static str; 7] = [
         "tcp_syn",
         "tcp_established",
         "tcp_closing",
+        "tcp_time_wait",
         "tcp_unreplied",
         "udp",
         "dsr",
@@ -266,11 +272,12 @@ impl FlowTimeouts {
         *self == FlowTimeouts::default()
     }
 
-    fn fields(&mut self) -> [(&'static str, &mut Option<u32>); 6] {
+    fn fields(&mut self) -> [(&'static str, &mut Option<u32>); 7] {
         [
             ("tcp_syn", &mut self.tcp_syn),
             ("tcp_established", &mut self.tcp_established),
             ("tcp_closing", &mut self.tcp_closing),
+            ("tcp_time_wait", &mut self.tcp_time_wait),
             ("tcp_unreplied", &mut self.tcp_unreplied),
             ("udp", &mut self.udp),
             ("dsr", &mut self.dsr),
@@ -314,6 +321,7 @@ impl FlowTimeouts {
             tcp_syn: self.tcp_syn.unwrap_or(d.tcp_syn),
             tcp_established: self.tcp_established.unwrap_or(d.tcp_established),
             tcp_closing: self.tcp_closing.unwrap_or(d.tcp_closing),
+            tcp_time_wait: self.tcp_time_wait.unwrap_or(d.tcp_time_wait),
             tcp_unreplied: self.tcp_unreplied.unwrap_or(d.tcp_unreplied),
             udp: self.udp.unwrap_or(d.udp),
         }

@@ -14,8 +14,11 @@
 //!   records each map's layout version (`lb_common::MAP_LAYOUTS`). A network whose pins hold
 //!   a map of another version (or predate the record: version 1) is refused, and nothing of
 //!   it is touched: its old programs keep serving with its old maps, and the network fails
-//!   with a message naming each map, the two versions and the way out. lb defines no
-//!   conversion between layouts, so the way out is the operator's explicit choice:
+//!   with a message naming each map, the two versions and the way out. Statistics maps
+//!   (`DISPOSABLE_MAPS`) are replaced without asking, and so is `lb_config`, converted
+//!   ([`converted_config`]: every apply rewrites it but for the flow-hash key, which is
+//!   carried over). For the rest lb defines no conversion, so the way out is the operator's
+//!   explicit choice:
 //!   `--replace-incompatible-maps` (daemon, `lb load`) replaces those maps, once, losing what
 //!   they held (flows, for `lb_flows`: a connection then re-creates its entries on the same
 //!   backend from its next packet, by the flow hash in the adopted `lb_config`); maps whose
@@ -42,7 +45,8 @@ use aya::{
 };
 use lb_common::{
     Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession, Endpoint, Flow, FlowKey,
-    Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, SockConfig, VipKey,
+    Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, SockConfig, Timeouts,
+    VipKey,
 };
 
 mod attach;
@@ -183,9 +187,18 @@ fn recorded_layouts(dir: &Path) -> Result<Option<Vec<u32>>> {
     Ok(Some(versions))
 }
 
-/// The pinned maps of `dir` whose recorded layout is not this binary's: pin, name, and
-/// `"name (layout A, this lb reads B)"`.
-fn incompatible_layouts(dir: &Path) -> Result<Vec<(PathBuf, &'static str, String)>> {
+/// A pinned map whose recorded layout is not this binary's.
+struct Incompatible {
+    pin: PathBuf,
+    name: &'static str,
+    /// The layout recorded for it (1: pinned before layouts were recorded).
+    have: u32,
+    /// `"name (layout A, this lb reads B)"`.
+    described: String,
+}
+
+/// The pinned maps of `dir` whose recorded layout is not this binary's.
+fn incompatible_layouts(dir: &Path) -> Result<Vec<Incompatible>> {
     let recorded = recorded_layouts(dir)?;
     let mut out = Vec::new();
     for (i, (name, version)) in MAP_LAYOUTS.iter().enumerate() {
@@ -196,14 +209,71 @@ fn incompatible_layouts(dir: &Path) -> Result<Vec<(PathBuf, &'static str, String
         // Maps pinned before versions were recorded are version 1.
         let have = recorded.as_ref().map_or(1, |r| r[i]);
         if have != *version {
-            out.push((
+            out.push(Incompatible {
                 pin,
-                *name,
-                format!("{name} (layout {have}, this lb reads {version})"),
-            ));
+                name,
+                have,
+                described: format!("{name} (layout {have}, this lb reads {version})"),
+            });
         }
     }
     Ok(out)
+}
+
+/// The map the controller rewrites whole at every apply but for one value it must keep: the
+/// network's flow-hash key (a flow that loses its entries is re-created on its backend by it).
+/// One pinned in another layout is replaced without asking, its values carried over
+/// ([`converted_config`]).
+const CONFIG_MAP: &str = "lb_config";
+
+/// `lb_config`'s value in layout 2 (before `tcp_time_wait`): the fields of [`Config`] then.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ConfigLayout2 {
+    masquerade: u32,
+    hash_key: u32,
+    masq_port_min: u16,
+    masq_port_max: u16,
+    masq_hole_min: u16,
+    masq_hole_max: u16,
+    tcp_syn: u32,
+    tcp_established: u32,
+    tcp_closing: u32,
+    tcp_unreplied: u32,
+    udp: u32,
+    fast_path: u32,
+}
+
+/// The config an `lb_config` pinned in layout `have` holds, in this binary's layout (what it
+/// lacks at its default), or `None` where it is nothing to keep: layout 1 had no hash key.
+/// Programs attached by the next apply run with it until that apply's sync writes the
+/// network's own (attaching comes first), so it must be whole, not just the key.
+fn converted_config(pin: &Path, have: u32) -> Result<Option<Config>> {
+    if have != 2 {
+        return Ok(None);
+    }
+    let map = MapData::from_pin(pin).with_context(|| format!("opening {}", pin.display()))?;
+    let array: Array<MapData, [u8; size_of::<ConfigLayout2>()]> = Array::try_from(Map::Array(map))
+        .with_context(|| format!("{} is not a layout 2 lb_config", pin.display()))?;
+    let bytes = (array.get(&0, 0)).with_context(|| format!("reading {}", pin.display()))?;
+    let old: ConfigLayout2 = bytemuck::pod_read_unaligned(&bytes);
+    Ok((old.hash_key != 0).then_some(Config {
+        masquerade: old.masquerade,
+        hash_key: old.hash_key,
+        masq_port_min: old.masq_port_min,
+        masq_port_max: old.masq_port_max,
+        masq_hole_min: old.masq_hole_min,
+        masq_hole_max: old.masq_hole_max,
+        timeouts: Timeouts {
+            tcp_syn: old.tcp_syn,
+            tcp_established: old.tcp_established,
+            tcp_closing: old.tcp_closing,
+            tcp_unreplied: old.tcp_unreplied,
+            udp: old.udp,
+            tcp_time_wait: Timeouts::DEFAULT.tcp_time_wait,
+        },
+        fast_path: old.fast_path,
+    }))
 }
 
 /// Whether every map pinned in `dir` is of this binary's layout (an unreadable record is not).
@@ -232,12 +302,13 @@ impl EbpfNetwork {
             .with_context(|| format!("creating pin directory {}", dir.display()))?;
         let incompatible = incompatible_layouts(dir)?;
         // Statistics and short-lived hints (`DISPOSABLE_MAPS`) are replaced without asking:
-        // losing them costs counter values, not a connection. The rest needs the operator.
-        let (disposable, kept): (Vec<_>, Vec<_>) =
-            (incompatible.iter()).partition(|(_, name, _)| DISPOSABLE_MAPS.contains(name));
-        let describe = |maps: &[&(PathBuf, &str, String)]| {
+        // losing them costs counter values, not a connection; so is the config, whose one
+        // value to keep is carried over. The rest needs the operator.
+        let (disposable, kept): (Vec<_>, Vec<_>) = (incompatible.iter())
+            .partition(|m| DISPOSABLE_MAPS.contains(&m.name) || m.name == CONFIG_MAP);
+        let describe = |maps: &[&Incompatible]| {
             maps.iter()
-                .map(|(_, _, d)| d.as_str())
+                .map(|m| m.described.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -252,9 +323,14 @@ impl EbpfNetwork {
             OnIncompatible::Replace => incompatible.iter().collect(),
             OnIncompatible::Refuse => disposable,
         };
+        let carried = match replaced.iter().find(|m| m.name == CONFIG_MAP) {
+            Some(m) => converted_config(&m.pin, m.have)?,
+            None => None,
+        };
         if !replaced.is_empty() {
-            for (pin, _, _) in &replaced {
-                std::fs::remove_file(pin).with_context(|| format!("removing {}", pin.display()))?;
+            for m in &replaced {
+                std::fs::remove_file(&m.pin)
+                    .with_context(|| format!("removing {}", m.pin.display()))?;
             }
             // The programs still attached use the old maps until the first apply replaces
             // them in place (`attach`: their map ids differ from ours).
@@ -288,6 +364,10 @@ impl EbpfNetwork {
             )
         })?;
         let mut net = Self::from_ebpf(ebpf, dir.to_path_buf())?;
+        if let Some(config) = carried {
+            (net.config.set(0, config, 0)).context("writing the converted lb_config")?;
+            tracing::info!(dir = %dir.display(), "lb_config of another layout replaced, its values (the flow-hash key among them) carried over");
+        }
         net.record_layouts()?;
         Ok(net)
     }
