@@ -4,6 +4,10 @@
 /// Whether a root-only test may run. Off root it prints why and returns false so the test can
 /// return early; under `CI=true` (CI runs as root) an unprivileged run is a failure, never a
 /// silent pass.
+///
+/// libtest counts a test that returns early as passed and captures what it printed, so a skip
+/// is also recorded: one line with the test's name appended to the file [`SKIPS_ENV`] names,
+/// from which `cargo xtask test` counts and names the skipped tests apart from the passed.
 pub fn require_root(test: &str) -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
@@ -15,8 +19,27 @@ pub fn require_root(test: &str) -> bool {
         "{test}: needs root (BPF, netns), and CI=true forbids skipping it"
     );
     eprintln!("{test}: SKIPPED: needs root (BPF, netns); run `cargo xtask test` as root");
+    if let Some(path) = std::env::var_os(SKIPS_ENV) {
+        use std::io::Write as _;
+        // One write of one line to a file opened for appending: lines of tests running at once
+        // do not interleave.
+        let recorded = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{test}\n").as_bytes()));
+        assert!(
+            recorded.is_ok(),
+            "{test}: recording the skip in {}: {recorded:?}",
+            std::path::Path::new(&path).display()
+        );
+    }
     false
 }
+
+/// The environment variable naming the file skipped tests are recorded in (`cargo xtask test`
+/// sets it).
+pub const SKIPS_ENV: &str = "LB_TEST_SKIPS";
 
 /// Polls `cond` every 50 ms until it holds, for at most `within`: how long it took, or `None`.
 /// `within` only keeps a broken run from hanging; what a test asserts is that `cond` came to

@@ -254,21 +254,92 @@ fn test(extra: &[String]) -> Result<()> {
             "xtask: not running as root: program-level and netns tests will say they are skipped"
         );
     }
+    // A root-only test that cannot run returns early, which libtest counts as passed; it
+    // records its name here (lb_tests::require_root) so that it is counted as skipped.
+    let skips = root().join("target/xtask-skipped-tests");
+    match std::fs::remove_file(&skips) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing {}", skips.display())),
+    }
     // Doc-tests would close the run on a "0 passed" block; the crates have none to run.
     let mut cmd = cargo();
     cmd.args(["test", "--locked", "--all-targets", "--no-fail-fast"])
-        .args(extra);
+        .args(extra)
+        .env(SKIPS_ENV, &skips);
     let TestRun {
         passed,
         failed,
         times,
     } = run_counting(&mut cmd)?;
     print_times(&times);
-    println!("xtask test: {passed} passed, {failed} failed");
-    if failed > 0 {
-        bail!("{failed} tests failed");
+    let skipped = match std::fs::read_to_string(&skips) {
+        Ok(text) => text.lines().map(str::to_owned).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", skips.display())),
+    };
+    let counted = Counted::new(passed, failed, skipped);
+    println!("{}", counted.summary());
+    counted.verdict(ci())
+}
+
+/// The environment variable `lb_tests::require_root` records skipped tests by.
+const SKIPS_ENV: &str = "LB_TEST_SKIPS";
+
+/// Whether this is a CI run (`CI=true`, as `.ci/run` sets it).
+fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// A test run's outcome: libtest's counts, with the tests that skipped taken out of its
+/// passed.
+#[derive(Debug, PartialEq, Eq)]
+struct Counted {
+    passed: u64,
+    failed: u64,
+    /// The names of the skipped tests, as they recorded themselves.
+    skipped: Vec<String>,
+}
+
+impl Counted {
+    fn new(passed: u64, failed: u64, mut skipped: Vec<String>) -> Counted {
+        skipped.sort();
+        Counted {
+            passed: passed.saturating_sub(skipped.len() as u64),
+            failed,
+            skipped,
+        }
     }
-    Ok(())
+
+    fn summary(&self) -> String {
+        let mut s = format!(
+            "xtask test: {} passed, {} failed, {} skipped",
+            self.passed,
+            self.failed,
+            self.skipped.len()
+        );
+        if !self.skipped.is_empty() {
+            s += "\nxtask test: skipped (not run as root):";
+            for name in &self.skipped {
+                s += &format!("\n  {name}");
+            }
+        }
+        s
+    }
+
+    /// An error for failed tests, and under CI for skipped ones: CI runs every test.
+    fn verdict(&self, ci: bool) -> Result<()> {
+        if self.failed > 0 {
+            bail!("{} tests failed", self.failed);
+        }
+        if ci && !self.skipped.is_empty() {
+            bail!(
+                "{} tests skipped, and CI=true runs every test (as root)",
+                self.skipped.len()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Runs `cargo test`, passing its output through, and adds up its `test result:` lines so the
@@ -707,6 +778,25 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn skipped_tests_are_counted_apart_from_the_passed_and_fail_under_ci() {
+        let run = Counted::new(10, 0, vec!["b_test".into(), "a_test".into()]);
+        assert_eq!(
+            run.summary(),
+            "xtask test: 8 passed, 0 failed, 2 skipped\nxtask test: skipped (not run as root):\n  a_test\n  b_test"
+        );
+        assert!(run.verdict(false).is_ok());
+        let err = run.verdict(true).unwrap_err().to_string();
+        assert!(err.contains("2 tests skipped"), "{err}");
+        let clean = Counted::new(10, 0, Vec::new());
+        assert_eq!(
+            clean.summary(),
+            "xtask test: 10 passed, 0 failed, 0 skipped"
+        );
+        assert!(clean.verdict(true).is_ok());
+        assert!(Counted::new(9, 1, Vec::new()).verdict(false).is_err());
     }
 
     #[test]
