@@ -97,7 +97,9 @@ unsafe fn write_state(e: *mut Flow, next: &Flow) {
 /// Claims `key` for `value`, whose partner is keyed by `owner`: succeeds where the key is
 /// free, where its entry expired, or where it already belongs to `owner` (the same flow's
 /// previous connection on a reused tuple, or another CPU creating the same flow at the same
-/// moment, which computed the same entry). An entry of another live flow keeps its key.
+/// moment, which computed the same entry). An entry of another live flow keeps its key — and
+/// a flow closed by FINs stays live for `tcp_time_wait`, while its backend may still hold
+/// the tuple in TIME_WAIT (`lb_common::flow::timeout_secs`).
 ///
 /// Two CPUs may both find the same expired entry and both overwrite it for different flows;
 /// the later write wins and the earlier flow loses its reply direction (its next packets are
