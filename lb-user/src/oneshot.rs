@@ -6,7 +6,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    core::model::{DesiredState, Network},
+    core::{
+        compose::ComposedNetwork,
+        model::{DesiredState, Network},
+    },
     dataplane::{
         Dataplane as _, EbpfDataplane, SyncStats,
         ebpf::{OnIncompatible, TcMode},
@@ -20,7 +23,7 @@ const LOADED: &str = "loaded.json";
 
 /// Applies one network (a test's shortcut to what `lb load` does per network).
 pub fn apply_network(network: &Network, bpffs: &Path, tc_mode: TcMode) -> Result<SyncStats> {
-    EbpfDataplane::new(bpffs, tc_mode)?.apply(network, None)
+    EbpfDataplane::new(bpffs, tc_mode)?.apply(&ComposedNetwork::new(network.clone()), None)
 }
 
 fn loaded_path(state_dir: &Path) -> PathBuf {
@@ -47,7 +50,11 @@ pub fn load(
     }
     let mut applied = Vec::new();
     for network in &state.networks {
-        let stats = dp.apply(network, previous.network(&network.name))?;
+        let previous = previous.network(&network.name).cloned();
+        let stats = dp.apply(
+            &ComposedNetwork::new(network.clone()),
+            previous.map(ComposedNetwork::new).as_ref(),
+        )?;
         applied.push((network.name.clone(), stats));
     }
     for gone in previous

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use lb_common::{BUCKETS, MAX_BACKENDS_PER_SET, slot_for_bucket};
-use lb_user::core::compose::{Composed, PortKey, compose};
+use lb_user::core::compose::{Composed, ComposedNetwork, PortKey, compose};
 use lb_user::core::elements::{
     Element, Interval, equal_weight_intervals, nat_elements, network_elements, render,
 };
@@ -13,6 +13,11 @@ use lb_user::core::model::{
     Attach, Backend, DesiredState, Invalid, Masquerade, Mode, Network, PortConfig, Proto, Service,
     StateError,
 };
+
+/// `lb elements`' lines of `network`, composed here (as the daemon composes it once).
+fn elements_of(network: &Network) -> Vec<Element> {
+    network_elements(&ComposedNetwork::new(network.clone()))
+}
 
 // ---------------------------------------------------------------------------------------------
 // Builders
@@ -326,7 +331,7 @@ fn shared_port_element_keys() {
             "10.0.0.5 . 32768-65535",
         ]
     );
-    assert_eq!(network_elements(&two_generations()), elements);
+    assert_eq!(elements_of(&two_generations()), elements);
 }
 
 #[test]
@@ -340,7 +345,7 @@ fn each_set_of_n_backends_has_n_intervals_covering_the_bucket_space() {
             &list.join(" "),
             "tcp/8080",
         )]);
-        let sets = by_set(&network_elements(&net));
+        let sets = by_set(&elements_of(&net));
         assert_eq!(sets.len(), 2, "n={n}: one VIP set and one port set");
         for (set, intervals) in sets {
             assert_eq!(intervals.len(), n as usize, "n={n} {set}");
@@ -359,11 +364,11 @@ fn no_backends_no_elements() {
     assert!(nat_elements(&Composed::default()).is_empty());
     for b in ["", "10.0.0.3,disabled"] {
         let net = nat(vec![service("api", "1", "10.0.0.5", b, "tcp/8080")]);
-        assert!(network_elements(&net).is_empty(), "backends {b:?}");
+        assert!(elements_of(&net).is_empty(), "backends {b:?}");
         let mut dsr = net.clone();
         dsr.mode = Mode::Dsr;
         dsr.services[0].ports.clear();
-        assert!(network_elements(&dsr).is_empty(), "dsr, backends {b:?}");
+        assert!(elements_of(&dsr).is_empty(), "dsr, backends {b:?}");
     }
     assert_eq!(render(&[]), "");
 }
@@ -377,14 +382,14 @@ fn golden_element_output() {
     let web = state.network("web").unwrap();
     let edge = state.network("edge").unwrap();
     assert_eq!(
-        render(&network_elements(web)),
+        render(&elements_of(web)),
         include_str!("golden/shared_port.web.txt")
     );
     assert_eq!(
-        render(&network_elements(edge)),
+        render(&elements_of(edge)),
         include_str!("golden/shared_port.edge.txt")
     );
-    assert_eq!(network_elements(web), nat_elements(&compose(web)));
+    assert_eq!(elements_of(web), nat_elements(&compose(web)));
 }
 
 /// Ties the rendering to the programs' bucket → backend function: parsing the rendered
@@ -402,7 +407,7 @@ fn rendered_intervals_agree_with_slot_for_bucket() {
             &list.join(" "),
             "tcp/8080:80",
         )]);
-        let text = render(&network_elements(&net));
+        let text = render(&elements_of(&net));
         let mut sets: BTreeMap<&str, Vec<(Interval, Ipv4Addr)>> = BTreeMap::new();
         for line in text.lines() {
             let (head, value) = line.split_once(" : ").unwrap();
@@ -1202,7 +1207,8 @@ fn golden_nft_ruleset() {
     let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();
     let web = state.network("web").unwrap();
     let subnets = [("veth-lb".to_owned(), Ipv4Addr::new(10, 0, 0, 1), 24)];
-    let got = lb_user::dataplane::nft::ruleset(web, &subnets).unwrap();
+    let got =
+        lb_user::dataplane::nft::ruleset(&ComposedNetwork::new(web.clone()), &subnets).unwrap();
     if std::env::var_os("LB_BLESS").is_some() {
         std::fs::write(
             concat!(
@@ -1226,7 +1232,7 @@ fn golden_nft_ruleset_dsr() {
     let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();
     let mut edge = state.network("edge").unwrap().clone();
     edge.timeouts.dsr = Some(30);
-    let got = lb_user::dataplane::nft::ruleset(&edge, &[]).unwrap();
+    let got = lb_user::dataplane::nft::ruleset(&ComposedNetwork::new(edge.clone()), &[]).unwrap();
     if std::env::var_os("LB_BLESS").is_some() {
         std::fs::write(
             concat!(

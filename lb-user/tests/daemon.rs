@@ -88,10 +88,12 @@ fn rolling_update(dp: &str) {
     let elements = d.ok(&["elements", "roll"]);
     println!("lb elements roll:\n{elements}");
     let state: DesiredState = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
-    let want: Vec<String> = network_elements(state.network("roll").unwrap())
-        .iter()
-        .map(|e| e.to_string())
-        .collect();
+    let want: Vec<String> = network_elements(&lb_user::core::compose::ComposedNetwork::new(
+        state.network("roll").unwrap().clone(),
+    ))
+    .iter()
+    .map(|e| e.to_string())
+    .collect();
     assert_eq!(elements.lines().collect::<Vec<_>>(), want);
     for set in ["nat-service-vip", "nat-publish-port"] {
         let lines: Vec<&str> = elements.lines().filter(|l| l.starts_with(set)).collect();

@@ -146,7 +146,7 @@ fn closed_and_idle_flows_leave_lb_conntrack_within_their_timeouts() {
     open.ask().expect("the open connection keeps working");
     let metrics_like = d.ok(&["status"]);
     assert!(
-        metrics_like.contains("flows: 1 (0 closing, 1 established, 0 opening)"),
+        metrics_like.contains("flows: 1 (0 opening, 1 established, 0 closing)"),
         "{metrics_like}"
     );
 }

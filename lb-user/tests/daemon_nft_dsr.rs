@@ -26,7 +26,7 @@ use lb_user::{
     api::ConntrackEntry,
     core::elements::{NAT_SERVICE_VIP, REAL_SERVER},
     dataplane::{
-        DSR_STATE, Flow,
+        Flow, FlowState,
         nft::{Listed, listed_elements, listed_real_server, table_name},
     },
 };
@@ -87,13 +87,13 @@ fn sessions(d: &LbDaemon) -> Vec<Flow> {
     let entries: Vec<ConntrackEntry> = serde_json::from_str(&out).unwrap();
     (entries.into_iter())
         .map(|e| e.flow)
-        .filter(|f| f.state == DSR_STATE)
+        .filter(|f| f.state == FlowState::Dsr)
         .collect()
 }
 
 /// The session of client address `client`, if listed.
 fn session_of(d: &LbDaemon, proto: &str, client: SocketAddrV4) -> Option<Flow> {
-    (sessions(d).into_iter()).find(|f| f.proto == proto && f.client == client.to_string())
+    (sessions(d).into_iter()).find(|f| f.proto.as_str() == proto && f.client == client.to_string())
 }
 
 /// The kernel's `real-server` elements, with counters.

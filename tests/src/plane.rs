@@ -1,7 +1,10 @@
 //! The dataplanes a netns case runs on, and applying a network to one as `lb load` (eBPF) or
 //! the daemon's fallback (nftables) would.
 use lb_user::{
-    core::model::{Attach, Network},
+    core::{
+        compose::ComposedNetwork,
+        model::{Attach, Network},
+    },
     dataplane::{Dataplane as _, NftDataplane, ebpf::TcMode},
     oneshot,
 };
@@ -32,7 +35,10 @@ impl Plane {
 pub fn apply(plane: Plane, net: &Network, bpffs: &Bpffs, previous: Option<&Network>) {
     match plane {
         Plane::Nft => NftDataplane
-            .apply(net, previous)
+            .apply(
+                &ComposedNetwork::new(net.clone()),
+                previous.cloned().map(ComposedNetwork::new).as_ref(),
+            )
             .map(drop)
             .expect("nftables apply"),
         Plane::Tc | Plane::Xdp => oneshot::apply_network(net, bpffs.path(), TcMode::detect())

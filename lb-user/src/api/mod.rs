@@ -32,8 +32,8 @@ mod types;
 pub use client::{Client, Refused, Unreachable};
 pub use route::{ApiError, Request, route};
 pub use types::{
-    BackendStats, ConntrackEntry, Done, ElementEntry, ErrorReply, LastSync, NetworkStatus,
-    NetworkSummary, Reply, ServiceEntry, Status,
+    BackendState, BackendStats, ConntrackEntry, Done, ElementEntry, ErrorReply, LastSync,
+    NetworkStatus, NetworkSummary, Reply, ServiceEntry, Status,
 };
 
 /// The default socket, as DESIGN.md's CLI gives it (`LB_SOCKET` overrides).

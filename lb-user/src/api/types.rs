@@ -9,7 +9,7 @@ use crate::{
         diff::Change,
         model::{Attach, DesiredState, Masquerade, Mode, Service},
     },
-    dataplane::Flow,
+    dataplane::{Flow, FlowState},
 };
 
 /// The reply to a change: what was done, in words, and every difference it made to the
@@ -66,12 +66,29 @@ pub struct ServiceEntry {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendStats {
     pub address: Ipv4Addr,
-    /// `active`, or `disabled` (no new flows; existing ones drain).
-    pub state: String,
+    pub state: BackendState,
     /// Live flows to it.
     pub flows: Option<u64>,
     pub packets: Option<u64>,
     pub bytes: Option<u64>,
+}
+
+/// Whether a backend takes new flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendState {
+    Active,
+    /// No new flows; existing ones drain.
+    Disabled,
+}
+
+impl std::fmt::Display for BackendState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendState::Active => "active",
+            BackendState::Disabled => "disabled",
+        })
+    }
 }
 
 /// One composed element of `GET /v1/elements`: `{map} {key} : {value}` in DESIGN.md's
@@ -135,7 +152,7 @@ pub struct NetworkStatus {
     pub backends: usize,
     /// Flows as last counted off the writer's path (`None`: not counted yet).
     pub flows: Option<u64>,
-    pub flows_by_state: Option<BTreeMap<String, u64>>,
+    pub flows_by_state: Option<BTreeMap<FlowState, u64>>,
     /// Entries of the flow table, where the dataplane has one.
     pub flow_entries: Option<u64>,
     pub warnings: Vec<String>,

@@ -10,8 +10,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use lb_user::{
     api::{self, Done, ElementEntry, Request, Status},
-    core::elements,
     core::model::{self, Backend, DesiredState, FlowTimeouts, Network, PortConfig, Service},
+    core::{compose::ComposedNetwork, elements},
     daemon,
     lock::Lock,
     oneshot,
@@ -264,8 +264,10 @@ pub fn run(cli: Cli) -> Result<()> {
             let out: Vec<ElementEntry> = (state.networks.iter())
                 .filter(|n| network.as_ref().is_none_or(|w| *w == n.name))
                 .flat_map(|n| {
-                    (elements::network_elements(n).into_iter())
-                        .map(|e| ElementEntry::new(&n.name, e))
+                    let n = ComposedNetwork::new(n.clone());
+                    (elements::network_elements(&n).into_iter())
+                        .map(move |e| ElementEntry::new(&n.name, e))
+                        .collect::<Vec<_>>()
                 })
                 .collect();
             render::elements(global.json, &out);

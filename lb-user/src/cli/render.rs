@@ -152,7 +152,7 @@ pub fn services(json: bool, list: &[ServiceEntry]) {
                         first,
                         vec![
                             b.address.to_string(),
-                            b.state.clone(),
+                            b.state.to_string(),
                             opt(b.flows),
                             opt(b.packets),
                             opt(b.bytes),
@@ -191,12 +191,12 @@ pub fn conntrack(json: bool, flows: &[ConntrackEntry]) {
         for ConntrackEntry { network, flow: f } in *flows {
             t.row(vec![
                 network.clone(),
-                f.proto.clone(),
+                f.proto.to_string(),
                 f.client.clone(),
                 or_dash(f.service.as_deref()),
                 f.frontend.clone(),
                 f.backend.clone(),
-                f.state.clone(),
+                f.state.to_string(),
                 f.expires_secs.map_or("-".to_owned(), |s| format!("{s}s")),
                 f.idle_secs.map_or("-".to_owned(), |s| format!("{s}s")),
             ]);

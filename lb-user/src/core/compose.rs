@@ -8,6 +8,7 @@
 //! dataplanes).
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
+use std::ops::Deref;
 
 use crate::core::model::Network;
 pub use crate::core::model::PortKey;
@@ -50,6 +51,39 @@ pub fn compose(network: &Network) -> Composed {
     composed.vips.values_mut().for_each(sort_dedup);
     composed.ports.values_mut().for_each(sort_dedup);
     composed
+}
+
+/// A network with its composition: composed once per change, by the owner of the network (the
+/// daemon, `lb load`), and handed as is to the dataplane, which plans and applies it but never
+/// composes. So what a dataplane writes, what `lb elements` prints and what the other
+/// dataplane would write come from one composition. It reads as the network it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ComposedNetwork {
+    network: Network,
+    composed: Composed,
+}
+
+impl ComposedNetwork {
+    pub fn new(network: Network) -> ComposedNetwork {
+        let composed = compose(&network);
+        ComposedNetwork { network, composed }
+    }
+
+    pub fn network(&self) -> &Network {
+        &self.network
+    }
+
+    pub fn composed(&self) -> &Composed {
+        &self.composed
+    }
+}
+
+impl Deref for ComposedNetwork {
+    type Target = Network;
+
+    fn deref(&self) -> &Network {
+        &self.network
+    }
 }
 
 fn sort_dedup<T: Ord>(set: &mut Vec<T>) {

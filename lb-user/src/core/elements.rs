@@ -18,7 +18,7 @@ use std::str::FromStr;
 
 use lb_common::{BUCKETS, bucket_interval};
 
-use crate::core::compose::{Composed, PortKey, compose};
+use crate::core::compose::{Composed, ComposedNetwork, PortKey};
 use crate::core::model::{Mode, Network, Service};
 
 /// NAT map of VIP → backend (any port).
@@ -107,7 +107,7 @@ pub fn dsr_elements(composed: &Composed) -> Vec<Element> {
 /// Everything `network` programs. A NAT network has the NAT maps; a DSR network has, as in
 /// moby, the NAT maps as well as the real-server map: its published ports are served by NAT,
 /// and its VIPs by NAT wherever DSR cannot run (a kernel without the netdev egress hook).
-pub fn network_elements(network: &Network) -> Vec<Element> {
+pub fn network_elements(network: &ComposedNetwork) -> Vec<Element> {
     (placed_elements(network).into_iter())
         .map(|p| p.element)
         .collect()
@@ -171,26 +171,32 @@ pub struct Placed {
 
 /// [`network_elements`], each with its set and backend (what per-element counters are
 /// reported under), in the same order.
-pub fn placed_elements(network: &Network) -> Vec<Placed> {
+pub fn placed_elements(network: &ComposedNetwork) -> Vec<Placed> {
+    placed_sets(network, |_| true)
+}
+
+/// [`placed_elements`] of the sets `wanted` selects (what a difference between two
+/// networks renders).
+pub fn placed_sets(network: &ComposedNetwork, wanted: impl Fn(&SetKey) -> bool) -> Vec<Placed> {
     let maps = match network.mode {
         Mode::Nat => Maps::Nat,
         Mode::Dsr => Maps::Both,
     };
-    placed(&compose(network), maps)
+    placed(network.composed(), maps, wanted)
 }
 
 fn elements(composed: &Composed, maps: Maps) -> Vec<Element> {
-    placed(composed, maps)
+    placed(composed, maps, |_| true)
         .into_iter()
         .map(|p| p.element)
         .collect()
 }
 
-fn placed(composed: &Composed, maps: Maps) -> Vec<Placed> {
+fn placed(composed: &Composed, maps: Maps, wanted: impl Fn(&SetKey) -> bool) -> Vec<Placed> {
     let nat = maps != Maps::Dsr;
     let dsr = maps != Maps::Nat;
     let mut rows: Vec<(&'static str, SetKey, Interval, Ipv4Addr, String)> = Vec::new();
-    for (&vip, backends) in &composed.vips {
+    for (&vip, backends) in (composed.vips.iter()).filter(|(v, _)| wanted(&SetKey::Vip(**v))) {
         for (interval, &backend) in equal_weight_intervals(backends, BUCKETS) {
             let value = backend.to_string();
             if dsr {
@@ -209,7 +215,8 @@ fn placed(composed: &Composed, maps: Maps) -> Vec<Placed> {
         }
     }
     if nat {
-        for (&key, backends) in &composed.ports {
+        for (&key, backends) in (composed.ports.iter()).filter(|(k, _)| wanted(&SetKey::Port(**k)))
+        {
             for (interval, (ip, target)) in equal_weight_intervals(backends, BUCKETS) {
                 rows.push((
                     NAT_PUBLISH_PORT,

@@ -17,8 +17,8 @@ use prometheus_client::{
 
 use super::{BUCKETS, Daemon};
 use crate::{
-    core::model::Network,
-    dataplane::{Count, CountsReader, STATES},
+    core::compose::ComposedNetwork,
+    dataplane::{Count, CountsReader, FlowState},
 };
 
 /// The `Content-Type` of [`Scrape::render`]'s text.
@@ -99,7 +99,7 @@ pub struct Scrape {
     /// Each network's counters, read by the actor.
     counts: Vec<(String, Vec<Count>)>,
     /// Networks whose counters are read in [`Scrape::render`], and how.
-    deferred: Option<(CountsReader, Vec<Network>)>,
+    deferred: Option<(CountsReader, Vec<ComposedNetwork>)>,
     /// Every other family, filled by the actor.
     rest: Registry,
 }
@@ -157,7 +157,10 @@ impl Daemon {
         let evictions = Family::<NetworkLabels, Counter>::default();
         let masq_failures = Family::<NetworkLabels, Counter>::default();
         let datapath = Family::<DatapathLabels, Counter>::default();
-        for n in self.desired.networks.clone() {
+        let networks: Vec<ComposedNetwork> = (self.desired.networks.iter())
+            .map(|n| self.composed[&n.name].clone())
+            .collect();
+        for n in networks.iter().cloned() {
             if reader.is_none()
                 && let Ok(c) = self.dp.counts(&n)
             {
@@ -169,11 +172,11 @@ impl Daemon {
             self.stats.own.apply_errors.get_or_create(&net).inc_by(0);
             if let Some(c) = self.dp.flow_stats(&n) {
                 flows.get_or_create(&net).set(c.by_state.iter().sum());
-                for (state, count) in STATES.iter().zip(c.by_state) {
-                    if super::shows_state(&n, state) {
+                for (state, count) in FlowState::ALL.iter().zip(c.by_state) {
+                    if state.shown_for(&n) {
                         let labels = StateLabels {
                             network: n.name.clone(),
-                            state: (*state).to_owned(),
+                            state: state.to_string(),
                         };
                         states.get_or_create(&labels).set(count);
                     }
@@ -246,7 +249,7 @@ impl Daemon {
         );
         Scrape {
             counts,
-            deferred: reader.map(|r| (r, self.desired.networks.clone())),
+            deferred: reader.map(|r| (r, networks)),
             rest,
         }
     }

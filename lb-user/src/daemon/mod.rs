@@ -26,16 +26,17 @@ use hyper::StatusCode;
 
 use crate::{
     api::{
-        ApiError, BackendStats, ConntrackEntry, Done, ElementEntry, LastSync, NetworkStatus,
-        NetworkSummary, Reply, Request, ServiceEntry, Status,
+        ApiError, BackendState, BackendStats, ConntrackEntry, Done, ElementEntry, LastSync,
+        NetworkStatus, NetworkSummary, Reply, Request, ServiceEntry, Status,
     },
     core::{
+        compose::ComposedNetwork,
         diff::diff,
         elements::{claims, network_elements},
-        model::{DesiredState, Mode, Network, Service},
+        model::{DesiredState, Network, Proto, Service},
     },
     dataplane::{
-        DSR_STATE, Dataplane, STATES, SyncStats,
+        Dataplane, FlowState, SyncStats,
         ebpf::{MapSizes, OnIncompatible, TcMode},
     },
     node::{
@@ -94,8 +95,11 @@ struct Stats {
 pub struct Daemon {
     state_dir: PathBuf,
     desired: DesiredState,
+    /// Every network of `desired`, composed: once when it changes (a commit composes what it
+    /// changes), then read by the capacity check, the apply, the status and the metrics.
+    composed: BTreeMap<String, ComposedNetwork>,
     /// What each network's dataplane holds now: the last network value applied successfully.
-    applied: BTreeMap<String, Network>,
+    applied: BTreeMap<String, ComposedNetwork>,
     /// The last apply error of each network that is not in its desired state yet.
     errors: BTreeMap<String, String>,
     /// Networks whose node changed under them (an address, a link, the namespace): applied
@@ -137,13 +141,17 @@ impl Daemon {
                 DesiredState::default()
             }
         };
+        let composed = (desired.networks.iter())
+            .map(|n| (n.name.clone(), ComposedNetwork::new(n.clone())))
+            .collect();
         let mut d = Daemon {
             state_dir: state_dir.to_path_buf(),
             desired,
+            composed,
             applied: applied
                 .networks
                 .into_iter()
-                .map(|n| (n.name.clone(), n))
+                .map(|n| (n.name.clone(), ComposedNetwork::new(n)))
                 .collect(),
             errors: BTreeMap::new(),
             stale: BTreeSet::new(),
@@ -154,7 +162,7 @@ impl Daemon {
             holder: Holder::default(),
         };
         let keep: Vec<&str> = d.desired.networks.iter().map(|n| n.name.as_str()).collect();
-        let gone: Vec<Network> = (d.applied.values())
+        let gone: Vec<ComposedNetwork> = (d.applied.values())
             .filter(|n| !keep.contains(&n.name.as_str()))
             .cloned()
             .collect();
@@ -234,17 +242,23 @@ impl Daemon {
                 }
             }
         }
-        for net in self.desired.networks.clone() {
-            let previous = self.applied.get(&net.name);
-            if previous == Some(&net)
-                && !self.errors.contains_key(&net.name)
-                && !self.stale.contains(&net.name)
+        let names: Vec<String> = (self.desired.networks.iter())
+            .map(|n| n.name.clone())
+            .collect();
+        for name in names {
+            let net = &self.composed[&name];
+            let previous = self.applied.get(&name);
+            if previous.map(|p| p.network()) == Some(net.network())
+                && !self.errors.contains_key(&name)
+                && !self.stale.contains(&name)
             {
-                if self.holder.has_failed(&net.name) {
+                if self.holder.has_failed(&name) {
+                    let net = net.clone();
                     self.hold(&net);
                 }
                 continue;
             }
+            let net = net.clone();
             match self.dp.apply(&net, previous) {
                 Ok(stats) => {
                     self.hold(&net);
@@ -288,7 +302,7 @@ impl Daemon {
             networks: Vec<&'a Network>,
         }
         let applied = Applied {
-            networks: self.applied.values().collect(),
+            networks: self.applied.values().map(|n| n.network()).collect(),
         };
         let json = serde_json::to_string_pretty(&applied).expect("a network always serializes");
         match crate::write_atomically(&self.state_dir.join(APPLIED), json.as_bytes()) {
@@ -327,7 +341,7 @@ impl Daemon {
             if self.errors.contains_key(&name) {
                 continue;
             }
-            let Some(n) = self.desired.network(&name) else {
+            let Some(n) = self.composed.get(&name) else {
                 continue;
             };
             if let Err(e) = self.dp.refresh(n, changes.firewall) {
@@ -370,13 +384,17 @@ impl Daemon {
             .map_err(|e| rejected(anyhow::Error::new(e)))?;
         // Every VIP lb has or had an alias for: such an address on the node is lb's own.
         let lb_vips: BTreeSet<_> = (self.desired.networks.iter())
-            .chain(self.applied.values())
+            .chain(self.applied.values().map(|n| n.network()))
             .flat_map(|n| n.vips())
             .collect();
+        // Each network the change touches is composed here, once: checked, then kept for the
+        // apply and every later read.
+        let mut composed = BTreeMap::new();
         for net in &new.networks {
             if self.desired.network(&net.name) != Some(net) {
+                let c = ComposedNetwork::new(net.clone());
                 self.dp.supports(net).map_err(rejected)?;
-                self.dp.check_capacity(net).map_err(rejected)?;
+                self.dp.check_capacity(&c).map_err(rejected)?;
                 check::check(net, self.desired.network(&net.name), lb_vips.clone())
                     .map_err(rejected)?;
                 hold::check_free(
@@ -385,6 +403,7 @@ impl Daemon {
                     self.holder.held(&net.name),
                 )
                 .map_err(rejected)?;
+                composed.insert(net.name.clone(), c);
             }
         }
         let changes = diff(&self.desired, &new);
@@ -406,6 +425,8 @@ impl Daemon {
             .map(|n| n.name.clone())
             .collect();
         self.desired = new;
+        (self.composed).retain(|name, _| self.desired.network(name).is_some());
+        self.composed.extend(composed);
         let failed = self.reconcile();
         if let Some((network, error)) = (failed.into_iter()).find(|(n, _)| touched.contains(n)) {
             let e = anyhow::anyhow!(
@@ -426,10 +447,16 @@ impl Daemon {
             .ok_or_else(|| ApiError::not_found(format!("unknown network {name:?}")))
     }
 
-    fn selected(&self, network: &Option<String>) -> Result<Vec<Network>, ApiError> {
+    /// The network named, or every network, composed.
+    fn selected(&self, network: &Option<String>) -> Result<Vec<ComposedNetwork>, ApiError> {
         match network {
-            Some(n) => Ok(vec![self.network(n)?.clone()]),
-            None => Ok(self.desired.networks.clone()),
+            Some(n) => {
+                self.network(n)?;
+                Ok(vec![self.composed[n].clone()])
+            }
+            None => Ok((self.desired.networks.iter())
+                .map(|n| self.composed[&n.name].clone())
+                .collect()),
         }
     }
 
@@ -545,7 +572,7 @@ impl Daemon {
                         .map_err(|e| ApiError::internal(&e, false))?;
                     out.extend(flows.into_iter().map(|mut flow| {
                         flow.service =
-                            frontend_owner(&n, &flow.proto, &flow.frontend).map(|s| s.id.clone());
+                            frontend_owner(&n, flow.proto, &flow.frontend).map(|s| s.id.clone());
                         ConntrackEntry {
                             network: n.name.clone(),
                             flow,
@@ -560,7 +587,14 @@ impl Daemon {
 
     fn status(&mut self) -> Status {
         let mut networks = Vec::new();
-        for n in self.desired.networks.clone() {
+        for name in self
+            .desired
+            .networks
+            .iter()
+            .map(|n| n.name.clone())
+            .collect::<Vec<_>>()
+        {
+            let n = self.composed[&name].clone();
             let counted = self.dp.flow_stats(&n);
             let mut warnings = self
                 .dp
@@ -588,10 +622,10 @@ impl Daemon {
                     .len(),
                 flows: counted.as_ref().map(|c| c.by_state.iter().sum()),
                 flows_by_state: counted.as_ref().map(|c| {
-                    (STATES.iter())
+                    (FlowState::ALL.iter())
                         .zip(c.by_state)
-                        .filter(|(s, _)| shows_state(&n, s))
-                        .map(|(s, n)| (s.to_string(), n))
+                        .filter(|(s, _)| s.shown_for(&n))
+                        .map(|(s, n)| (*s, n))
                         .collect()
                 }),
                 flow_entries: counted.as_ref().and_then(|c| c.entries),
@@ -603,12 +637,12 @@ impl Daemon {
                     deleted: s.deleted,
                     flows_flushed: s.flows_flushed,
                 }),
-                name: n.name,
-                interfaces: n.interfaces,
+                name: n.name.clone(),
+                interfaces: n.interfaces.clone(),
             });
         }
         Status {
-            dataplane: self.dp.name().to_owned(),
+            dataplane: self.dp.kind().to_string(),
             reason: self.dataplane_reason.clone(),
             networks,
         }
@@ -618,7 +652,7 @@ impl Daemon {
 impl Daemon {
     /// `network`'s contributions as `lb service list` shows them: frontends, and each
     /// backend's state, live flows and counters (read once for the network).
-    fn service_entries(&mut self, network: &Network) -> Vec<ServiceEntry> {
+    fn service_entries(&mut self, network: &ComposedNetwork) -> Vec<ServiceEntry> {
         let counts = self.dp.counts(network).unwrap_or_default();
         let flows = self.dp.flows(network).ok();
         let mut out = Vec::new();
@@ -637,14 +671,18 @@ impl Daemon {
                         (f.iter())
                             .filter(|f| f.backend.split(':').next() == Some(&b.ip.to_string()))
                             .filter(|f| {
-                                frontend_owner(network, &f.proto, &f.frontend)
+                                frontend_owner(network, f.proto, &f.frontend)
                                     .is_some_and(|s| s.id == service.id)
                             })
                             .count() as u64
                     });
                     BackendStats {
                         address: b.ip,
-                        state: if b.disabled { "disabled" } else { "active" }.to_owned(),
+                        state: if b.disabled {
+                            BackendState::Disabled
+                        } else {
+                            BackendState::Active
+                        },
                         flows,
                         packets: seen.then_some(packets),
                         bytes: seen.then_some(bytes),
@@ -668,7 +706,7 @@ impl Daemon {
 /// over `proto` was sent by: the one with that VIP, else the one publishing that port (on
 /// that address, or on every address). Generations of one service share their frontends,
 /// so any of them names the service.
-fn frontend_owner<'a>(network: &'a Network, proto: &str, frontend: &str) -> Option<&'a Service> {
+fn frontend_owner<'a>(network: &'a Network, proto: Proto, frontend: &str) -> Option<&'a Service> {
     let (addr, port) = frontend.rsplit_once(':')?;
     let (addr, port): (std::net::Ipv4Addr, u16) = (addr.parse().ok()?, port.parse().ok()?);
     (network.services.iter())
@@ -677,9 +715,7 @@ fn frontend_owner<'a>(network: &'a Network, proto: &str, frontend: &str) -> Opti
             network.services.iter().find(|s| {
                 s.ports.iter().any(|p| {
                     let k = p.key();
-                    k.proto.as_str() == proto
-                        && k.port == port
-                        && k.host_ip.is_none_or(|h| h == addr)
+                    k.proto == proto && k.port == port && k.host_ip.is_none_or(|h| h == addr)
                 })
             })
         })
@@ -692,9 +728,4 @@ fn create_private_dir(dir: &Path) -> Result<()> {
             .with_context(|| format!("restricting {}", dir.display()))?;
     }
     Ok(())
-}
-
-/// Whether `network`'s flows are shown in `state`: DSR sessions only for a `dsr` network.
-pub(crate) fn shows_state(network: &Network, state: &str) -> bool {
-    network.mode == Mode::Dsr || state != DSR_STATE
 }

@@ -20,7 +20,7 @@ use super::{
 use crate::{
     api::{self, ApiError, MAX_REQUEST, Reply, Request},
     core::model::Network,
-    dataplane::{Dataplane, EbpfDataplane, NftDataplane, nft, probe},
+    dataplane::{Dataplane, EbpfDataplane, Kind, NftDataplane, nft, probe},
     lock::Lock,
     node::{in_netns, watch},
 };
@@ -127,11 +127,12 @@ fn known_networks(state_dir: &Path) -> Vec<Network> {
 
 /// Removes what the other dataplane left (a restart that switched dataplanes), so that two
 /// never translate the same traffic. VIP aliases stay: the dataplane in use keeps them.
-fn retire_other(in_use: &str, opts: &Options, networks: &[Network]) {
-    let result = if in_use == "nftables" {
-        retire_ebpf(opts, networks)
-    } else {
-        retire_nft(networks)
+fn retire_other(in_use: Kind, opts: &Options, networks: &[Network]) {
+    let result = match in_use {
+        Kind::Nftables => retire_ebpf(opts, networks),
+        Kind::Ebpf => retire_nft(networks),
+        // Never run by `lb daemon`: it has no other dataplane to retire.
+        Kind::Recording => Ok(()),
     };
     if let Err(e) = result {
         tracing::warn!(error = %format!("{e:#}"), "removing the other dataplane's leftovers");
@@ -524,8 +525,8 @@ pub fn run(opts: Options) -> Result<()> {
         None => None,
     };
     let (dp, reason) = dataplane(&opts)?;
-    tracing::info!(dataplane = dp.name(), reason = %reason, "dataplane selected");
-    retire_other(dp.name(), &opts, &known_networks(&opts.state_dir));
+    tracing::info!(dataplane = %dp.kind(), reason = %reason, "dataplane selected");
+    retire_other(dp.kind(), &opts, &known_networks(&opts.state_dir));
     let daemon = Daemon::new(&opts.state_dir, dp, reason)?;
     // The socket last (under its lock, so nothing else binds it meanwhile): a client (and
     // the tests' harness) that can connect talks to a daemon that has applied its state.

@@ -2,7 +2,9 @@
 //!
 //! Contract of [`Dataplane`]: `apply` is called with the network as it must be now and the
 //! network as the dataplane last applied it (`None` the first time, including the first time
-//! after a restart, when what is pinned is adopted). It makes the kernel match, changing only
+//! after a restart, when what is pinned is adopted), each with its composition
+//! ([`ComposedNetwork`]: the caller composes once per change; a dataplane plans from the
+//! composition and never composes). It makes the kernel match, changing only
 //! what differs, and either succeeds or leaves the last good state serving: the caller keeps
 //! `previous` as the applied state until a call succeeds. `remove` undoes everything `apply`
 //! did for a network and tolerates pieces already gone.
@@ -15,17 +17,20 @@ use crate::core::elements::SetKey;
 pub mod ebpf;
 pub mod nft;
 pub mod probe;
+pub mod record;
 
-pub use ebpf::SyncStats;
 pub use ebpf::dataplane::EbpfDataplane;
 pub use nft::NftDataplane;
 
-use crate::core::model::Network;
+use crate::core::{
+    compose::ComposedNetwork,
+    model::{Network, Proto},
+};
 
 /// One tracked flow, as `lb conntrack` shows it.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Flow {
-    pub proto: String,
+    pub proto: Proto,
     pub client: String,
     /// The address and port the client asked (a VIP's, or the node's for a published port).
     pub frontend: String,
@@ -34,9 +39,7 @@ pub struct Flow {
     #[serde(default)]
     pub service: Option<String>,
     pub backend: String,
-    /// `opening` (no answer yet), `established` or `closing` (TCP closed or reset); `dsr`
-    /// for a DSR session (the balancer sees one direction only, so it has no state).
-    pub state: String,
+    pub state: FlowState,
     /// Seconds until the flow expires if no packet comes.
     pub expires_secs: Option<u64>,
     /// Seconds since the flow's last packet, where the dataplane knows it (DSR sessions).
@@ -44,8 +47,92 @@ pub struct Flow {
     pub idle_secs: Option<u64>,
 }
 
-/// [`Flow::state`] of a DSR session.
-pub const DSR_STATE: &str = "dsr";
+/// The state a flow is listed in: by `lb conntrack`, the status and the metrics, in this
+/// order.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowState {
+    /// No answer yet.
+    Opening,
+    Established,
+    /// TCP closed (FINs both ways) or reset.
+    Closing,
+    /// A DSR session: the balancer sees one direction only, so it has no state (shown for
+    /// `dsr` networks only).
+    Dsr,
+}
+
+impl FlowState {
+    pub const ALL: [FlowState; 4] = [
+        FlowState::Opening,
+        FlowState::Established,
+        FlowState::Closing,
+        FlowState::Dsr,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            FlowState::Opening => "opening",
+            FlowState::Established => "established",
+            FlowState::Closing => "closing",
+            FlowState::Dsr => "dsr",
+        }
+    }
+
+    /// Its place in [`FlowState::ALL`] and [`FlowStats::by_state`].
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Whether `network`'s flows are ever in this state: DSR sessions only on a `dsr`
+    /// network.
+    pub fn shown_for(self, network: &Network) -> bool {
+        network.mode == crate::core::model::Mode::Dsr || self != FlowState::Dsr
+    }
+}
+
+impl std::fmt::Display for FlowState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a sync changed: entries (map entries, or moby's elements on nftables) written or
+/// deleted — the cost a one-backend change must keep O(1) — and flows flushed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    pub written: usize,
+    pub deleted: usize,
+    pub flows_flushed: usize,
+}
+
+/// Which dataplane programs the networks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Ebpf,
+    Nftables,
+    /// [`record::Recording`]: nothing is programmed (the daemon's logic under test).
+    Recording,
+}
+
+impl Kind {
+    /// As `lb status` and `--dataplane` name it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Kind::Ebpf => "ebpf",
+            Kind::Nftables => "nftables",
+            Kind::Recording => "recording",
+        }
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Packets and bytes of one service frontend or one of its backends, summed over CPUs.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -80,14 +167,10 @@ impl Count {
     }
 }
 
-/// The states a flow is listed in (`Flow::state`), in the order metrics list them; a DSR
-/// session is a flow in state [`DSR_STATE`] (shown for `dsr` networks only).
-pub const STATES: [&str; 4] = ["opening", "established", "closing", DSR_STATE];
-
 /// What status and metrics say of a network's flows; `None` where the dataplane cannot tell.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FlowStats {
-    /// Live flows by state, in [`STATES`] order.
+    /// Live flows by state, in [`FlowState::ALL`] order.
     pub by_state: [u64; 4],
     /// Entries in the flow table (eBPF: every kind, expired ones not yet collected).
     pub entries: Option<u64>,
@@ -100,9 +183,7 @@ impl FlowStats {
     pub fn of(flows: &[Flow]) -> FlowStats {
         let mut by_state = [0; 4];
         for f in flows {
-            if let Some(i) = STATES.iter().position(|s| *s == f.state) {
-                by_state[i] += 1;
-            }
+            by_state[f.state.index()] += 1;
         }
         FlowStats {
             by_state,
@@ -112,11 +193,10 @@ impl FlowStats {
 }
 
 /// Reads one network's counters, off the actor (see [`Dataplane::counts_reader`]).
-pub type CountsReader = fn(&Network) -> Result<Vec<Count>>;
+pub type CountsReader = fn(&ComposedNetwork) -> Result<Vec<Count>>;
 
 pub trait Dataplane: Send {
-    /// `ebpf` or `nftables`.
-    fn name(&self) -> &'static str;
+    fn kind(&self) -> Kind;
     /// Whether this dataplane can serve `network` at all (checked before a change is saved,
     /// so that a network it cannot serve is refused instead of retried forever).
     fn supports(&self, network: &Network) -> Result<()>;
@@ -124,16 +204,20 @@ pub trait Dataplane: Send {
     /// what it holds for the network now), checked before a change is saved: a state that
     /// cannot be applied is refused with the limit and how to raise it, instead of saved and
     /// retried forever.
-    fn check_capacity(&mut self, _network: &Network) -> Result<()> {
+    fn check_capacity(&mut self, _network: &ComposedNetwork) -> Result<()> {
         Ok(())
     }
-    fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats>;
+    fn apply(
+        &mut self,
+        network: &ComposedNetwork,
+        previous: Option<&ComposedNetwork>,
+    ) -> Result<SyncStats>;
     fn remove(&mut self, network: &Network) -> Result<()>;
     /// Removes whatever this dataplane holds for networks that are not in `keep` (left by a
     /// daemon that stopped before removing them), and returns their names.
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
-    fn flows(&mut self, network: &Network) -> Result<Vec<Flow>>;
-    fn counts(&mut self, network: &Network) -> Result<Vec<Count>>;
+    fn flows(&mut self, network: &ComposedNetwork) -> Result<Vec<Flow>>;
+    fn counts(&mut self, network: &ComposedNetwork) -> Result<Vec<Count>>;
     /// A way to read a network's counters without this dataplane (and so without the
     /// daemon's actor), for a dataplane whose read is slow and needs none of its state: the
     /// metrics endpoint then reads them on its own thread and the writer is never held up by
@@ -143,7 +227,7 @@ pub trait Dataplane: Send {
     }
     /// The network's flows by state, as last counted off the writer's path (`None`: not
     /// counted yet).
-    fn flow_stats(&mut self, network: &Network) -> Option<FlowStats>;
+    fn flow_stats(&mut self, network: &ComposedNetwork) -> Option<FlowStats>;
     /// Per program and outcome, how many packets the datapath saw (`(hook, reason, count)`).
     fn reasons(&mut self, _network: &Network) -> Result<Vec<(&'static str, &'static str, u64)>> {
         Ok(Vec::new())
@@ -151,7 +235,7 @@ pub trait Dataplane: Send {
     /// Looks at the node again for what decides the network's fast path (neighbours, bridge
     /// ports; with `firewall` also the forward-hook rules) and a `dsr` network's backend MACs,
     /// and applies only that. Dataplanes without either have nothing to do.
-    fn refresh(&mut self, _network: &Network, _firewall: bool) -> Result<()> {
+    fn refresh(&mut self, _network: &ComposedNetwork, _firewall: bool) -> Result<()> {
         Ok(())
     }
 

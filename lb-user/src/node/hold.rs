@@ -24,10 +24,7 @@ use std::{
 use anyhow::{Result, bail};
 
 use crate::{
-    core::{
-        compose::compose,
-        model::{HoldPorts, Network, PortKey, Proto},
-    },
+    core::model::{HoldPorts, Network, PortKey, Proto},
     node::in_netns,
 };
 
@@ -36,7 +33,8 @@ pub fn wanted(network: &Network) -> BTreeSet<PortKey> {
     if network.hold_ports == HoldPorts::Off {
         return BTreeSet::new();
     }
-    (compose(network).ports.into_keys())
+    (network.services.iter())
+        .flat_map(|s| s.ports.iter().map(|p| p.key()))
         .filter(|k| k.proto != Proto::Sctp)
         .collect()
 }

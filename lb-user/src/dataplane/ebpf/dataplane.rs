@@ -22,14 +22,14 @@ use std::{
 use anyhow::{Context as _, Result};
 
 use super::{
-    self as ebpf, EbpfNetwork, Held, MapSizes, NodeAddrs, OnIncompatible, ServiceKey, SyncStats,
-    TcMode, attach::Wanted, gc, ip,
+    self as ebpf, EbpfNetwork, Held, MapSizes, NodeAddrs, OnIncompatible, ServiceKey, TcMode,
+    attach::Wanted, gc, ip,
 };
 use crate::{
-    core::compose::{PortKey, compose},
+    core::compose::{ComposedNetwork, PortKey},
     core::elements::{SetKey, claimed_by},
     core::model::{Attach, Mode, Network, Proto},
-    dataplane::{Count, Dataplane, Flow, FlowStats},
+    dataplane::{Count, Dataplane, Flow, FlowStats, Kind, SyncStats},
     node::{
         LinkKind, Netlink, cgroup, in_netns, netlink, netns,
         veth::{self, Peer},
@@ -129,7 +129,7 @@ struct Previous {
 /// Everything of one apply that must run inside the network's namespace.
 fn apply_in_netns(
     dp: &mut EbpfNetwork,
-    network: &Network,
+    network: &ComposedNetwork,
     previous: &Previous,
     tc_mode: TcMode,
 ) -> Result<SyncStats> {
@@ -163,8 +163,7 @@ fn apply_in_netns(
         tc_mode,
     )
     .context("detaching hooks the network no longer has")?;
-    let composed = compose(network);
-    let mut plan = ebpf::plan(network, &composed);
+    let mut plan = ebpf::plan(network, network.composed());
     dp.sync_dsr(&nl, &indexes, &addrs, &mut plan)
         .context("resolving the DSR backends")?;
     let alias_if = &network.interfaces[0];
@@ -236,8 +235,8 @@ fn refresh_in_netns(
 }
 
 impl Dataplane for EbpfDataplane {
-    fn name(&self) -> &'static str {
-        "ebpf"
+    fn kind(&self) -> Kind {
+        Kind::Ebpf
     }
 
     fn supports(&self, _network: &Network) -> Result<()> {
@@ -246,8 +245,8 @@ impl Dataplane for EbpfDataplane {
 
     /// The plan's need against what the network's maps hold and their real sizes; a network
     /// with no maps yet against the sizes its maps will be created with.
-    fn check_capacity(&mut self, network: &Network) -> Result<()> {
-        let plan = ebpf::plan(network, &compose(network));
+    fn check_capacity(&mut self, network: &ComposedNetwork) -> Result<()> {
+        let plan = ebpf::plan(network, network.composed());
         let configured = self.sizes;
         let exists = self.nets.contains_key(&network.name)
             || ebpf::pin_dir(&self.bpffs, &network.name).exists();
@@ -262,7 +261,11 @@ impl Dataplane for EbpfDataplane {
         ebpf::need(&plan, held, network.interfaces.len()).check(&network.name, &sizes, &configured)
     }
 
-    fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
+    fn apply(
+        &mut self,
+        network: &ComposedNetwork,
+        previous: Option<&ComposedNetwork>,
+    ) -> Result<SyncStats> {
         self.supports(network)?;
         let mut prev = Previous::default();
         if let Some(p) = previous {
@@ -305,7 +308,7 @@ impl Dataplane for EbpfDataplane {
         Ok(stats)
     }
 
-    fn refresh(&mut self, network: &Network, firewall: bool) -> Result<()> {
+    fn refresh(&mut self, network: &ComposedNetwork, firewall: bool) -> Result<()> {
         if !self.nets.contains_key(&network.name) {
             // Never applied by this process: its next apply decides the path.
             return Ok(());
@@ -397,7 +400,7 @@ impl Dataplane for EbpfDataplane {
         Ok(removed)
     }
 
-    fn flows(&mut self, network: &Network) -> Result<Vec<Flow>> {
+    fn flows(&mut self, network: &ComposedNetwork) -> Result<Vec<Flow>> {
         let dp = self.net(&network.name)?;
         let now = gc::monotonic_ns();
         let mut flows = gc::live_flows(&dp.flow_entries(), now);
@@ -408,7 +411,7 @@ impl Dataplane for EbpfDataplane {
     }
 
     /// The collector's last pass (the writer never walks the table for this).
-    fn flow_stats(&mut self, network: &Network) -> Option<FlowStats> {
+    fn flow_stats(&mut self, network: &ComposedNetwork) -> Option<FlowStats> {
         let all = (self.collector.as_ref()?.stats)
             .lock()
             .expect("collector stats lock");
@@ -476,7 +479,7 @@ impl Dataplane for EbpfDataplane {
         Ok(out)
     }
 
-    fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
+    fn counts(&mut self, network: &ComposedNetwork) -> Result<Vec<Count>> {
         let dp = self.net(&network.name)?;
         let mut out = Vec::new();
         // What the mirror says is named, with what the counters map holds: no map is walked

@@ -26,9 +26,10 @@ use lb_common::{
     DsrSession, Endpoint, FlowKey, SERVICE_DSR, Service, VipKey, dsr, flow::NS_PER_SEC,
 };
 
-use super::{EbpfNetwork, Plan, ServiceKey, be, gc, ip, sync::write_exactly};
+use super::{EbpfNetwork, Plan, ServiceKey, be, ip, sync::write_exactly};
 use crate::{
-    dataplane::{DSR_STATE, Flow},
+    core::model::Proto,
+    dataplane::{Flow, FlowState},
     node::{Link, Neighbour, Netlink, NodeAddr},
 };
 
@@ -240,13 +241,14 @@ pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Optio
     let idle = now.saturating_sub(s.seen_ns);
     let limit = u64::from(timeout) * NS_PER_SEC;
     Some(Flow {
-        proto: gc::proto_name(k.proto),
+        // Sessions are opened for the protocols ports are published for, and no other.
+        proto: Proto::from_number(k.proto)?,
         client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
         frontend: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
         service: None,
         // Backend and port as NAT rows show them: DSR keeps the VIP's port.
         backend: format!("{}:{}", ip(s.backend), u16::from_be(k.dport)),
-        state: DSR_STATE.to_owned(),
+        state: FlowState::Dsr,
         expires_secs: Some((limit - idle).div_ceil(NS_PER_SEC)),
         idle_secs: Some(idle / NS_PER_SEC),
     })

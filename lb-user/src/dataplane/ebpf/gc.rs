@@ -22,7 +22,7 @@ use lb_common::{
 
 use super::ip;
 use crate::core::model::Proto;
-use crate::dataplane::{FlowStats, STATES};
+use crate::dataplane::{FlowState, FlowStats};
 
 /// Which of a flow's entries one is (see `lb_common::flow`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,13 +56,13 @@ pub fn backend_of(k: &FlowKey, e: &Flow) -> u32 {
 }
 
 /// A flow's state as `lb conntrack` and the metrics name it.
-pub fn state_name(k: &FlowKey, e: &Flow) -> &'static str {
+pub fn flow_state(k: &FlowKey, e: &Flow) -> FlowState {
     if k.proto == lb_common::IPPROTO_TCP && e.closing_orig != 0 && e.closing_reply != 0 {
-        "closing"
+        FlowState::Closing
     } else if e.replied != 0 {
-        "established"
+        FlowState::Established
     } else {
-        "opening"
+        FlowState::Opening
     }
 }
 
@@ -77,24 +77,21 @@ pub fn monotonic_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// `tcp`, `udp`, `sctp`, or the number of a protocol lb does not publish.
-pub fn proto_name(proto: u8) -> String {
-    Proto::from_number(proto).map_or_else(|| proto.to_string(), |p| p.to_string())
-}
-
 /// The live flows among `entries`, as `lb conntrack` lists them (one per flow: its forward
 /// entry), sorted by service and client.
 pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane::Flow> {
     let mut flows: Vec<_> = entries
         .iter()
         .filter(|(_, e)| entry_kind(e) == Entry::Forward && !expired(e, now))
-        .map(|(k, e)| crate::dataplane::Flow {
-            proto: proto_name(k.proto),
+        // The programs open flows of the protocols ports are published for, and no other.
+        .filter_map(|(k, e)| Some((k, e, Proto::from_number(k.proto)?)))
+        .map(|(k, e, proto)| crate::dataplane::Flow {
+            proto,
             client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
             frontend: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
             service: None,
             backend: format!("{}:{}", ip(e.daddr), u16::from_be(e.dport)),
-            state: state_name(k, e).to_owned(),
+            state: flow_state(k, e),
             expires_secs: Some(e.expires_ns.saturating_sub(now).div_ceil(NS_PER_SEC)),
             idle_secs: None,
         })
@@ -119,8 +116,7 @@ pub fn collect(flows: &mut HashMap<MapData, FlowKey, Flow>, now: u64) -> FlowSta
     for (k, e) in &entries {
         if !expired(e, now) {
             if entry_kind(e) == Entry::Forward {
-                let i = STATES.iter().position(|s| *s == state_name(k, e));
-                stats.by_state[i.unwrap_or(0)] += 1;
+                stats.by_state[flow_state(k, e).index()] += 1;
             }
             continue;
         }
@@ -172,10 +168,6 @@ pub fn spawn(bpffs: &Path, interval: Duration) -> Result<Collector> {
     Ok(Collector { stats, kick })
 }
 
-/// Where DSR sessions are counted in [`FlowStats::by_state`].
-const DSR_SLOT: usize = STATES.len() - 1;
-const _: () = assert!(matches!(STATES[DSR_SLOT].as_bytes(), b"dsr"));
-
 /// The DSR sessions of the network pinned in `dir` (a network pinned by an lb without DSR
 /// has none): how many are live, and how many ended ones were deleted.
 fn collect_dsr(dir: &Path, now: u64) -> Result<(u64, u64)> {
@@ -214,7 +206,7 @@ fn run_once(bpffs: &Path, out: &Shared) {
         let mut stats = collect(&mut map, now);
         match collect_dsr(&d.path(), now) {
             Ok((live, deleted)) => {
-                stats.by_state[DSR_SLOT] = live;
+                stats.by_state[FlowState::Dsr.index()] = live;
                 stats.expired_total = stats.expired_total.map(|n| n + deleted);
             }
             Err(e) => {

@@ -59,7 +59,6 @@ mod sync;
 
 pub use attach::detach_all;
 pub use plan::{Held, MapSizes, Need, NodeAddrs, Plan, ServiceKey, be, ip, need, plan};
-pub use sync::SyncStats;
 
 /// Names of the programs in the object, as `bpftool prog show` lists them.
 pub const PROG_XDP: &str = "lb_xdp";

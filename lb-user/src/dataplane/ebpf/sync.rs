@@ -21,15 +21,7 @@ use super::{
     EbpfNetwork, Held, NodeAddrs, Plan, ServiceKey, be, gc, ip,
     plan::{matching_backends, same_set},
 };
-
-/// What a sync changed, in map entries written or deleted (the cost a one-backend change must
-/// keep O(1)).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SyncStats {
-    pub written: usize,
-    pub deleted: usize,
-    pub flows_flushed: usize,
-}
+use crate::dataplane::SyncStats;
 
 /// The kernel's default `ip_local_port_range`, for a namespace whose range cannot be read.
 const DEFAULT_EPHEMERAL: (u16, u16) = (32768, 60999);

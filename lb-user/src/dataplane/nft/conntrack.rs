@@ -6,20 +6,23 @@ use std::{collections::BTreeSet, net::Ipv4Addr, process::Command};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    core::{compose::Composed, model::Network},
-    dataplane::Flow,
+    core::{
+        compose::Composed,
+        model::{Network, Proto},
+    },
+    dataplane::{Flow, FlowState},
 };
 
 /// The kernel's conntrack state of a `conntrack -L` line in lb's three words: TCP's
 /// SYN_SENT/SYN_RECV are opening, ESTABLISHED is established, the FIN and close states are
 /// closing; other protocols are opening until the reply direction was seen.
-fn kernel_state(proto: &str, words: &[&str]) -> &'static str {
+fn kernel_state(proto: Proto, words: &[&str]) -> FlowState {
     match (proto, words.get(3).copied()) {
-        ("tcp", Some("SYN_SENT" | "SYN_RECV" | "SYN_SENT2" | "NONE")) => "opening",
-        ("tcp", Some("ESTABLISHED")) => "established",
-        ("tcp", _) => "closing",
-        _ if words.contains(&"[UNREPLIED]") => "opening",
-        _ => "established",
+        (Proto::Tcp, Some("SYN_SENT" | "SYN_RECV" | "SYN_SENT2" | "NONE")) => FlowState::Opening,
+        (Proto::Tcp, Some("ESTABLISHED")) => FlowState::Established,
+        (Proto::Tcp, _) => FlowState::Closing,
+        _ if words.contains(&"[UNREPLIED]") => FlowState::Opening,
+        _ => FlowState::Established,
     }
 }
 
@@ -89,27 +92,26 @@ pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
         else {
             continue;
         };
-        let Ok(daddr) = dst.parse::<Ipv4Addr>() else {
+        let (Ok(daddr), Ok(proto)) = (dst.parse::<Ipv4Addr>(), proto.parse::<Proto>()) else {
+            // Not an IPv4 flow of a protocol ports are published for: not one of lb's.
             continue;
         };
         let port: u16 = dport.parse().unwrap_or(0);
         let ours = composed.vips.contains_key(&daddr)
             || composed.ports.keys().any(|k| {
-                k.port == port
-                    && k.proto.to_string() == proto
-                    && k.host_ip.is_none_or(|h| h == daddr)
+                k.port == port && k.proto == proto && k.host_ip.is_none_or(|h| h == daddr)
             });
         // Translated: the reply comes from somewhere else than the client asked.
         if !ours || bsrc == dst {
             continue;
         }
         flows.push(Flow {
-            proto: proto.to_owned(),
+            proto,
             client: format!("{src}:{sport}"),
             frontend: format!("{dst}:{dport}"),
             service: None,
             backend: format!("{bsrc}:{bport}"),
-            state: kernel_state(proto, &words).to_owned(),
+            state: kernel_state(proto, &words),
             expires_secs: words.get(2).and_then(|w| w.parse().ok()),
             idle_secs: None,
         });

@@ -1,5 +1,5 @@
-//! The difference between the tables of two networks, as one `nft -f` transaction that
-//! costs what changed: only the services that share a set with a changed one are rendered.
+//! The difference between the tables of two networks, as `nft -f` transactions that cost
+//! what changed: only the sets whose composed backends differ are rendered.
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::Result;
@@ -11,62 +11,32 @@ use super::ruleset::{
     delete_unit, dispatch_elements, kind, nft_key, shape_name, slot, sync_token, table_name,
 };
 use crate::core::{
-    compose::compose,
-    elements::{SetKey, claims, equal_weight_intervals},
-    model::{Network, Service},
+    compose::{Composed, ComposedNetwork},
+    elements::{SetKey, equal_weight_intervals},
 };
 
-type ById<'a> = BTreeMap<(&'a str, &'a str), &'a Service>;
-
-fn by_id(n: &Network) -> ById<'_> {
-    (n.services.iter())
-        .map(|s| ((s.id.as_str(), s.generation.as_str()), s))
+/// The sets whose composed backends differ between `previous` and `network` (a set absent
+/// from one of them included). Every other set renders the same in both, so the difference
+/// of the two tables is the difference of these sets' elements, at the cost of what changed
+/// (one service's sets, or those its generations share).
+fn changed(previous: &Composed, network: &Composed) -> BTreeSet<SetKey> {
+    fn differing<'a, K: Ord + Copy, V: PartialEq>(
+        a: &'a BTreeMap<K, V>,
+        b: &'a BTreeMap<K, V>,
+    ) -> impl Iterator<Item = K> + 'a {
+        (a.keys().chain(b.keys()))
+            .filter(|k| a.get(k) != b.get(k))
+            .copied()
+    }
+    (differing(&previous.vips, &network.vips).map(SetKey::Vip))
+        .chain(differing(&previous.ports, &network.ports).map(SetKey::Port))
         .collect()
 }
 
-/// `previous` and `network` cut down to the services that claim a set whose elements may
-/// differ between them: every contribution that changed, and every contribution sharing a
-/// set with one of those (compose unions the contributions of a set, so a set is only
-/// rendered right with all of them), to a fixed point. Every other set is the same in both,
-/// so the difference of the cut networks is the difference of the whole ones, at the cost of
-/// what changed (one service, or the generations of one service). Third, the rest of
-/// `network`: the services of neither cut, the same in both.
-fn changed_parts(previous: &Network, network: &Network) -> (Network, Network, Network) {
-    let (old, new) = (by_id(previous), by_id(network));
-    let mut sets: BTreeSet<SetKey> = BTreeSet::new();
-    for (a, b) in [(&old, &new), (&new, &old)] {
-        for (id, s) in a {
-            if b.get(id) != Some(s) {
-                sets.extend(claims(s));
-            }
-        }
-    }
-    loop {
-        let before = sets.len();
-        for s in old.values().chain(new.values()) {
-            if claims(s).any(|k| sets.contains(&k)) {
-                sets.extend(claims(s));
-            }
-        }
-        if sets.len() == before {
-            break;
-        }
-    }
-    let cut = |n: &Network, inside: bool| Network {
-        services: (n.services.iter())
-            .filter(|s| claims(s).any(|k| sets.contains(&k)) == inside)
-            .cloned()
-            .collect(),
-        ..n.clone()
-    };
-    (cut(previous, true), cut(network, true), cut(network, false))
-}
-
-/// The units a whole network's table holds, without rendering its elements: a set's shape
-/// is its partition, which depends on its number of backends only (the same function
-/// `placed_elements` partitions by), so one shape per count.
-fn units_in_use(network: &Network) -> BTreeSet<Unit> {
-    let composed = compose(network);
+/// The units a network's table holds for its sets other than `skip`, without rendering their
+/// elements: a set's shape is its partition, which depends on its number of backends only
+/// (the same function `placed_elements` partitions by), so one shape per count.
+fn units_in_use(composed: &Composed, skip: &BTreeSet<SetKey>) -> BTreeSet<Unit> {
     let mut shapes: BTreeMap<usize, String> = BTreeMap::new();
     let mut shape = |n: usize| -> String {
         (shapes.entry(n))
@@ -79,15 +49,19 @@ fn units_in_use(network: &Network) -> BTreeSet<Unit> {
             })
             .clone()
     };
-    let vips = (composed.vips.values()).map(|b| (Kind::Vip, b.len()));
-    let ports = (composed.ports.iter()).map(|(key, b)| {
-        let kind = if key.host_ip.is_some() {
-            Kind::HostPort
-        } else {
-            Kind::Port
-        };
-        (kind, b.len())
-    });
+    let vips = (composed.vips.iter())
+        .filter(|(v, _)| !skip.contains(&SetKey::Vip(**v)))
+        .map(|(_, b)| (Kind::Vip, b.len()));
+    let ports = (composed.ports.iter())
+        .filter(|(k, _)| !skip.contains(&SetKey::Port(**k)))
+        .map(|(key, b)| {
+            let kind = if key.host_ip.is_some() {
+                Kind::HostPort
+            } else {
+                Kind::Port
+            };
+            (kind, b.len())
+        });
     (vips.chain(ports))
         .filter(|(_, n)| *n > 0)
         .map(|(kind, n)| (kind, shape(n)))
@@ -127,26 +101,30 @@ pub struct Update {
 /// declared by someone else) fails it, which changes nothing; the caller then declares the
 /// table whole. The DSR table follows in the last transaction as `dsr` says (`dsr::update`).
 pub fn update(
-    previous: &Network,
-    network: &Network,
+    previous: &ComposedNetwork,
+    network: &ComposedNetwork,
     subnets: &Subnets,
     dsr: &dsr::Sync,
 ) -> Result<Update> {
     let t = table_name(&network.name);
-    let (old_cut, new_cut, rest) = changed_parts(previous, network);
-    let (old, new) = (Layout::of(&old_cut), Layout::of(&new_cut));
-    // The cut networks show the units their sets use; whether the table has a unit also
-    // depends on the rest, which is only composed when a unit may come or go.
+    let changed = changed(previous.composed(), network.composed());
+    let within = |k: &SetKey| changed.contains(k);
+    let (old, new) = (
+        Layout::of_sets(previous, within),
+        Layout::of_sets(network, within),
+    );
+    // The changed sets show the units they use; whether the table has a unit also depends on
+    // the other sets, which are only looked at when a unit may come or go.
     let same_units = old.units.keys().eq(new.units.keys());
     let rest = if same_units {
         BTreeSet::new()
     } else {
-        units_in_use(&rest)
+        units_in_use(network.composed(), &changed)
     };
     let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
     let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
     let (mut written, mut deleted) = (0, 0);
-    let token = |n: &Network| {
+    let token = |n: &crate::core::model::Network| {
         format!(
             "delete element ip {t} {SYNC_SET} {{ {} }}\nadd element ip {t} {SYNC_SET} {{ {} }}\n",
             sync_token(previous),
@@ -233,7 +211,7 @@ pub fn update(
         }
     }
     base(&mut s, &t, network, subnets);
-    let (dsr_written, dsr_deleted) = dsr::update(&mut s, network, (&old_cut, &new_cut), dsr);
+    let (dsr_written, dsr_deleted) = dsr::update(&mut s, network, previous, &within, dsr);
     written += dsr_written;
     deleted += dsr_deleted;
     Ok(Update {
@@ -249,14 +227,16 @@ mod tests {
     use super::*;
     use crate::core::model::{DesiredState, Mode};
 
-    fn network(services: &str) -> Network {
+    fn network(services: &str) -> ComposedNetwork {
         let json = format!(
             r#"{{"networks":[{{"name":"roll","interfaces":["lbc0"],"services":[{services}]}}]}}"#
         );
-        DesiredState::from_json(&json)
-            .expect("a valid state")
-            .networks[0]
-            .clone()
+        ComposedNetwork::new(
+            DesiredState::from_json(&json)
+                .expect("a valid state")
+                .networks[0]
+                .clone(),
+        )
     }
 
     /// Generation `g` of service `api` on VIP 10.99.0.10 and tcp/8080, with `backends`
@@ -365,8 +345,14 @@ mod tests {
         let state = DesiredState::from_json(include_str!("../../../tests/golden/shared_port.json"))
             .expect("golden state");
         for network in state.networks.iter().filter(|n| n.mode == Mode::Nat) {
-            let layout: BTreeSet<Unit> = Layout::of(network).units.into_keys().collect();
-            assert_eq!(units_in_use(network), layout, "network {}", network.name);
+            let network = ComposedNetwork::new(network.clone());
+            let layout: BTreeSet<Unit> = Layout::of(&network).units.into_keys().collect();
+            assert_eq!(
+                units_in_use(network.composed(), &BTreeSet::new()),
+                layout,
+                "network {}",
+                network.name
+            );
         }
     }
 }

@@ -35,14 +35,15 @@ use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr};
 
 use super::ruleset::table_name;
 use crate::core::{
-    elements::{REAL_SERVER, placed_elements},
-    model::{Mode, Network},
+    compose::ComposedNetwork,
+    elements::{REAL_SERVER, SetKey, placed_sets},
+    model::{Mode, Network, Proto},
 };
 
 /// The set of VIPs the chains divert (moby's name).
 pub const VIP_SET: &str = "vip";
 /// The protocols with a session map, in rule order.
-pub const PROTOS: [&str; 3] = ["tcp", "udp", "sctp"];
+pub const PROTOS: &[Proto] = Proto::ALL;
 /// A session's key and what it maps to (moby's session map type).
 const SESSION_KEY: &str = "ip saddr . th sport . ip daddr . th dport";
 /// Sessions per protocol (moby's size).
@@ -50,7 +51,7 @@ pub const SESSIONS: u32 = 65536;
 const NUMGEN: &str = "numgen random mod 65536";
 
 /// The session map of `proto`.
-pub fn session_map(proto: &str) -> String {
+pub fn session_map(proto: Proto) -> String {
     format!("dsr-conntrack-{proto}")
 }
 
@@ -102,8 +103,8 @@ pub const MAX_REAL_SERVER: usize = 1365;
 
 /// Refuses a network whose `real-server` elements the table cannot take (see
 /// [`MAX_REAL_SERVER`]), saying what to do instead.
-pub fn check_capacity(network: &Network) -> anyhow::Result<()> {
-    let n = real_server(network).len();
+pub fn check_capacity(network: &ComposedNetwork) -> anyhow::Result<()> {
+    let n = real_server(network, |_| true).len();
     if n > MAX_REAL_SERVER {
         anyhow::bail!(
             "network {}: {n} real-server elements (one per backend of each VIP), more than the \
@@ -116,10 +117,13 @@ pub fn check_capacity(network: &Network) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `KEY : BACKEND` of every `real-server` element of `network` (the core's elements, the
-/// source of `lb elements`; never partitioned here).
-pub fn real_server(network: &Network) -> BTreeSet<String> {
-    (placed_elements(network).into_iter())
+/// `KEY : BACKEND` of every `real-server` element of `network`'s sets that `wanted` selects
+/// (the core's elements, the source of `lb elements`; never partitioned here).
+pub fn real_server(
+    network: &ComposedNetwork,
+    wanted: impl Fn(&SetKey) -> bool,
+) -> BTreeSet<String> {
+    (placed_sets(network, wanted).into_iter())
         .filter(|p| p.element.map == REAL_SERVER)
         .map(|p| format!("{} : {}", p.element.key, p.element.value))
         .collect()
@@ -162,7 +166,7 @@ fn maps(s: &mut String, t: &str, timeout: u32, empty: bool) {
             "flush set netdev {t} {VIP_SET}\nflush map netdev {t} {REAL_SERVER}"
         );
     }
-    for p in PROTOS {
+    for &p in PROTOS {
         let _ = writeln!(
             s,
             "add map netdev {t} {} {{ typeof {SESSION_KEY} : ether daddr; flags dynamic, timeout; size {SESSIONS}; timeout {timeout}s; }}",
@@ -198,7 +202,7 @@ fn chains(s: &mut String, t: &str, timeout: u32, sync: &Sync) {
         ];
         let mut rules = pass.to_vec();
         rules.push("notrack ether saddr set ether daddr counter".to_owned());
-        for p in PROTOS {
+        for &p in PROTOS {
             rules.push(format!(
                 "ip protocol {p} ether daddr set {SESSION_KEY} map @{} counter fwd to {dev}",
                 session_map(p)
@@ -206,7 +210,11 @@ fn chains(s: &mut String, t: &str, timeout: u32, sync: &Sync) {
         }
         rules.push(format!(
             "ip protocol {{ {} }} fwd ip to ip daddr . {NUMGEN} map @{REAL_SERVER} device {dev}",
-            PROTOS.join(", ")
+            PROTOS
+                .iter()
+                .map(|p| p.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
         rules.push("counter drop".to_owned());
         base_chain(s, t, &ingress, "ingress", &dev, &rules);
@@ -214,9 +222,9 @@ fn chains(s: &mut String, t: &str, timeout: u32, sync: &Sync) {
         let mut rules = pass.to_vec();
         rules.push(format!(
             "tcp flags rst delete @{} {{ {SESSION_KEY} : ether daddr }} counter accept",
-            session_map("tcp")
+            session_map(Proto::Tcp)
         ));
-        for p in PROTOS {
+        for &p in PROTOS {
             rules.push(format!(
                 "ip protocol {p} update @{} {{ {SESSION_KEY} timeout {timeout}s : ether daddr }} counter accept",
                 session_map(p)
@@ -238,7 +246,7 @@ fn base_chain(s: &mut String, t: &str, name: &str, hook: &str, dev: &str, rules:
 
 /// The whole table for `network` (its sessions kept if it exists), or its removal when
 /// `sync.on` is off; returns the real-server elements written.
-pub fn declare(s: &mut String, network: &Network, sync: &Sync) -> usize {
+pub fn declare(s: &mut String, network: &ComposedNetwork, sync: &Sync) -> usize {
     if !sync.on {
         delete_table(s, &network.name);
         return 0;
@@ -253,20 +261,21 @@ pub fn declare(s: &mut String, network: &Network, sync: &Sync) -> usize {
         VIP_SET,
         network.vips().iter().map(Ipv4Addr::to_string),
     );
-    let rs = real_server(network);
+    let rs = real_server(network, |_| true);
     let n = rs.len();
     add_elements(s, &t, REAL_SERVER, rs);
     n
 }
 
-/// The difference from the table written for `previous` to `network`'s, where `old` and
-/// `new` are the two cut down to the services that may differ (`diff::changed_parts`):
-/// changed elements are deleted and added again, the rest keep their counters. A table
-/// that appears or goes is declared or deleted whole. Returns (written, deleted) elements.
+/// The difference from the table written for `previous` to `network`'s, over the sets
+/// `changed` selects (`diff::changed`; every other set is the same in both): changed elements
+/// are deleted and added again, the rest keep their counters. A table that appears or goes is
+/// declared or deleted whole. Returns (written, deleted) elements.
 pub fn update(
     s: &mut String,
-    network: &Network,
-    (old, new): (&Network, &Network),
+    network: &ComposedNetwork,
+    previous: &ComposedNetwork,
+    changed: &dyn Fn(&SetKey) -> bool,
     sync: &Sync,
 ) -> (usize, usize) {
     if sync.on != sync.was_on {
@@ -279,7 +288,13 @@ pub fn update(
     // A new timeout lands in the map's default too (the rules carry it per element).
     let timeout = network.timeouts.dsr_secs();
     maps(s, &t, timeout, false);
-    let (was, now) = (old.vips(), new.vips());
+    let vips = |n: &ComposedNetwork| -> BTreeSet<Ipv4Addr> {
+        (n.composed().vips.keys())
+            .filter(|v| changed(&SetKey::Vip(**v)))
+            .copied()
+            .collect()
+    };
+    let (was, now) = (vips(previous), vips(network));
     delete_elements(
         s,
         &t,
@@ -292,7 +307,10 @@ pub fn update(
         VIP_SET,
         now.difference(&was).map(Ipv4Addr::to_string),
     );
-    let (was, now) = (real_server(old), real_server(new));
+    let (was, now) = (
+        real_server(previous, changed),
+        real_server(network, changed),
+    );
     // An element is its whole `KEY : BACKEND`; a key with another backend is deleted (by
     // key) and added again.
     let gone: Vec<String> = (was.difference(&now))

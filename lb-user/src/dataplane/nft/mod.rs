@@ -57,9 +57,9 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{Count, DSR_STATE, Dataplane, Flow, FlowStats, SyncStats};
+use super::{Count, Dataplane, Flow, FlowState, FlowStats, Kind, SyncStats};
 use crate::{
-    core::compose::compose,
+    core::compose::ComposedNetwork,
     core::elements::{Element, SetKey, claimed_by, placed_elements},
     core::model::{FlowTimeouts, Masquerade, Mode, Network, Proto},
     node::{Netlink, NodeAddr, in_netns, netlink},
@@ -188,7 +188,10 @@ fn subnets(
 
 /// One sync in the network's namespace: the difference from `previous` when there is one and
 /// the table is still the one written for it, else the whole table.
-fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
+fn apply_in_netns(
+    network: &ComposedNetwork,
+    previous: Option<&ComposedNetwork>,
+) -> Result<SyncStats> {
     let nl = Netlink::new()?;
     // One dump per apply, shared by the subnets and the aliases (see the eBPF dataplane).
     let addrs = nl.addresses()?;
@@ -207,7 +210,13 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     let localnet = localnet::Plan::new(network, &localnet::recorded(&table)?)?;
     let applied = match previous {
         Some(prev) => {
-            let dsr = dsr_sync(network, previous, &present, support, false)?;
+            let dsr = dsr_sync(
+                network,
+                previous.map(|p| p.network()),
+                &present,
+                support,
+                false,
+            )?;
             let diff = update(prev, network, &subnets, &dsr)?;
             let prepared = diff.prepare.as_deref().map_or(Ok(()), exec::transaction);
             match prepared
@@ -227,7 +236,13 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
         None => false,
     };
     if !applied {
-        let dsr = dsr_sync(network, previous, &present, support, true)?;
+        let dsr = dsr_sync(
+            network,
+            previous.map(|p| p.network()),
+            &present,
+            support,
+            true,
+        )?;
         let (script, elements) = ruleset::declare(network, &subnets, &dsr)?;
         exec::transaction(&(script + &localnet.script(&table)))?;
         stats.written = elements;
@@ -240,9 +255,10 @@ fn apply_in_netns(network: &Network, previous: Option<&Network>) -> Result<SyncS
     }
     // A UDP port that gained or changed its backends (every one, the first time after a
     // start): flows made while it had none would keep their clients off it.
-    let before = previous.map(|p| compose(p).ports).unwrap_or_default();
-    for (key, set) in compose(network).ports {
-        if key.proto == Proto::Udp && !set.is_empty() && before.get(&key) != Some(&set) {
+    let none = BTreeMap::new();
+    let before = previous.map_or(&none, |p| &p.composed().ports);
+    for (key, set) in &network.composed().ports {
+        if key.proto == Proto::Udp && !set.is_empty() && before.get(key) != Some(set) {
             stats.flows_flushed += conntrack::clear_untranslated(key.host_ip, key.port)?;
         }
     }
@@ -303,20 +319,24 @@ impl Dataplane for NftDataplane {
         Ok(())
     }
 
-    fn name(&self) -> &'static str {
-        "nftables"
+    fn kind(&self) -> Kind {
+        Kind::Nftables
     }
 
     /// A dsr network's DSR table has a size limit (`dsr::MAX_REAL_SERVER`); where the kernel
     /// cannot run that table the network is NAT only, which has none.
-    fn check_capacity(&mut self, network: &Network) -> Result<()> {
+    fn check_capacity(&mut self, network: &ComposedNetwork) -> Result<()> {
         if has_dsr_table(network) {
             dsr::check_capacity(network)?;
         }
         Ok(())
     }
 
-    fn apply(&mut self, network: &Network, previous: Option<&Network>) -> Result<SyncStats> {
+    fn apply(
+        &mut self,
+        network: &ComposedNetwork,
+        previous: Option<&ComposedNetwork>,
+    ) -> Result<SyncStats> {
         let mut previous = previous;
         if let Some(prev) = previous
             && (prev.netns != network.netns
@@ -420,15 +440,15 @@ impl Dataplane for NftDataplane {
     }
 
     /// From the kernel's conntrack, which keeps no table of lb's to count.
-    fn flow_stats(&mut self, network: &Network) -> Option<FlowStats> {
+    fn flow_stats(&mut self, network: &ComposedNetwork) -> Option<FlowStats> {
         self.flows(network).ok().map(|f| FlowStats::of(&f))
     }
 
     /// The kernel's conntrack entries translated to one of this network's services, and a
     /// dsr network's sessions.
-    fn flows(&mut self, network: &Network) -> Result<Vec<Flow>> {
-        let composed = compose(network);
-        let dsr = has_dsr_table(network).then(|| network.clone());
+    fn flows(&mut self, network: &ComposedNetwork) -> Result<Vec<Flow>> {
+        let composed = network.composed().clone();
+        let dsr = has_dsr_table(network).then(|| network.network().clone());
         in_netns(network.netns.as_deref(), move || {
             let mut flows = conntrack::flows(&composed)?;
             if let Some(network) = dsr {
@@ -443,7 +463,7 @@ impl Dataplane for NftDataplane {
     /// the set and backend the desired state places it in; the table holds exactly those,
     /// except while a sync is failing, when the elements only the previous state had are left
     /// out until the retry heals it.
-    fn counts(&mut self, network: &Network) -> Result<Vec<Count>> {
+    fn counts(&mut self, network: &ComposedNetwork) -> Result<Vec<Count>> {
         Self::read_counts(network)
     }
 
@@ -474,7 +494,7 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
         }
     }
     let mut flows = Vec::new();
-    for proto in dsr::PROTOS {
+    for &proto in dsr::PROTOS {
         let map = dsr::session_map(proto);
         let json = exec::list_dsr_map(&network.name, &map)
             .with_context(|| format!("listing the DSR sessions of network {}", network.name))?;
@@ -484,12 +504,12 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
                 None => format!("-[{}]", s.mac),
             };
             flows.push(Flow {
-                proto: proto.to_owned(),
+                proto,
                 client: s.client.to_string(),
                 frontend: s.service.to_string(),
                 service: None,
                 backend,
-                state: DSR_STATE.to_owned(),
+                state: FlowState::Dsr,
                 expires_secs: Some(s.expires_secs),
                 // nft lists whole seconds left, rounded down: idle rounds up.
                 idle_secs: Some(s.timeout_secs.saturating_sub(s.expires_secs)),
@@ -502,7 +522,7 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
 
 impl NftDataplane {
     /// Every service's and backend's packets and bytes, from the elements' counters.
-    fn read_counts(network: &Network) -> Result<Vec<Count>> {
+    fn read_counts(network: &ComposedNetwork) -> Result<Vec<Count>> {
         let owner: HashMap<Element, (SetKey, Ipv4Addr)> = (placed_elements(network).into_iter())
             .map(|p| (p.element, (p.set, p.backend)))
             .collect();
@@ -533,10 +553,10 @@ mod tests {
     use super::*;
     use crate::core::model::DesiredState;
 
-    fn edge() -> Network {
+    fn edge() -> ComposedNetwork {
         let state = DesiredState::from_json(include_str!("../../../tests/golden/shared_port.json"))
             .expect("golden state");
-        state.network("edge").expect("the dsr network").clone()
+        ComposedNetwork::new(state.network("edge").expect("the dsr network").clone())
     }
 
     /// Where the probe fails (a kernel before 5.16 has no netdev egress hook; the failure is
@@ -582,7 +602,7 @@ mod tests {
         // A nat network never has the table, and nothing to say about it.
         let nat = Network {
             mode: Mode::Nat,
-            ..edge
+            ..edge.network().clone()
         };
         assert!(!dsr_on(&nat, &works));
         assert_eq!(dsr_warning(&nat, &missing), None);
@@ -607,10 +627,10 @@ mod tests {
                     ports: Vec::new(),
                 })
                 .collect(),
-            ..edge()
+            ..edge().network().clone()
         };
-        dsr::check_capacity(&with_vips(273, 5)).expect("1,365 elements fit");
-        let err = dsr::check_capacity(&with_vips(342, 4)).unwrap_err();
+        dsr::check_capacity(&ComposedNetwork::new(with_vips(273, 5))).expect("1,365 elements fit");
+        let err = dsr::check_capacity(&ComposedNetwork::new(with_vips(342, 4))).unwrap_err();
         assert!(
             err.to_string().contains("1368 real-server elements"),
             "{err}"

@@ -32,8 +32,9 @@ use anyhow::Result;
 use super::dsr;
 
 use crate::core::{
+    compose::ComposedNetwork,
     compose::PortKey,
-    elements::{REAL_SERVER, SetKey, placed_elements},
+    elements::{REAL_SERVER, SetKey, placed_sets},
     model::{Masquerade, Network},
 };
 
@@ -205,11 +206,16 @@ pub struct Layout {
 
 impl Layout {
     /// From the core's elements (`placed_elements`, the source of `lb elements`).
-    pub fn of(network: &Network) -> Layout {
+    pub fn of(network: &ComposedNetwork) -> Layout {
+        Layout::of_sets(network, |_| true)
+    }
+
+    /// [`Layout::of`] the sets `wanted` selects (and of the VIPs among them).
+    pub fn of_sets(network: &ComposedNetwork, wanted: impl Fn(&SetKey) -> bool) -> Layout {
         // Per set, its elements in interval order (placed_elements' order); a dsr network's
         // real-server elements are the DSR table's (`dsr.rs`).
         let mut sets: BTreeMap<SetKey, Vec<(String, String)>> = BTreeMap::new();
-        for p in placed_elements(network)
+        for p in placed_sets(network, &wanted)
             .into_iter()
             .filter(|p| p.element.map != REAL_SERVER)
         {
@@ -220,7 +226,10 @@ impl Layout {
                 .push((interval.to_owned(), p.element.value));
         }
         let mut layout = Layout {
-            vips: network.vips(),
+            vips: (network.composed().vips.keys())
+                .filter(|v| wanted(&SetKey::Vip(**v)))
+                .copied()
+                .collect(),
             ..Layout::default()
         };
         for (key, elements) in sets {
@@ -450,12 +459,16 @@ pub(super) fn base(s: &mut String, t: &str, network: &Network, subnets: &Subnets
 /// The whole `nft -f` transaction of a first sync of `network`, given the `subnets` on its
 /// interfaces, into a namespace where all of them exist: the table deleted if it exists and
 /// declared again with every element, and for a dsr network its DSR table (see `dsr.rs`).
-pub fn ruleset(network: &Network, subnets: &Subnets) -> Result<String> {
+pub fn ruleset(network: &ComposedNetwork, subnets: &Subnets) -> Result<String> {
     declare(network, subnets, &dsr::Sync::fresh(network)).map(|(s, _)| s)
 }
 
 /// [`ruleset`] with the DSR table as `dsr` says, and how many of moby's elements it writes.
-pub fn declare(network: &Network, subnets: &Subnets, dsr: &dsr::Sync) -> Result<(String, usize)> {
+pub fn declare(
+    network: &ComposedNetwork,
+    subnets: &Subnets,
+    dsr: &dsr::Sync,
+) -> Result<(String, usize)> {
     let t = table_name(&network.name);
     let layout = Layout::of(network);
     let mut s = String::new();
