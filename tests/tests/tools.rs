@@ -23,9 +23,14 @@ const PACKETS: u64 = 3000;
 const TRAFGEN_PORT: u16 = 40000;
 
 /// One datagram from a kernel socket in `from` to `to:port`; its source port.
+/// The source port of [`send_datagram`]: outside every trafgen range of these tests, so a
+/// burst's ports are never confused with it (an ephemeral port could be one of them).
+const WARM_UP_PORT: u16 = 39999;
+
+/// Sends one datagram from [`WARM_UP_PORT`]; returns that port.
 fn send_datagram(from: &Netns, to: Ipv4Addr, port: u16) -> u16 {
     from.run(|| {
-        let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, WARM_UP_PORT)).unwrap();
         sock.send_to(b"hello\n", (to, port)).unwrap();
         sock.local_addr().unwrap().port()
     })

@@ -14,6 +14,7 @@ use anyhow::Result;
 
 use crate::core::elements::SetKey;
 
+pub mod aliases;
 pub mod ebpf;
 pub mod nft;
 pub mod probe;

@@ -2,10 +2,8 @@
 //! applies (so a change costs map writes, not a program load), pinned so that a restarted
 //! daemon adopts it.
 //!
-//! Order per network, as in the seed: VIP aliases are added before the maps point at them and
-//! removed only after the maps no longer do, so a VIP is never routed to without its address.
-//! Only aliases this dataplane added are ever removed (the VIPs of the previously applied
-//! network): an operator's own /32 on the interface is not ours to take.
+//! The VIP aliases follow the maps in `dataplane::aliases`' order (added before the maps
+//! point at them, removed after they no longer do).
 //!
 //! A network changed in place keeps its pins, and so its flows: interfaces added get the
 //! programs, interfaces dropped lose them, `attach` switched between tc and xdp adds or
@@ -29,7 +27,7 @@ use crate::{
     core::compose::{ComposedNetwork, PortKey},
     core::elements::{SetKey, claimed_by},
     core::model::{Attach, Mode, Network, Proto},
-    dataplane::{Count, Dataplane, Flow, FlowStats, Kind, SyncStats},
+    dataplane::{Count, Dataplane, Flow, FlowStats, Kind, SyncStats, aliases},
     node::{
         LinkKind, Netlink, cgroup, in_netns, netlink, netns,
         veth::{self, Peer},
@@ -119,9 +117,7 @@ fn same_shape(a: &Network, b: &Network) -> bool {
 /// What of the previously applied version an apply changes in place.
 #[derive(Default)]
 struct Previous {
-    vips: BTreeSet<Ipv4Addr>,
-    /// The interface that carried the VIP aliases.
-    alias_if: Option<String>,
+    aliases: Option<aliases::Previous>,
     /// Interfaces the network no longer has.
     dropped: Vec<String>,
 }
@@ -166,15 +162,16 @@ fn apply_in_netns(
     let mut plan = ebpf::plan(network, network.composed());
     dp.sync_dsr(&nl, &indexes, &addrs, &mut plan)
         .context("resolving the DSR backends")?;
-    let alias_if = &network.interfaces[0];
-    let want = network.vips();
-    nl.add_aliases(alias_if, &want, &addrs)?;
     // The node's own addresses, without lb's VIP aliases: a VIP is matched on every port by
     // its own map, and thousands of aliases would not fit the local-address map. An address
     // of the node is never taken for an alias, so no service added or removed here can take
     // it out of the map.
+    let mut vips = network.vips();
+    if let Some(p) = &previous.aliases {
+        vips.extend(&p.vips);
+    }
     let node = NodeAddrs {
-        local: netlink::node_ipv4(&addrs, &want.union(&previous.vips).copied().collect()),
+        local: netlink::node_ipv4(&addrs, &vips),
         ifaces,
         ephemeral: NodeAddrs::read_ephemeral(),
     };
@@ -183,16 +180,9 @@ fn apply_in_netns(
         .iter()
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
-    let stats = dp.sync(&plan, &node, &keep).context("writing maps")?;
-    match previous.alias_if.as_deref() {
-        // The aliases moved to another interface: all of them leave the old one.
-        Some(old) if old != alias_if => nl.remove_aliases(old, &previous.vips)?,
-        _ => nl.remove_aliases(
-            alias_if,
-            &previous.vips.difference(&want).copied().collect(),
-        )?,
-    }
-    Ok(stats)
+    aliases::around(&nl, &addrs, network, previous.aliases.as_ref(), || {
+        dp.sync(&plan, &node, &keep).context("writing maps")
+    })
 }
 
 /// Socket-level balancing for the calling thread's namespace (`lb-ebpf` `sock`): the record
@@ -271,8 +261,7 @@ impl Dataplane for EbpfDataplane {
         if let Some(p) = previous {
             if same_shape(p, network) {
                 prev = Previous {
-                    vips: p.vips(),
-                    alias_if: p.interfaces.first().cloned(),
+                    aliases: Some(aliases::Previous::of(p)),
                     dropped: (p.interfaces.iter())
                         .filter(|i| !network.interfaces.contains(i))
                         .cloned()
@@ -366,12 +355,14 @@ impl Dataplane for EbpfDataplane {
             let ours: Vec<u32> = (nl.present(&net.interfaces)?.into_iter())
                 .map(|(_, i)| i)
                 .collect();
-            for (i, a) in nl.managed_neighbours()? {
-                if ours.contains(&i) {
-                    nl.forget_neighbour(i, a)?;
+            aliases::after(&nl, &net, || {
+                for (i, a) in nl.managed_neighbours()? {
+                    if ours.contains(&i) {
+                        nl.forget_neighbour(i, a)?;
+                    }
                 }
-            }
-            nl.remove_aliases(&net.interfaces[0], &net.vips())
+                Ok(())
+            })
         })
         .with_context(|| format!("network {}: removing", network.name))?;
         tracing::info!(network = %network.name, "network removed");

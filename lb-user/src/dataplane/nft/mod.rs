@@ -57,7 +57,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{Count, Dataplane, Flow, FlowState, FlowStats, Kind, SyncStats};
+use super::{Count, Dataplane, Flow, FlowState, FlowStats, Kind, SyncStats, aliases};
 use crate::{
     core::compose::ComposedNetwork,
     core::elements::{Element, SetKey, claimed_by, placed_elements},
@@ -202,55 +202,49 @@ fn apply_in_netns(
     } else {
         &Ok(())
     };
-    let alias_if = &network.interfaces[0];
-    let want = network.vips();
-    nl.add_aliases(alias_if, &want, &addrs)?;
-    let mut stats = SyncStats::default();
     let table = table_name(&network.name);
     let localnet = localnet::Plan::new(network, &localnet::recorded(&table)?)?;
-    let applied = match previous {
-        Some(prev) => {
+    let previous_aliases = previous.map(|p| aliases::Previous::of(p));
+    let mut stats = aliases::around(&nl, &addrs, network, previous_aliases.as_ref(), || {
+        let mut stats = SyncStats::default();
+        let applied = match previous {
+            Some(prev) => {
+                let dsr = dsr_sync(network, Some(prev.network()), &present, support, false)?;
+                let diff = update(prev, network, &subnets, &dsr)?;
+                let prepared = diff.prepare.as_deref().map_or(Ok(()), exec::transaction);
+                match prepared
+                    .and_then(|()| exec::transaction(&(diff.script + &localnet.script(&table))))
+                {
+                    Ok(()) => {
+                        (stats.written, stats.deleted) = (diff.written, diff.deleted);
+                        true
+                    }
+                    Err(e) => {
+                        tracing::warn!(network = %network.name, error = %format!("{e:#}"),
+                            "the table is not the one lb last wrote, or the difference was refused: declaring it whole");
+                        false
+                    }
+                }
+            }
+            None => false,
+        };
+        if !applied {
             let dsr = dsr_sync(
                 network,
                 previous.map(|p| p.network()),
                 &present,
                 support,
-                false,
+                true,
             )?;
-            let diff = update(prev, network, &subnets, &dsr)?;
-            let prepared = diff.prepare.as_deref().map_or(Ok(()), exec::transaction);
-            match prepared
-                .and_then(|()| exec::transaction(&(diff.script + &localnet.script(&table))))
-            {
-                Ok(()) => {
-                    (stats.written, stats.deleted) = (diff.written, diff.deleted);
-                    true
-                }
-                Err(e) => {
-                    tracing::warn!(network = %network.name, error = %format!("{e:#}"),
-                        "the table is not the one lb last wrote, or the difference was refused: declaring it whole");
-                    false
-                }
-            }
+            let (script, elements) = ruleset::declare(network, &subnets, &dsr)?;
+            exec::transaction(&(script + &localnet.script(&table)))?;
+            stats.written = elements;
         }
-        None => false,
-    };
-    if !applied {
-        let dsr = dsr_sync(
-            network,
-            previous.map(|p| p.network()),
-            &present,
-            support,
-            true,
-        )?;
-        let (script, elements) = ruleset::declare(network, &subnets, &dsr)?;
-        exec::transaction(&(script + &localnet.script(&table)))?;
-        stats.written = elements;
-    }
-    // With the record and the guard in.
-    localnet.carry_out()?;
+        // With the record and the guard in.
+        localnet.carry_out()?;
+        Ok(stats)
+    })?;
     if let Some(prev) = previous {
-        nl.remove_aliases(alias_if, &prev.vips().difference(&want).copied().collect())?;
         stats.flows_flushed = conntrack::flush_removed_backends(prev, network)?;
     }
     // A UDP port that gained or changed its backends (every one, the first time after a
@@ -372,9 +366,10 @@ impl Dataplane for NftDataplane {
         let net = network.clone();
         in_netns(network.netns.as_deref(), move || {
             // route_localnet off before the guard goes with the table.
-            localnet::restore(&table_name(&net.name))?;
-            delete_table(&net.name)?;
-            Netlink::new()?.remove_aliases(&net.interfaces[0], &net.vips())
+            aliases::after(&Netlink::new()?, &net, || {
+                localnet::restore(&table_name(&net.name))?;
+                delete_table(&net.name)
+            })
         })
         .with_context(|| format!("network {}: removing", network.name))?;
         tracing::info!(network = %network.name, "network removed (nftables)");
