@@ -20,9 +20,9 @@ use super::{
 use crate::{
     api::{self, ApiError, MAX_REQUEST, Reply, Request},
     core::model::Network,
-    dataplane::{Dataplane, EbpfDataplane, Kind, NftDataplane, nft, probe},
+    dataplane::{Dataplane, EbpfDataplane, Kind, NftDataplane, probe},
     lock::Lock,
-    node::{in_netns, watch},
+    node::watch,
 };
 
 enum Job {
@@ -125,44 +125,18 @@ fn known_networks(state_dir: &Path) -> Vec<Network> {
     out.into_values().collect()
 }
 
-/// Removes what the other dataplane left (a restart that switched dataplanes), so that two
-/// never translate the same traffic. VIP aliases stay: the dataplane in use keeps them.
+/// Retires the dataplane not in use (a restart that switched dataplanes), so that two never
+/// translate the same traffic.
 fn retire_other(in_use: Kind, opts: &Options, networks: &[Network]) {
-    let result = match in_use {
-        Kind::Nftables => retire_ebpf(opts, networks),
-        Kind::Ebpf => retire_nft(networks),
+    let mut other: Box<dyn Dataplane> = match in_use {
+        Kind::Nftables => Box::new(EbpfDataplane::retiring(&opts.bpffs, opts.tc_mode)),
+        Kind::Ebpf => Box::new(NftDataplane),
         // Never run by `lb daemon`: it has no other dataplane to retire.
-        Kind::Recording => Ok(()),
+        Kind::Recording => return,
     };
-    if let Err(e) = result {
+    if let Err(e) = other.retire(networks) {
         tracing::warn!(error = %format!("{e:#}"), "removing the other dataplane's leftovers");
     }
-}
-
-fn retire_ebpf(opts: &Options, networks: &[Network]) -> Result<()> {
-    for n in networks {
-        let dir = crate::dataplane::ebpf::pin_dir(&opts.bpffs, &n.name);
-        let (ifaces, tc_mode) = (n.interfaces.clone(), opts.tc_mode);
-        in_netns(n.netns.as_deref(), move || {
-            crate::dataplane::ebpf::detach_all(&dir, &ifaces, tc_mode)
-        })
-        .with_context(|| format!("network {}: detaching the eBPF programs", n.name))?;
-    }
-    if opts.bpffs.exists() {
-        EbpfDataplane::new(&opts.bpffs, opts.tc_mode)?.remove_others(&[])?;
-    }
-    Ok(())
-}
-
-fn retire_nft(networks: &[Network]) -> Result<()> {
-    for n in networks {
-        in_netns(n.netns.as_deref(), {
-            let name = n.name.clone();
-            move || nft::delete_table(&name)
-        })
-        .with_context(|| format!("network {}: deleting its nftables table", n.name))?;
-    }
-    NftDataplane.remove_others(&[]).map(drop)
 }
 
 /// What a start created (files, then directories) and removes again if it fails before it

@@ -217,6 +217,11 @@ pub trait Dataplane: Send {
     /// Removes whatever this dataplane holds for networks that are not in `keep` (left by a
     /// daemon that stopped before removing them), and returns their names.
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
+    /// Removes everything this dataplane holds, of `networks` (every network the state dir
+    /// knows) and of any other: the daemon retires the dataplane it does not use, so that
+    /// two never translate the same traffic. VIP aliases stay: the dataplane in use keeps
+    /// them.
+    fn retire(&mut self, networks: &[Network]) -> Result<()>;
     fn flows(&mut self, network: &ComposedNetwork) -> Result<Vec<Flow>>;
     fn counts(&mut self, network: &ComposedNetwork) -> Result<Vec<Count>>;
     /// A way to read a network's counters without this dataplane (and so without the

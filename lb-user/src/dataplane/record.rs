@@ -30,6 +30,7 @@ pub enum Call {
     },
     Remove(String),
     RemoveOthers(Vec<String>),
+    Retire(Vec<String>),
     Refresh(String),
 }
 
@@ -108,6 +109,12 @@ impl Dataplane for Recording {
         let keep = keep.iter().map(|k| (*k).to_owned()).collect();
         self.shared().calls.push(Call::RemoveOthers(keep));
         Ok(Vec::new())
+    }
+
+    fn retire(&mut self, networks: &[Network]) -> Result<()> {
+        let names = networks.iter().map(|n| n.name.clone()).collect();
+        self.shared().calls.push(Call::Retire(names));
+        Ok(())
     }
 
     fn flows(&mut self, _network: &ComposedNetwork) -> Result<Vec<Flow>> {

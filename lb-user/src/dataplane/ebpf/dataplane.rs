@@ -50,14 +50,25 @@ impl EbpfDataplane {
     /// A dataplane pinning under `bpffs` (mounted if it lies under an unmounted /sys/fs/bpf).
     pub fn new(bpffs: &Path, tc_mode: TcMode) -> Result<Self> {
         ebpf::ensure_bpffs(bpffs)?;
-        Ok(Self {
+        Ok(Self::at(bpffs, tc_mode))
+    }
+
+    /// A dataplane only to retire ([`Dataplane::retire`]) what an earlier daemon left under
+    /// `bpffs`: unlike [`EbpfDataplane::new`] it mounts nothing (a bpffs that is not mounted
+    /// holds no pins).
+    pub fn retiring(bpffs: &Path, tc_mode: TcMode) -> Self {
+        Self::at(bpffs, tc_mode)
+    }
+
+    fn at(bpffs: &Path, tc_mode: TcMode) -> Self {
+        Self {
             bpffs: bpffs.to_path_buf(),
             tc_mode,
             on_incompatible: OnIncompatible::Refuse,
             sizes: MapSizes::default(),
             nets: BTreeMap::new(),
             collector: None,
-        })
+        }
     }
 
     /// What opening a network does with pinned maps of another layout (refused by default).
@@ -367,6 +378,20 @@ impl Dataplane for EbpfDataplane {
         .with_context(|| format!("network {}: removing", network.name))?;
         tracing::info!(network = %network.name, "network removed");
         Ok(())
+    }
+
+    /// Every hook of `networks` (netlink filters have no pin: they are found on the
+    /// networks' interfaces), then every pin directory.
+    fn retire(&mut self, networks: &[Network]) -> Result<()> {
+        for n in networks {
+            let dir = ebpf::pin_dir(&self.bpffs, &n.name);
+            let (ifaces, tc_mode) = (n.interfaces.clone(), self.tc_mode);
+            in_netns(n.netns.as_deref(), move || {
+                ebpf::detach_all(&dir, &ifaces, tc_mode)
+            })
+            .with_context(|| format!("network {}: detaching the eBPF programs", n.name))?;
+        }
+        self.remove_others(&[]).map(drop)
     }
 
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>> {

@@ -85,8 +85,15 @@ pub struct Update {
     /// left of them.
     pub prepare: Option<String>,
     /// The transaction that switches the table to the network: dispatch entries, elements of
-    /// units already there, units no longer used.
+    /// units already there.
     pub script: String,
+    /// The transaction that deletes the units nothing leads to any more, after `script`
+    /// (`None`: none): a packet that read a dispatch entry just before the switch may still
+    /// be on its way through the old unit, and a set deleted in the same transaction (an
+    /// interval map whose lookup array goes with its commit step) may answer nothing by the
+    /// time it gets there — seen as one reset in ~400 shape changes while they went with the
+    /// switch. It starts with the [`SYNC_SET`] check of the network's own token.
+    pub retire: Option<String>,
     /// Moby's elements it adds and deletes (a changed element counts in both).
     pub written: usize,
     pub deleted: usize,
@@ -124,15 +131,16 @@ pub fn update(
     let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
     let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
     let (mut written, mut deleted) = (0, 0);
-    let token = |n: &crate::core::model::Network| {
+    // Replaces the table's token of network `from` by `to`'s: fails on any other table.
+    let swap = |from: &crate::core::model::Network, to: &crate::core::model::Network| {
         format!(
             "delete element ip {t} {SYNC_SET} {{ {} }}\nadd element ip {t} {SYNC_SET} {{ {} }}\n",
-            sync_token(previous),
-            sync_token(n)
+            sync_token(from),
+            sync_token(to)
         )
     };
-    let mut prepare = token(previous);
-    let mut s = token(network);
+    let mut prepare = swap(previous, previous);
+    let mut s = swap(previous, network);
     delete_elements(
         &mut s,
         &t,
@@ -205,9 +213,12 @@ pub fn update(
     dispatch_elements(&mut s, &t, &new.dispatch, |k| {
         old.dispatch.get(k) != new.dispatch.get(k)
     });
+    let mut retire = swap(network, network);
+    let mut retired = false;
     for (unit, intervals) in &old.units {
         if !has(unit) {
-            delete_unit(&mut s, &t, unit, intervals.len());
+            delete_unit(&mut retire, &t, unit, intervals.len());
+            retired = true;
         }
     }
     base(&mut s, &t, network, subnets);
@@ -216,6 +227,7 @@ pub fn update(
     deleted += dsr_deleted;
     Ok(Update {
         prepare: declared.then_some(prepare),
+        retire: retired.then_some(retire),
         script: s,
         written,
         deleted,
@@ -263,12 +275,14 @@ mod tests {
             .collect()
     }
 
-    /// The contract of [`Update::prepare`], over the steps of a rolling update whose sets
-    /// change their number of backends (2, 4, 2 of the new generation, a new generation
-    /// alone) and back: the switching transaction declares no unit and every dispatch entry it
-    /// writes leads to a unit that is in the table already or declared by `prepare`, which
-    /// holds no dispatch entry and deletes nothing; a step that needs no new unit is one
-    /// transaction. (Break it by declaring units in `script` again: the first assertion fails.)
+    /// The contract of [`Update::prepare`] and [`Update::retire`], over the steps of a rolling
+    /// update whose sets change their number of backends (2, 4, 2 of the new generation, a
+    /// new generation alone) and back: the switching transaction declares and deletes no unit,
+    /// and every dispatch entry it writes leads to a unit that is in the table already or
+    /// declared by `prepare`, which holds no dispatch entry and deletes nothing; units no set
+    /// uses go in `retire`, after the switch; a step that needs no new unit and drops none is
+    /// one transaction. (Break it by declaring units in `script` again: the first assertion
+    /// fails.)
     #[test]
     fn units_are_declared_a_transaction_before_anything_leads_to_them() {
         let (a, b, c, d) = ("10.20.0.10", "10.20.0.11", "10.20.0.12", "10.20.0.13");
@@ -334,6 +348,32 @@ mod tests {
                     p.contains(&check),
                     "step {i}: prepare checks the table:\n{p}"
                 );
+            }
+            let unit_deletes = |script: &str| -> Vec<String> {
+                (script.lines())
+                    .filter(|l| l.starts_with("delete chain") || l.starts_with("delete map"))
+                    .map(str::to_owned)
+                    .collect()
+            };
+            assert!(
+                unit_deletes(&u.script).is_empty(),
+                "step {i}: the switch deletes units:\n{}",
+                u.script
+            );
+            let now: BTreeSet<String> = (Layout::of(next).units.keys())
+                .map(|(kind, shape)| super::super::ruleset::chain(*kind, shape))
+                .collect();
+            assert_eq!(
+                u.retire.is_some(),
+                before.difference(&now).next().is_some(),
+                "step {i}: units go in their own transaction, when some do: {u:?}"
+            );
+            if let Some(r) = &u.retire {
+                assert!(
+                    !r.contains("dispatch") && !r.contains("add chain"),
+                    "step {i}: retire only deletes:\n{r}"
+                );
+                assert!(!unit_deletes(r).is_empty(), "step {i}: {r}");
             }
         }
     }

@@ -28,9 +28,10 @@
 //! the same kernel: 10,000 × 10 with one published port each (200,000 elements) declared in
 //! 2.5 s, a one-set difference in 0.03 s.
 //!
-//! Syncs. A sync is one `nft -f` transaction, or two where the network starts to use a shape
-//! the table has no chains for (`diff::Update::prepare` says why those are declared a
-//! transaction ahead), so a failed one leaves a table that serves as before. A network's
+//! Syncs. A sync is one `nft -f` transaction, or up to three where sets change shape (units
+//! are declared a transaction before anything leads to them and deleted a transaction after
+//! nothing does: `diff::Update::prepare` and `retire` say why), so a failed one leaves a
+//! table that serves as before. A network's
 //! first sync (`previous` is `None`: nothing recorded as applied) declares the table whole.
 //! Later ones send the difference from `previous`, which starts by checking (and finally
 //! swapping) the network's hash in the `lb-sync` set: a table that is not the one written
@@ -216,6 +217,12 @@ fn apply_in_netns(
                     .and_then(|()| exec::transaction(&(diff.script + &localnet.script(&table))))
                 {
                     Ok(()) => {
+                        // Switched: a failure from here is the apply's (its retry finds the
+                        // table written for this network, not the previous one, and
+                        // declares it whole).
+                        if let Some(retire) = &diff.retire {
+                            exec::transaction(retire)?;
+                        }
                         (stats.written, stats.deleted) = (diff.written, diff.deleted);
                         true
                     }
@@ -374,6 +381,17 @@ impl Dataplane for NftDataplane {
         .with_context(|| format!("network {}: removing", network.name))?;
         tracing::info!(network = %network.name, "network removed (nftables)");
         Ok(())
+    }
+
+    fn retire(&mut self, networks: &[Network]) -> Result<()> {
+        for n in networks {
+            in_netns(n.netns.as_deref(), {
+                let name = n.name.clone();
+                move || delete_table(&name)
+            })
+            .with_context(|| format!("network {}: deleting its nftables table", n.name))?;
+        }
+        self.remove_others(&[]).map(drop)
     }
 
     /// Tables of networks not in `keep`, in the daemon's own namespace (a network in another
