@@ -92,14 +92,14 @@ fn sample_network(name: &str) -> Network {
         services: vec![Service {
             id: "web".into(),
             generation: "1".into(),
-            vip: Some(VIP),
+            vips: vec![VIP.into()],
             backends: vec![
                 Backend {
-                    ip: Ipv4Addr::new(10, 20, 0, 2),
+                    ip: Ipv4Addr::new(10, 20, 0, 2).into(),
                     disabled: false,
                 },
                 Backend {
-                    ip: Ipv4Addr::new(10, 20, 0, 3),
+                    ip: Ipv4Addr::new(10, 20, 0, 3).into(),
                     disabled: true,
                 },
             ],
@@ -676,7 +676,7 @@ fn curl_drives_the_api() {
     service.id = "api".into();
     service.backends = (topo.backend_ips.iter())
         .map(|&ip| Backend {
-            ip,
+            ip: ip.into(),
             disabled: false,
         })
         .collect();

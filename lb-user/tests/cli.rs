@@ -76,7 +76,7 @@ fn change(
         network: NET.into(),
         service: service.map(String::from),
         generation: service.map(|_| "1".to_owned()),
-        backend,
+        backend: backend.map(Into::into),
         detail: detail.iter().map(|d| d.to_string()).collect(),
     }
 }
@@ -279,7 +279,7 @@ fn apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing() {
     api.backends[0].disabled = true;
     api.backends.retain(|b| b.ip != b1);
     api.backends.push(lb_user::core::model::Backend {
-        ip: b2,
+        ip: b2.into(),
         disabled: false,
     });
     api.ports.push("udp/15353:53".parse().unwrap());
@@ -334,7 +334,7 @@ fn apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing() {
     // A dry run is checked as the change would be: an invalid one is refused.
     let mut bad = next.clone();
     bad.networks[0].services[0].backends.clear();
-    bad.networks[0].services[0].vip = None;
+    bad.networks[0].services[0].vips = vec![];
     bad.networks[0].services[0].ports.clear();
     let r = lb_stdin(&d, &["apply", "-f", "-", "--dry-run"], &bad.to_json());
     assert_eq!(r.code, Some(1), "{r:?}");

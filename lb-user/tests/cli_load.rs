@@ -52,12 +52,12 @@ fn state(topo: &Topology, attach: Attach) -> DesiredState {
             services: vec![Service {
                 id: "web".into(),
                 generation: "1".into(),
-                vip: Some(VIP),
+                vips: vec![VIP.into()],
                 backends: topo
                     .backend_ips
                     .iter()
                     .map(|ip| Backend {
-                        ip: *ip,
+                        ip: (*ip).into(),
                         disabled: false,
                     })
                     .collect(),
@@ -220,7 +220,7 @@ fn lb_load_and_unload_are_refused_while_another_writer_holds_the_bpffs() {
         return;
     }
     let (topo, _servers, bpffs, work, file) = setup(Attach::Tc, |other| {
-        other.networks[0].services[0].vip = Some(Ipv4Addr::new(10, 99, 0, 99));
+        other.networks[0].services[0].vips = vec![Ipv4Addr::new(10, 99, 0, 99).into()];
     });
     let file_arg = file.to_str().unwrap();
     let refused = |holder: u32, what: &str| {

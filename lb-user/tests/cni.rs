@@ -7,7 +7,7 @@
 //! node's runtime runs them in its own; the daemon's network lives there too. Root only.
 use std::{
     io::Write as _,
-    net::Ipv4Addr,
+    net::{Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::{Command, Stdio},
 };
@@ -18,7 +18,7 @@ use lb_tests::{
     netns::Netns,
     require_root,
     tools::{TempDir, output_with_stdin},
-    traffic::{TIMEOUT, spawn_backend, tcp_request, udp_request},
+    traffic::{DualServer, TIMEOUT, spawn_backend, tcp_ask, tcp_request, udp_request},
 };
 use lb_user::api::{Client, Request, ServiceEntry};
 use serde_json::{Value, json};
@@ -32,6 +32,13 @@ const SUBNET: &str = "172.26.64.0/20";
 const NODE_IP: Ipv4Addr = Ipv4Addr::new(10, 210, 0, 1);
 const LOCALHOST: Ipv4Addr = Ipv4Addr::LOCALHOST;
 const CLIENT_IP: Ipv4Addr = Ipv4Addr::new(10, 210, 0, 2);
+/// The same link's IPv6 addresses, and the bridge's IPv6 range, for the dual-stack chains.
+const NODE_IP6: Ipv6Addr = Ipv6Addr::new(0xfd21, 0, 0, 0, 0, 0, 0, 1);
+const CLIENT_IP6: Ipv6Addr = Ipv6Addr::new(0xfd21, 0, 0, 0, 0, 0, 0, 2);
+const SUBNET6: &str = "fd26:64::/64";
+/// The IPv6-only chain's bridge and range.
+const BRIDGE6: &str = "nomad6";
+const SUBNET6_ONLY: &str = "fd26:65::/64";
 /// Where each container's server listens (TCP and UDP), and the host ports.
 const CONTAINER_PORT: u16 = 8080;
 const HOST_PORTS: [u16; 2] = [20001, 20002];
@@ -518,6 +525,121 @@ fn nomad_chain_ebpf() {
 #[test]
 fn nomad_chain_nftables() {
     nomad_chain_on("nftables");
+}
+
+/// Nomad's chain with a bridge of both families (host-local with an IPv4 and an IPv6 range,
+/// as Nomad's `bridge` network mode takes them), its conflist otherwise [`Runtime::nomad`]'s;
+/// `v4: false` gives an IPv6 range alone (a single-stack IPv6 chain), on a bridge and range
+/// of its own (host-local's leases are the runtime's: two runtimes on one range would hand
+/// out one address twice).
+fn dual_runtime<'a>(node: &'a Netns, socket: &Path, v4: bool) -> Runtime<'a> {
+    let mut rt = Runtime::nomad(node, node.name(), socket);
+    let bridge = &mut rt.conflist["plugins"][1];
+    let ranges = if v4 {
+        json!([[{"subnet": SUBNET}], [{"subnet": SUBNET6}]])
+    } else {
+        bridge["bridge"] = json!(BRIDGE6);
+        json!([[{"subnet": SUBNET6_ONLY}]])
+    };
+    let ipam = &mut bridge["ipam"];
+    ipam["ranges"] = ranges;
+    ipam["routes"] = json!([{"dst": "0.0.0.0/0"}, {"dst": "::/0"}]);
+    rt
+}
+
+/// lb-cni in a dual-stack Nomad chain on the nftables dataplane (the one that serves IPv6):
+/// a dual-stack container's host port answers over both families from outside, each family
+/// from the container's own address of that family; a container of an IPv6-only chain is
+/// published on IPv6; a `hostIP` of a family the container has no address of is refused, as
+/// kubelet refuses an IP family mismatch, and nothing is published.
+#[test]
+fn nomad_dual_stack_chain_nftables() {
+    if !require_root("nomad_dual_stack_chain_nftables") {
+        return;
+    }
+    let (node, client) = node_and_client();
+    for (ns, addr, dev) in [(&node, NODE_IP6, "ext0"), (&client, CLIENT_IP6, "c0")] {
+        ns.enable_ipv6().unwrap();
+        ns.add_ipv6(addr, dev).unwrap();
+    }
+    node.sysctl("net.ipv6.conf.all.forwarding", "1").unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    let port = HOST_PORTS[0];
+    let at = |ip: std::net::IpAddr| std::net::SocketAddr::new(ip, port);
+
+    let c1 = Container::new("d1d1d1d1d1d1d1d1d1d1d1d1");
+    c1.ns.enable_ipv6().unwrap();
+    let _s1 = DualServer::start(&c1.ns, "c1", CONTAINER_PORT);
+    let dual = dual_runtime(&node, &d.socket(), true);
+    let tcp = |host: u16| {
+        vec![json!({"hostPort": host, "containerPort": CONTAINER_PORT, "protocol": "tcp"})]
+    };
+    let r1 = dual
+        .add(&c1, &tcp(port))
+        .unwrap_or_else(|o| panic!("ADD c1: {o:?}\n{}", d.log()));
+    let ips: Vec<std::net::IpAddr> = (r1["ips"].as_array().unwrap().iter())
+        .map(|ip| {
+            ip["address"]
+                .as_str()
+                .unwrap()
+                .split('/')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(ips.len(), 2, "dual stack: {r1}");
+    let backends: Vec<std::net::IpAddr> = (services(&d.socket())[0].service.backends.iter())
+        .map(|b| b.ip)
+        .collect();
+    assert_eq!(backends.len(), 2, "one backend per family: {backends:?}");
+    for ip in [NODE_IP.into(), std::net::IpAddr::V6(NODE_IP6)] {
+        let (who, peer) = tcp_ask(&client, at(ip));
+        assert_eq!(who, "c1", "{ip}");
+        assert_eq!(
+            peer.is_ipv6(),
+            ip.is_ipv6(),
+            "{ip}: the container saw {peer}"
+        );
+    }
+
+    // An IPv6-only chain (its own bridge range, the same daemon network).
+    let c2 = Container::new("e2e2e2e2e2e2e2e2e2e2e2e2");
+    c2.ns.enable_ipv6().unwrap();
+    let _s2 = DualServer::start(&c2.ns, "c2", CONTAINER_PORT);
+    let v6only = dual_runtime(&node, &d.socket(), false);
+    v6only
+        .add(&c2, &tcp(HOST_PORTS[1]))
+        .unwrap_or_else(|o| panic!("ADD c2: {o:?}\n{}", d.log()));
+    let (who, _) = tcp_ask(
+        &client,
+        std::net::SocketAddr::new(NODE_IP6.into(), HOST_PORTS[1]),
+    );
+    assert_eq!(who, "c2");
+
+    // kubelet's "IP family mismatch": an IPv4 hostIP for the IPv6-only container.
+    let c3 = Container::new("f3f3f3f3f3f3f3f3f3f3f3f3");
+    c3.ns.enable_ipv6().unwrap();
+    let mut m = tcp(20003);
+    m[0]["hostIP"] = json!(NODE_IP.to_string());
+    let refused = v6only.add(&c3, &m).expect_err("a family mismatch");
+    let err = refused.json();
+    assert_eq!(err["code"], 7, "{refused:?}");
+    let msg = err["msg"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains("hostIP 10.210.0.1 is ipv4") && msg.contains("IP family mismatch"),
+        "{msg}"
+    );
+    assert_eq!(services(&d.socket()).len(), 2, "nothing published for c3");
+    let _ = v6only.del(&c3, &m, None);
+
+    for (rt, c, p) in [(&dual, &c1, tcp(port)), (&v6only, &c2, tcp(HOST_PORTS[1]))] {
+        rt.del(c, &p, None)
+            .unwrap_or_else(|o| panic!("DEL {}: {o:?}", c.id));
+    }
+    assert!(services(&d.socket()).is_empty());
 }
 
 /// An ADD the daemon saves but cannot apply (nftables' `nft` fails after the change was

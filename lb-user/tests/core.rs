@@ -2,7 +2,7 @@
 //! Every assertion of moby's `interval_helper_test.go` and `service_nftables_lb_linux_test.go`
 //! that DESIGN.md lists is ported here, plus golden element output and the validation rules.
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use lb_common::{BUCKETS, MAX_BACKENDS_PER_SET, slot_for_bucket};
 use lb_user::core::compose::{Composed, ComposedNetwork, PortKey, compose};
@@ -10,8 +10,8 @@ use lb_user::core::elements::{
     Element, Interval, equal_weight_intervals, nat_elements, network_elements, render,
 };
 use lb_user::core::model::{
-    Attach, Backend, DesiredState, Invalid, Masquerade, Mode, Network, PortConfig, Proto, Service,
-    StateError,
+    Attach, Backend, DesiredState, Family, Invalid, Masquerade, Mode, Network, PortConfig, Proto,
+    Service, StateError,
 };
 
 /// `lb elements`' lines of `network`, composed here (as the daemon composes it once).
@@ -22,7 +22,11 @@ fn elements_of(network: &Network) -> Vec<Element> {
 // ---------------------------------------------------------------------------------------------
 // Builders
 
-fn ip(s: &str) -> Ipv4Addr {
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn ip4(s: &str) -> Ipv4Addr {
     s.parse().unwrap()
 }
 
@@ -44,7 +48,7 @@ fn service(id: &str, generation: &str, vip: &str, b: &str, p: &str) -> Service {
     Service {
         id: id.into(),
         generation: generation.into(),
-        vip: Some(ip(vip)),
+        vips: vec![ip(vip)],
         backends: backends(b),
         ports: ports(p),
     }
@@ -69,8 +73,13 @@ fn nat(services: Vec<Service>) -> Network {
     network("web", "veth-lb", Mode::Nat, services)
 }
 
+/// The key of an IPv4 service's port (what `PortConfig::key` was).
+fn key_of(p: &PortConfig) -> PortKey {
+    p.keys(vec![Family::V4]).next().unwrap()
+}
+
 fn pk(s: &str) -> PortKey {
-    s.parse::<PortConfig>().unwrap().key()
+    key_of(&s.parse::<PortConfig>().unwrap())
 }
 
 fn keys(elements: &[Element]) -> Vec<&str> {
@@ -413,7 +422,7 @@ fn rendered_intervals_agree_with_slot_for_bucket() {
             let (head, value) = line.split_once(" : ").unwrap();
             let (map, key) = head.split_once(' ').unwrap();
             let interval = key.rsplit(" . ").next().unwrap().parse().unwrap();
-            let backend = ip(value.split(" . ").next().unwrap());
+            let backend = ip4(value.split(" . ").next().unwrap());
             sets.entry(map).or_default().push((interval, backend));
         }
         assert_eq!(sets.len(), 2, "n={n}");
@@ -429,7 +438,7 @@ fn rendered_intervals_agree_with_slot_for_bucket() {
                 let slot = slot_for_bucket(b, n).unwrap();
                 assert_eq!(
                     owning[0].1,
-                    Ipv4Addr::from(u32::from(ip("10.0.0.1")) + slot),
+                    Ipv4Addr::from(u32::from(ip4("10.0.0.1")) + slot),
                     "n={n} {map} bucket {b}"
                 );
             }
@@ -458,8 +467,8 @@ fn design_example_parses_and_round_trips() {
     );
     let api = &web.services[0];
     assert_eq!(
-        (api.id.as_str(), api.generation.as_str(), api.vip),
-        ("api", "1", Some(ip("10.99.0.10")))
+        (api.id.as_str(), api.generation.as_str(), api.vips.clone()),
+        ("api", "1", vec![ip("10.99.0.10")])
     );
     assert_eq!(api.backends, backends("10.20.0.2 10.20.0.3,disabled"));
     assert_eq!(api.ports, ports("tcp/8080:80"));
@@ -527,17 +536,17 @@ fn parse_errors_name_the_field_and_the_value() {
         (
             r#""vip":"10.99.0.10""#,
             r#""vip":"10.0.0.300""#,
-            r#"networks[0].services[0].vip: invalid IPv4 address "10.0.0.300""#,
+            r#"networks[0].services[0].vip: invalid IP address "10.0.0.300""#,
         ),
         (
             r#"{"ip":"10.20.0.2"}"#,
             r#"{"ip":"10.20.0"}"#,
-            r#"networks[0].services[0].backends[0].ip: invalid IPv4 address "10.20.0""#,
+            r#"networks[0].services[0].backends[0].ip: invalid IP address "10.20.0""#,
         ),
         (
             r#""host_ip":null"#,
             r#""host_ip":"1.2.3.4.5""#,
-            r#"ports[0].host_ip: invalid IPv4 address "1.2.3.4.5""#,
+            r#"ports[0].host_ip: invalid IP address "1.2.3.4.5""#,
         ),
         (
             r#""target":80"#,
@@ -679,7 +688,7 @@ fn cli_port_and_backend_syntax() {
         }
     );
     assert_eq!(port.target(), 80);
-    assert_eq!(port.key().to_string(), "tcp/8080@192.168.1.10");
+    assert_eq!(key_of(&port).to_string(), "tcp/8080@192.168.1.10");
     for s in [
         "tcp/8080:80@192.168.1.10",
         "udp/53",
@@ -719,23 +728,20 @@ fn cli_port_and_backend_syntax() {
             "8080",
             r#"invalid port "8080": expected PROTO/PUBLISHED[:TARGET][@HOST_IP]"#,
         ),
-        (
-            "tcp/8080@10.0.0.300",
-            r#"invalid IPv4 address "10.0.0.300""#,
-        ),
-        ("tcp/8080@", r#"invalid IPv4 address """#),
+        ("tcp/8080@10.0.0.300", r#"invalid IP address "10.0.0.300""#),
+        ("tcp/8080@", r#"invalid IP address """#),
     ];
     for (s, expected) in errors {
         let got = s.parse::<PortConfig>().unwrap_err().to_string();
         assert_eq!(got, expected, "{s}");
     }
     let errors = [
-        ("10.0.0.300", r#"invalid IPv4 address "10.0.0.300""#),
+        ("10.0.0.300", r#"invalid IP address "10.0.0.300""#),
         (
             "10.0.0.3,drained",
             r#"invalid backend "10.0.0.3,drained": expected IP[,disabled]"#,
         ),
-        ("", r#"invalid IPv4 address """#),
+        ("", r#"invalid IP address """#),
     ];
     for (s, expected) in errors {
         let got = s.parse::<Backend>().unwrap_err().to_string();
@@ -945,14 +951,14 @@ fn validation_rules() {
         (
             "neither a VIP nor a port",
             |s| {
-                api(s).vip = None;
+                api(s).vips.clear();
                 api(s).ports.clear();
             },
             r#"service "api" generation "1": has neither a VIP nor a published port: it would serve nothing"#,
         ),
         (
             "unspecified host_ip",
-            |s| api(s).ports[0].host_ip = Some(Ipv4Addr::UNSPECIFIED),
+            |s| api(s).ports[0].host_ip = Some(Ipv4Addr::UNSPECIFIED.into()),
             "host_ip 0.0.0.0 means any address; leave host_ip unset (null) instead",
         ),
         (
@@ -978,22 +984,22 @@ fn validation_rules() {
         ),
         (
             "vip unspecified",
-            |s| api(s).vip = Some(ip("0.0.0.0")),
+            |s| api(s).vips = vec![ip("0.0.0.0")],
             "VIP 0.0.0.0 is the unspecified address",
         ),
         (
             "vip broadcast",
-            |s| api(s).vip = Some(ip("255.255.255.255")),
+            |s| api(s).vips = vec![ip("255.255.255.255")],
             "VIP 255.255.255.255 is the broadcast address",
         ),
         (
             "vip multicast",
-            |s| api(s).vip = Some(ip("239.1.2.3")),
+            |s| api(s).vips = vec![ip("239.1.2.3")],
             "VIP 239.1.2.3 is a multicast address",
         ),
         (
             "vip loopback",
-            |s| api(s).vip = Some(ip("127.0.0.1")),
+            |s| api(s).vips = vec![ip("127.0.0.1")],
             "VIP 127.0.0.1 is a loopback address",
         ),
         (
@@ -1128,7 +1134,7 @@ fn what_validation_allows() {
             api(s).backends = backends("10.20.0.2,disabled")
         }),
         ("a service's VIP in another network", |s| {
-            s.networks[1].services[0].vip = Some(ip("10.99.0.10"))
+            s.networks[1].services[0].vips = vec![ip("10.99.0.10")]
         }),
     ];
     for (name, mutate) in cases {
@@ -1147,16 +1153,16 @@ fn composed_set_larger_than_the_bucket_space_is_rejected() {
     let generation = |g: &str, base: u32| Service {
         id: "api".into(),
         generation: g.into(),
-        vip: Some(ip("10.99.0.10")),
+        vips: vec![ip("10.99.0.10")],
         backends: (base..base + half)
             .map(|a| Backend {
-                ip: Ipv4Addr::from(a),
+                ip: Ipv4Addr::from(a).into(),
                 disabled: false,
             })
             .collect(),
         ports: ports("tcp/8080"),
     };
-    let base = u32::from(ip("10.0.0.1"));
+    let base = u32::from(ip4("10.0.0.1"));
     let mut state = DesiredState {
         networks: vec![nat(vec![generation("1", base)])],
     };
@@ -1206,7 +1212,11 @@ fn service_edits() {
 fn golden_nft_ruleset() {
     let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();
     let web = state.network("web").unwrap();
-    let subnets = [("veth-lb".to_owned(), Ipv4Addr::new(10, 0, 0, 1), 24)];
+    let subnets = [(
+        "veth-lb".to_owned(),
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)),
+        24,
+    )];
     let got =
         lb_user::dataplane::nft::ruleset(&ComposedNetwork::new(web.clone()), &subnets).unwrap();
     if std::env::var_os("LB_BLESS").is_some() {
@@ -1423,7 +1433,7 @@ fn diff_lists_exactly_what_changed() {
     assert!(lines(&old, &reordered).is_empty(), "order is no change");
 
     let mut a2 = a.clone();
-    a2.vip = None;
+    a2.vips.clear();
     a2.backends = backends("10.0.1.2,disabled 10.0.1.3");
     a2.ports = ports("tcp/8080:80 udp/53");
     let mut web = nat(vec![a2, service("db", "2", "10.0.0.6", "10.0.2.1", "")]);

@@ -3,7 +3,7 @@
 //! backends applied and changed, metrics. Root only.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::Path,
     time::Duration,
 };
@@ -53,6 +53,14 @@ fn set_service(d: &LbDaemon, network: &str, generation: &str, backends: &[Ipv4Ad
     d.ok(&service_set(
         network, "api", generation, VIP, &port, backends,
     ));
+}
+
+/// A service's (IPv4) VIP, as the traffic helpers take it.
+fn vip4(s: &Service) -> Ipv4Addr {
+    match s.vips.first() {
+        Some(IpAddr::V4(vip)) => *vip,
+        other => panic!("not one IPv4 VIP: {other:?}"),
+    }
 }
 
 fn backend_of(topo: &Topology, name: &str) -> Ipv4Addr {
@@ -149,7 +157,7 @@ fn rolling_update(dp: &str) {
 
 fn full_state(topo: &Topology) -> DesiredState {
     let b = |i: usize, disabled| Backend {
-        ip: topo.backend_ips[i],
+        ip: topo.backend_ips[i].into(),
         disabled,
     };
     DesiredState {
@@ -167,7 +175,7 @@ fn full_state(topo: &Topology) -> DesiredState {
                 Service {
                     id: "api".into(),
                     generation: "7".into(),
-                    vip: Some(VIP),
+                    vips: vec![VIP.into()],
                     backends: vec![b(0, false), b(1, true)],
                     ports: vec![
                         PortConfig {
@@ -180,14 +188,14 @@ fn full_state(topo: &Topology) -> DesiredState {
                             proto: Proto::Udp,
                             published: 5353,
                             target: None,
-                            host_ip: Some(topo.node_ip),
+                            host_ip: Some(topo.node_ip.into()),
                         },
                     ],
                 },
                 Service {
                     id: "db".into(),
                     generation: "1".into(),
-                    vip: Some(Ipv4Addr::new(10, 99, 0, 20)),
+                    vips: vec![Ipv4Addr::new(10, 99, 0, 20).into()],
                     backends: vec![b(2, false)],
                     ports: vec![],
                 },
@@ -560,7 +568,7 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
     let conflict = {
         let mut s = full_state(&topo);
         s.networks[0].name = "bad".into();
-        s.networks[0].services[1].vip = Some(VIP);
+        s.networks[0].services[1].vips = vec![VIP.into()];
         file("conflict.json", &serde_json::to_string(&s).unwrap())
     };
     // `network add n2` on the second interface, with `extra` flags.
@@ -1050,7 +1058,11 @@ fn a_state_over_a_map_size_is_refused_before_saving_and_changes_nothing() {
     let mut state: DesiredState = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
     for i in 1..=2u8 {
         let mut s = state.networks[0].services[0].clone();
-        (s.id, s.vip, s.ports) = (format!("v{i}"), Some(Ipv4Addr::new(10, 99, 1, i)), vec![]);
+        (s.id, s.vips, s.ports) = (
+            format!("v{i}"),
+            vec![Ipv4Addr::new(10, 99, 1, i).into()],
+            vec![],
+        );
         s.backends.truncate(1);
         state.networks[0].services.push(s);
     }
@@ -1106,7 +1118,7 @@ fn ten_thousand_services_of_ten_backends_apply_answer_and_change_in_o1() {
     let mut services = scale::services(N, 10, PORT);
     services[REAL].backends = (topo.backend_ips[..2].iter())
         .map(|ip| Backend {
-            ip: *ip,
+            ip: (*ip).into(),
             disabled: false,
         })
         .collect();
@@ -1144,7 +1156,7 @@ fn ten_thousand_services_of_ten_backends_apply_answer_and_change_in_o1() {
             .unwrap();
         backend_of(&topo, &r.backend)
     };
-    for (addr, port) in [(s.vip.unwrap(), PORT), (topo.node_ip, published)] {
+    for (addr, port) in [(vip4(s), PORT), (topo.node_ip, published)] {
         let b = ask(addr, port);
         assert!(
             topo.backend_ips[..2].contains(&b),
@@ -1165,7 +1177,7 @@ fn ten_thousand_services_of_ten_backends_apply_answer_and_change_in_o1() {
     assert!(written >= 6, "the change was applied: {written}");
     let mut seen = BTreeSet::new();
     for _ in 0..20 {
-        for (addr, port) in [(s.vip.unwrap(), PORT), (topo.node_ip, published)] {
+        for (addr, port) in [(vip4(s), PORT), (topo.node_ip, published)] {
             let b = ask(addr, port);
             assert_ne!(
                 b, topo.backend_ips[0],

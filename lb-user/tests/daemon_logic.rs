@@ -49,10 +49,10 @@ fn service(id: &str, generation: &str, vip: [u8; 4], backends: &[[u8; 4]]) -> Se
     Service {
         id: id.into(),
         generation: generation.into(),
-        vip: Some(Ipv4Addr::from(vip)),
+        vips: vec![Ipv4Addr::from(vip).into()],
         backends: (backends.iter())
             .map(|b| Backend {
-                ip: Ipv4Addr::from(*b),
+                ip: Ipv4Addr::from(*b).into(),
                 disabled: false,
             })
             .collect(),

@@ -188,10 +188,10 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
     let service = Service {
         id: "api".into(),
         generation: "1".into(),
-        vip: Some(VIP),
+        vips: vec![VIP.into()],
         backends: (topo.backend_ips.iter())
             .map(|&ip| Backend {
-                ip,
+                ip: ip.into(),
                 disabled: false,
             })
             .collect(),

@@ -93,7 +93,8 @@ fn sessions(d: &LbDaemon) -> Vec<Flow> {
 
 /// The session of client address `client`, if listed.
 fn session_of(d: &LbDaemon, proto: &str, client: SocketAddrV4) -> Option<Flow> {
-    (sessions(d).into_iter()).find(|f| f.proto.as_str() == proto && f.client == client.to_string())
+    (sessions(d).into_iter())
+        .find(|f| f.proto.as_str() == proto && f.client == std::net::SocketAddr::from(client))
 }
 
 /// The kernel's `real-server` elements, with counters.
@@ -288,11 +289,11 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     };
     let s = session_of(&d, "tcp", client).expect("the long connection's session");
     assert_eq!(
-        s.backend,
+        s.backend.to_string(),
         format!("{}:{PORT}", topo.backend_ips[i]),
         "{s:?}"
     );
-    assert_eq!(s.frontend, format!("{VIP}:{PORT}"));
+    assert_eq!(s.frontend.to_string(), format!("{VIP}:{PORT}"));
     let (expires, idle) = (s.expires_secs.unwrap(), s.idle_secs.unwrap());
     assert!(expires <= 60 && expires + idle == 60, "{s:?}");
     let mac = link_mac(&topo.backends[i], ENDPOINT_IF)

@@ -17,7 +17,7 @@ use lb_user::{
     core::compose::compose,
     core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
     dataplane::ebpf::{
-        self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be,
+        self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be4,
     },
 };
 
@@ -77,7 +77,7 @@ pub fn port(proto: Proto, published: u16, target: u16, host_ip: Option<Ipv4Addr>
         proto,
         published,
         target: Some(target),
-        host_ip,
+        host_ip: host_ip.map(Into::into),
     }
 }
 
@@ -85,11 +85,11 @@ pub fn service(id: &str, vip: Ipv4Addr, backends: &[Ipv4Addr], ports: Vec<PortCo
     Service {
         id: id.into(),
         generation: "1".into(),
-        vip: Some(vip),
+        vips: vec![vip.into()],
         backends: backends
             .iter()
             .map(|ip| Backend {
-                ip: *ip,
+                ip: (*ip).into(),
                 disabled: false,
             })
             .collect(),
@@ -202,11 +202,12 @@ impl Fixture {
             ifaces: vec![(1, NODE)],
             ephemeral: None,
         };
-        let keep: BTreeSet<Ipv4Addr> = self
-            .net
-            .services
-            .iter()
-            .flat_map(|s| s.backends.iter().map(|b| b.ip))
+        let keep: BTreeSet<Ipv4Addr> = (self.net.services.iter())
+            .flat_map(|s| s.backends.iter())
+            .filter_map(|b| match b.ip {
+                std::net::IpAddr::V4(a) => Some(a),
+                std::net::IpAddr::V6(_) => None,
+            })
             .collect();
         self.dp.sync(&plan, &node, &keep).expect("sync");
     }
@@ -376,8 +377,8 @@ impl Fixture {
 /// A flow key as the programs build it from `p` (addresses and ports in network order).
 pub fn key(p: &Ipv4Packet) -> FlowKey {
     FlowKey {
-        saddr: be(p.saddr),
-        daddr: be(p.daddr),
+        saddr: be4(p.saddr),
+        daddr: be4(p.daddr),
         sport: p.sport.to_be(),
         dport: p.dport.to_be(),
         proto: p.proto,

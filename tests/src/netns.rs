@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io;
 use std::iter;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -149,6 +149,27 @@ impl Netns {
             self.sysctl(key, value)?;
         }
         Ok(())
+    }
+
+    /// IPv6 on (every harness namespace starts without it, see [`Netns::new`]), taking no
+    /// router advertisements: the addresses a test gives are all there are.
+    pub fn enable_ipv6(&self) -> Result<()> {
+        for (key, value) in [
+            ("net.ipv6.conf.all.disable_ipv6", "0"),
+            ("net.ipv6.conf.default.disable_ipv6", "0"),
+            ("net.ipv6.conf.all.accept_ra", "0"),
+            ("net.ipv6.conf.default.accept_ra", "0"),
+        ] {
+            self.sysctl(key, value)?;
+        }
+        Ok(())
+    }
+
+    /// `addr/64` on `ifname`, usable at once (`nodad`: no duplicate address detection).
+    pub fn add_ipv6(&self, addr: Ipv6Addr, ifname: &str) -> Result<()> {
+        let addr = format!("{addr}/64");
+        self.ip(["-6", "addr", "add", &addr, "dev", ifname, "nodad"])
+            .map(drop)
     }
 
     /// Deletes the namespace while the guard lives on (a pod sandbox or container that went
@@ -406,6 +427,19 @@ pub struct Topology {
     pub backend_ips: Vec<Ipv4Addr>,
     /// The node interfaces lb attaches to; the first faces the client and carries VIP aliases.
     pub node_ifaces: Vec<String>,
+    /// The IPv6 addresses of [`Topology::dual_stack`] (`None` and empty elsewhere), as the
+    /// IPv4 fields above.
+    pub ipv6: Option<Ipv6Addrs>,
+}
+
+/// The IPv6 side of [`Topology::dual_stack`].
+#[derive(Clone, Debug)]
+pub struct Ipv6Addrs {
+    pub client: Ipv6Addr,
+    pub node: Ipv6Addr,
+    pub node_backend: Ipv6Addr,
+    /// `backends[i]` is the IPv6 address of backend `i`.
+    pub backends: Vec<Ipv6Addr>,
 }
 
 /// The addresses of a topology variant; backends are numbered up from `first_backend`.
@@ -448,6 +482,43 @@ impl Topology {
             backend.endpoint(addr, Some(topo.node_backend_ip))?;
         }
         Ok(topo)
+    }
+
+    /// [`Topology::new`] with IPv6 beside IPv4 on every link: client fd10::2/64 via node
+    /// `lbc0` fd10::1/64; node bridge `lbbr0` fd20::1/64; backend i at fd20::(a+i)/64 (hex, as
+    /// 10+i) with its default route via fd20::1. Every address skips duplicate address
+    /// detection (`nodad`), so the topology is usable at once; the node forwards IPv6.
+    pub fn dual_stack(n_backends: usize) -> Result<Topology> {
+        let mut topo = Topology::new(n_backends)?;
+        let v6 = |net: u16, host: u16| Ipv6Addr::new(0xfd00 + net, 0, 0, 0, 0, 0, 0, host);
+        let addrs = Ipv6Addrs {
+            client: v6(0x10, 2),
+            node: v6(0x10, 1),
+            node_backend: v6(0x20, 1),
+            backends: (0..n_backends).map(|i| v6(0x20, 0x10 + i as u16)).collect(),
+        };
+        for ns in topo.namespaces() {
+            ns.enable_ipv6()?;
+        }
+        topo.node.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        topo.node.add_ipv6(addrs.node, NODE_CLIENT_IF)?;
+        topo.node.add_ipv6(addrs.node_backend, NODE_BRIDGE)?;
+        topo.client.add_ipv6(addrs.client, ENDPOINT_IF)?;
+        let gw = addrs.node.to_string();
+        topo.client
+            .ip(["-6", "route", "add", "default", "via", &gw])?;
+        let gw = addrs.node_backend.to_string();
+        for (backend, &addr) in topo.backends.iter().zip(&addrs.backends) {
+            backend.add_ipv6(addr, ENDPOINT_IF)?;
+            backend.ip(["-6", "route", "add", "default", "via", &gw])?;
+        }
+        topo.ipv6 = Some(addrs);
+        Ok(topo)
+    }
+
+    /// The IPv6 addresses of a [`Topology::dual_stack`].
+    pub fn v6(&self) -> &Ipv6Addrs {
+        self.ipv6.as_ref().expect("a dual-stack topology")
     }
 
     /// Moby's LB sandbox: the node has ONE interface, `eth0` 10.30.0.1/24, on the same L2
@@ -532,6 +603,7 @@ impl Topology {
             node_backend_ip: addrs.node_backend,
             backend_ips,
             node_ifaces: node_ifaces.iter().map(|&s| s.to_owned()).collect(),
+            ipv6: None,
         })
     }
 

@@ -44,10 +44,10 @@ pub fn services(n: u32, per: u32, target: u16) -> Vec<Service> {
         .map(|i| Service {
             id: format!("s{i}"),
             generation: "1".into(),
-            vip: Some(vip(i)),
+            vips: vec![vip(i).into()],
             backends: (0..per)
                 .map(|k| Backend {
-                    ip: backend(i, k, per),
+                    ip: backend(i, k, per).into(),
                     disabled: false,
                 })
                 .collect(),
@@ -97,7 +97,7 @@ pub fn one_backend_changed(network: &str, s: &Service, new: Ipv4Addr) -> Vec<Str
     ]
     .map(String::from)
     .into();
-    if let Some(vip) = s.vip {
+    for vip in &s.vips {
         args.extend(["--vip".into(), vip.to_string()]);
     }
     for p in &s.ports {

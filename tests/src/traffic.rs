@@ -732,3 +732,123 @@ pub fn http_get(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Res
     );
     Ok(body.trim_end_matches('\n').to_owned())
 }
+
+/// A TCP server on `port` of both families in a namespace (`0.0.0.0` and `[::]`, IPv6-only:
+/// the namespace's `bindv6only` is set), answering every line of a connection with
+/// `NAME PEER` (the client address it sees), so a long-lived connection keeps its backend in
+/// view. Stops its threads and closes its connections on drop.
+pub struct DualServer {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    conns: Answering,
+}
+
+/// A [`DualServer`]'s open connections, each with the thread answering it (for shutdown).
+type Answering = Arc<Mutex<Vec<(TcpStream, JoinHandle<()>)>>>;
+
+impl DualServer {
+    pub fn start(ns: &Netns, name: &str, port: u16) -> DualServer {
+        ns.sysctl("net.ipv6.bindv6only", "1").unwrap();
+        let listeners = ns
+            .run(|| {
+                [format!("0.0.0.0:{port}"), format!("[::]:{port}")].map(|a| {
+                    let l = TcpListener::bind(&a).unwrap_or_else(|e| panic!("bind {a}: {e}"));
+                    l.set_nonblocking(true).unwrap();
+                    l
+                })
+            })
+            .unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let conns: Answering = Arc::default();
+        let threads = (listeners.into_iter())
+            .map(|l| {
+                let (stop, name, conns) = (stop.clone(), name.to_owned(), conns.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::SeqCst) {
+                        match l.accept() {
+                            Ok((s, peer)) => {
+                                let (name, shut) = (name.clone(), s.try_clone().unwrap());
+                                let t = std::thread::spawn(move || answer_lines(s, &name, peer));
+                                conns.lock().unwrap().push((shut, t));
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                                std::thread::sleep(Duration::from_millis(2))
+                            }
+                            Err(e) => panic!("{name}: accept: {e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        DualServer {
+            stop,
+            threads,
+            conns,
+        }
+    }
+}
+
+fn answer_lines(s: TcpStream, name: &str, peer: SocketAddr) {
+    s.set_nonblocking(false).unwrap();
+    let mut lines = BufReader::new(&s);
+    let mut line = String::new();
+    while matches!(lines.read_line(&mut line), Ok(n) if n > 0) {
+        if (&s)
+            .write_all(format!("{name} {peer}\n").as_bytes())
+            .is_err()
+        {
+            return;
+        }
+        line.clear();
+    }
+}
+
+impl Drop for DualServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for (s, t) in self.conns.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+            let _ = t.join();
+        }
+    }
+}
+
+/// A TCP connection from a namespace to `to`, asked many times (see [`DualServer`]).
+pub struct DualSession {
+    lines: BufReader<TcpStream>,
+    to: SocketAddr,
+}
+
+impl DualSession {
+    pub fn connect(ns: &Netns, to: SocketAddr) -> DualSession {
+        let s = ns
+            .run(|| TcpStream::connect_timeout(&to, TIMEOUT))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{to}: {e}"));
+        s.set_read_timeout(Some(TIMEOUT)).unwrap();
+        DualSession {
+            lines: BufReader::new(s),
+            to,
+        }
+    }
+
+    /// One request line: (backend name, the client address the backend saw).
+    pub fn ask(&mut self) -> (String, SocketAddr) {
+        let to = self.to;
+        (self.lines.get_ref().write_all(b"hello\n")).unwrap_or_else(|e| panic!("{to}: {e}"));
+        let mut line = String::new();
+        (self.lines.read_line(&mut line)).unwrap_or_else(|e| panic!("{to}: {e}"));
+        let (name, peer) = (line.trim_end().split_once(' '))
+            .unwrap_or_else(|| panic!("{to}: not an answer: {line:?}"));
+        (name.to_owned(), peer.parse().unwrap())
+    }
+}
+
+/// One request on a new connection from `ns` to `to`: (backend name, the client address the
+/// backend saw).
+pub fn tcp_ask(ns: &Netns, to: SocketAddr) -> (String, SocketAddr) {
+    DualSession::connect(ns, to).ask()
+}

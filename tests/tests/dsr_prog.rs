@@ -8,7 +8,7 @@
 //! run's device), so a backend resolved on ifindex 1 is "on the device the frame came in on"
 //! (XDP_TX), any other ifindex another device (XDP_REDIRECT). A test run only reports a
 //! redirect; nothing is sent.
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use lb_common::{
     DsrSession, Endpoint, FlowKey, Reason, SERVICE_DSR,
@@ -32,7 +32,7 @@ use lb_user::{
         elements::{Interval, REAL_SERVER, dsr_elements},
         model::{Masquerade, Mode, Network},
     },
-    dataplane::ebpf::{ServiceKey, be, gc::monotonic_ns},
+    dataplane::ebpf::{ServiceKey, be4, gc::monotonic_ns},
 };
 
 const XDP_TX: u32 = 3;
@@ -85,7 +85,7 @@ fn resolve(f: &mut Fixture, ip: Ipv4Addr, ifindex: u32) {
         flags: 0,
     };
     f.dp.dsr_backends_mut()
-        .insert(be(ip), ep, 0)
+        .insert(be4(ip), ep, 0)
         .expect("writing lb_dsr_backends");
 }
 
@@ -124,9 +124,11 @@ fn hashed_backend(f: &Fixture, p: &Ipv4Packet) -> Ipv4Addr {
     let hash_key = f.dp.config().unwrap().hash_key;
     let b = bucket(flow_hash(&key(p), hash_key));
     let composed = compose(&f.net);
-    let set = &composed.vips[&p.daddr];
+    let set = &composed.vips[&IpAddr::V4(p.daddr)];
     let slot = slot_for_bucket(b, set.len() as u32).expect("a set with backends");
-    let by_slot = set[slot as usize];
+    let IpAddr::V4(by_slot) = set[slot as usize] else {
+        panic!("an IPv4 VIP's set holds IPv4 backends")
+    };
     let prefix = format!("{} . ", p.daddr);
     let by_element = (dsr_elements(&composed).into_iter())
         .filter(|e| e.map == REAL_SERVER)
@@ -147,8 +149,8 @@ fn hashed_backend(f: &Fixture, p: &Ipv4Packet) -> Ipv4Addr {
 /// The counter id `sync` gave backend `ip` in VIP `vip`'s set.
 fn counter_of(f: &Fixture, vip: Ipv4Addr, ip: Ipv4Addr) -> u32 {
     let held = f.dp.current_services().unwrap();
-    let (_, set) = &held[&ServiceKey::Vip(be(vip))];
-    (set.iter().find(|b| b.addr == be(ip)))
+    let (_, set) = &held[&ServiceKey::Vip(be4(vip))];
+    (set.iter().find(|b| b.addr == be4(ip)))
         .unwrap_or_else(|| panic!("{ip} is in {vip}'s set"))
         .counter
 }
@@ -214,7 +216,7 @@ fn count(f: &Fixture, prog: Prog, reason: Reason) -> u64 {
 #[test]
 fn a_new_session_goes_to_the_hashed_backend_by_mac_with_l3_l4_untouched() {
     let Some(mut f) = fixture() else { return };
-    let (svc, _) = f.dp.current_services().unwrap()[&ServiceKey::Vip(be(VIP))];
+    let (svc, _) = f.dp.current_services().unwrap()[&ServiceKey::Vip(be4(VIP))];
     assert_eq!(
         (svc.flags & SERVICE_DSR, svc.session_timeout),
         (SERVICE_DSR, TIMEOUT),
@@ -240,7 +242,7 @@ fn a_new_session_goes_to_the_hashed_backend_by_mac_with_l3_l4_untouched() {
             assert_eq!(
                 s,
                 DsrSession {
-                    backend: be(backend),
+                    backend: be4(backend),
                     ifindex: RUN_IFINDEX,
                     dmac: mac_of(backend),
                     smac: DEV_MAC,
@@ -310,7 +312,7 @@ fn a_live_session_keeps_its_backend_after_the_set_changes() {
     }
     let counted = f.dp.counters().unwrap();
     let total =
-        f.dp.service_total(&ServiceKey::Vip(be(VIP)), &counted)
+        f.dp.service_total(&ServiceKey::Vip(be4(VIP)), &counted)
             .unwrap();
     assert_eq!(total.packets, 33, "the VIP's total: its backends' sum");
 }
@@ -326,7 +328,7 @@ fn a_rst_is_sent_on_and_ends_its_session() {
         // A session that is not the hash's, so that "the same way" is the session's.
         let other = *WEB.iter().find(|b| **b != backend).unwrap();
         let mut s = session(&f, &key(&syn)).unwrap();
-        s.backend = be(other);
+        s.backend = be4(other);
         s.dmac = mac_of(other);
         put_session(&mut f, &key(&syn), s);
         let rst = Ipv4Packet {
@@ -364,7 +366,7 @@ fn an_expired_session_is_picked_again() {
         let other = *WEB.iter().find(|b| **b != hashed).unwrap();
         let counter = counter_of(&f, VIP, other);
         let stale = |seen_ns| DsrSession {
-            backend: be(other),
+            backend: be4(other),
             ifindex: RUN_IFINDEX,
             dmac: mac_of(other),
             smac: DEV_MAC,
@@ -401,7 +403,7 @@ fn an_expired_session_is_picked_again() {
         let s = session(&f, &key(&p)).unwrap();
         assert_eq!(
             (s.backend, s.dmac),
-            (be(hashed), mac_of(hashed)),
+            (be4(hashed), mac_of(hashed)),
             "{prog:?}: rewritten"
         );
         assert!(s.seen_ns >= t0, "{prog:?}: live again");
@@ -456,7 +458,7 @@ fn a_nat_network_vip_is_translated_as_before() {
     let Some(mut f) = fixture() else { return };
     let mut f2 = Fixture::new(Masquerade::Never);
     resolve(&mut f2, WEB[0], RUN_IFINDEX);
-    let (svc, _) = f2.dp.current_services().unwrap()[&ServiceKey::Vip(be(VIP))];
+    let (svc, _) = f2.dp.current_services().unwrap()[&ServiceKey::Vip(be4(VIP))];
     assert_eq!(svc.flags & SERVICE_DSR, 0, "a NAT VIP");
     for (prog, sport) in [(Prog::Xdp, 40800), (Prog::TcIngress, 40801)] {
         let p = Ipv4Packet::tcp(CLIENT, sport, VIP, 443);
@@ -502,7 +504,7 @@ fn a_vip_without_backends_drops_what_no_session_carries() {
         assert_eq!(session(&f, &key(&p)), None, "{prog:?}: no session");
 
         let s = DsrSession {
-            backend: be(EMPTY_BACKEND),
+            backend: be4(EMPTY_BACKEND),
             ifindex: RUN_IFINDEX,
             dmac: mac_of(EMPTY_BACKEND),
             smac: DEV_MAC,
@@ -526,7 +528,7 @@ fn a_backend_without_a_resolved_mac_gets_no_session() {
     for (prog, sport) in [(Prog::Xdp, 41100), (Prog::TcIngress, 41101)] {
         let p = Ipv4Packet::udp(CLIENT, sport, VIP, 53);
         let hashed = hashed_backend(&f, &p);
-        f.dp.dsr_backends_mut().remove(&be(hashed)).unwrap();
+        f.dp.dsr_backends_mut().remove(&be4(hashed)).unwrap();
         let before = count(&f, prog, Reason::DsrUnresolved);
         expect_drop(&mut f, prog, &p.build());
         assert_eq!(

@@ -37,7 +37,7 @@ fn network(topo: &Topology, name: &str, attach: Attach, backends: &[Backend]) ->
         services: vec![Service {
             id: "web".into(),
             generation: "1".into(),
-            vip: Some(VIP),
+            vips: vec![VIP.into()],
             backends: backends.to_vec(),
             ports: vec![PortConfig {
                 proto: Proto::Tcp,
@@ -53,7 +53,7 @@ fn all(topo: &Topology) -> Vec<Backend> {
     topo.backend_ips
         .iter()
         .map(|ip| Backend {
-            ip: *ip,
+            ip: (*ip).into(),
             disabled: false,
         })
         .collect()

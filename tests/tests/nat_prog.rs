@@ -25,7 +25,7 @@ use lb_tests::{
 };
 use lb_user::{
     core::model::Masquerade,
-    dataplane::ebpf::{ServiceKey, be, gc::monotonic_ns},
+    dataplane::ebpf::{ServiceKey, be4, gc::monotonic_ns},
 };
 
 /// Destination address and port of an output frame (IPv4 without options unless `l4_off`).
@@ -110,12 +110,12 @@ fn tcp_syn_to_vip_is_dnated_and_both_directions_tracked() {
     let fwd = f.flow(&key(&syn)).expect("forward entry");
     assert_eq!(
         (fwd.daddr, fwd.dport, fwd.flags),
-        (be(backend), 443u16.to_be(), 0)
+        (be4(backend), 443u16.to_be(), 0)
     );
     let reply = f
         .flow(&key(&with_dst_packet(&syn, backend, 443).reply()))
         .expect("reply entry");
-    assert_eq!((reply.saddr, reply.sport), (be(VIP), 443u16.to_be()));
+    assert_eq!((reply.saddr, reply.sport), (be4(VIP), 443u16.to_be()));
     assert_eq!(reply.flags, FLOW_EGRESS | FLOW_REPLY);
     assert_eq!(f.dp.flow_entries().len(), 2, "one flow, two entries");
 }
@@ -140,7 +140,7 @@ fn xdp_dnats_a_vip_syn_like_tc() {
     let Some(mut f) = fixture() else { return };
     let syn = Ipv4Packet::tcp(CLIENT, 40001, VIP, 443);
     let backend = expect_dnat(&mut f, Prog::Xdp, &syn, &WEB, 443);
-    assert_eq!(f.flow(&key(&syn)).unwrap().daddr, be(backend));
+    assert_eq!(f.flow(&key(&syn)).unwrap().daddr, be4(backend));
 }
 
 #[test]
@@ -277,7 +277,7 @@ fn removed_backend_loses_its_udp_flows_and_keeps_its_tcp_ones() {
     assert_ne!(expect_dnat(&mut f, Prog::TcIngress, &udp, &WEB, 53), first);
     assert_eq!(
         f.flow(&key(&syn)).map(|t| t.daddr),
-        Some(be(first)),
+        Some(be4(first)),
         "TCP kept"
     );
     assert_eq!(expect_dnat(&mut f, Prog::TcIngress, &syn, &WEB, 443), first);
@@ -674,7 +674,7 @@ fn counters_count_packets_and_bytes_per_backend_and_service() {
 /// A VIP's packets and bytes as the controller totals them (its backends' counters).
 fn service_total(f: &mut Fixture, vip: Ipv4Addr) -> lb_common::Counters {
     let counted = f.dp.counters().unwrap();
-    f.dp.service_total(&ServiceKey::Vip(be(vip)), &counted)
+    f.dp.service_total(&ServiceKey::Vip(be4(vip)), &counted)
         .unwrap()
 }
 
@@ -1308,7 +1308,7 @@ fn the_mirror_is_the_maps_and_counters_exist_only_for_what_exists() {
     );
 
     f.net.services.retain(|s| s.id != "db");
-    f.net.services[0].backends[0].ip = Ipv4Addr::new(10, 20, 0, 99);
+    f.net.services[0].backends[0].ip = Ipv4Addr::new(10, 20, 0, 99).into();
     f.sync();
     let now = named_counters(&mut f);
     assert!(now.is_disjoint(&db_counters), "db's counters are given up");

@@ -35,7 +35,7 @@ use lb_user::core::model::{
     Backend, FlowTimeouts, Masquerade, Mode, Network, PortConfig, Proto, Service,
 };
 use lb_user::dataplane::ebpf::gc::monotonic_ns;
-use lb_user::dataplane::ebpf::{EbpfNetwork, be, pin_dir};
+use lb_user::dataplane::ebpf::{EbpfNetwork, be4, pin_dir};
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 /// nginx's port in the backends (storms).
@@ -98,12 +98,12 @@ fn network(
         services: vec![Service {
             id: "web".into(),
             generation: "1".into(),
-            vip: Some(VIP),
+            vips: vec![VIP.into()],
             backends: topo
                 .backend_ips
                 .iter()
                 .map(|&ip| Backend {
-                    ip,
+                    ip: ip.into(),
                     disabled: false,
                 })
                 .collect(),
@@ -945,7 +945,7 @@ fn idle_and_closed_flows_expire(plane: Plane, name: &str) {
     // which a 2 s timeout written a moment ago never allows.
     let done = monotonic_ns();
 
-    let client = be(topo.client_ip);
+    let client = be4(topo.client_ip);
     let entries_by_flow = |lb: &EbpfNetwork| {
         let mut flows: BTreeMap<(u8, u16), Vec<Flow>> = BTreeMap::new();
         for (k, e) in lb.flow_entries() {

@@ -25,14 +25,15 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The reference CNI plugins (bridge, host-local, firewall, loopback; in /usr/lib/cni):
     // the chain lb-cni runs in (tests/cni.rs).
     "containernetworking-plugins",
-    "curl",        // the API over the unix socket, as the README shows it (tests)
-    "ethtool",     // checksum offload on/off in the netns tests
-    "iperf",       // iperf 2: TCP throughput through a namespace path (tests)
-    "iproute2",    // ip netns, veth, tc
-    "iptables",    // hostport-style baselines; kube-proxy's chains in `cargo xtask bench`
-    "netsniff-ng", // trafgen: UDP from a PF_PACKET TX ring, skbs with paged payload (tests)
-    "nftables",    // the fallback dataplane
-    "nginx-light", // HTTP backends that answer who they are and whom they saw (tests)
+    "curl",         // the API over the unix socket, as the README shows it (tests)
+    "ethtool",      // checksum offload on/off in the netns tests
+    "iperf",        // iperf 2: TCP throughput through a namespace path (tests)
+    "iproute2",     // ip netns, veth, tc
+    "iptables",     // hostport-style baselines; kube-proxy's chains in `cargo xtask bench`
+    "iputils-ping", // ping -6: neighbour discovery with lb attached (tests)
+    "netsniff-ng",  // trafgen: UDP from a PF_PACKET TX ring, skbs with paged payload (tests)
+    "nftables",     // the fallback dataplane
+    "nginx-light",  // HTTP backends that answer who they are and whom they saw (tests)
     // promtool: `promtool check metrics` on the daemon's /metrics (tests). Its server is not
     // started: setup installs under a policy-rc.d that refuses service starts.
     "prometheus",

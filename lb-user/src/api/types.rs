@@ -1,6 +1,6 @@
 //! The replies of the API, shared by the daemon (which serializes them) and the CLI (which
 //! reads them as these types, never by field name).
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{collections::BTreeMap, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -65,7 +65,7 @@ pub struct ServiceEntry {
 /// `None` where the dataplane cannot tell.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BackendStats {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub state: BackendState,
     /// Live flows to it.
     pub flows: Option<u64>,

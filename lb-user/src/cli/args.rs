@@ -251,10 +251,11 @@ pub enum ServiceCmd {
         /// update) are served together, their backends in one set.
         #[arg(long, default_value = DEFAULT_GENERATION)]
         generation: String,
-        /// The VIP (every port of it is balanced); without one the service is its published
-        /// ports only (a host port).
-        #[arg(long, value_name = "IPV4")]
-        vip: Option<String>,
+        /// A VIP (every port of it is balanced over the backends of its family); repeatable
+        /// once per family (a dual-stack service: `--vip 10.99.0.10 --vip fd99::10`).
+        /// Without one the service is its published ports only (a host port).
+        #[arg(long = "vip", value_name = "IP")]
+        vips: Vec<String>,
         /// A backend, IP[,disabled] (a disabled one gets no new flows and keeps its
         /// existing ones); repeatable.
         #[arg(long = "backend", value_name = "IP[,disabled]")]

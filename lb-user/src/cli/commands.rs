@@ -209,16 +209,18 @@ pub fn run(cli: Cli) -> Result<()> {
                 network,
                 service_id,
                 generation,
-                vip,
+                vips,
                 backends,
                 ports,
             } => {
+                let mut vips = (vips.iter().map(|v| model::parse_ip(v)))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Usage(anyhow::Error::new(e).context("--vip")))?;
+                vips.sort_unstable();
                 let service = Service {
                     id: service_id,
                     generation,
-                    vip: (vip.as_deref().map(model::parse_ipv4))
-                        .transpose()
-                        .map_err(|e| Usage(anyhow::Error::new(e).context("--vip")))?,
+                    vips,
                     backends: parse_each::<Backend>(&backends, "--backend")?,
                     ports: parse_each::<PortConfig>(&ports, "--port")?,
                 };

@@ -192,10 +192,10 @@ pub fn conntrack(json: bool, flows: &[ConntrackEntry]) {
             t.row(vec![
                 network.clone(),
                 f.proto.to_string(),
-                f.client.clone(),
+                f.client.to_string(),
                 or_dash(f.service.as_deref()),
-                f.frontend.clone(),
-                f.backend.clone(),
+                f.frontend.to_string(),
+                f.backend.to_string(),
                 f.state.to_string(),
                 f.expires_secs.map_or("-".to_owned(), |s| format!("{s}s")),
                 f.idle_secs.map_or("-".to_owned(), |s| format!("{s}s")),

@@ -1,6 +1,6 @@
 //! What a plugin invocation is given: the `CNI_*` environment and the network configuration
 //! on stdin (with `prevResult` and `runtimeConfig` inserted by the runtime).
-use std::{net::Ipv4Addr, path::PathBuf};
+use std::{net::IpAddr, path::PathBuf};
 
 use serde::Deserialize;
 
@@ -123,9 +123,10 @@ impl Conf {
 /// `ips` with an `interface` index).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Prev {
-    /// The container's IPv4 address (the first one on an interface inside the sandbox, or the
-    /// first one at all when no interface is named).
-    pub ip: Ipv4Addr,
+    /// The container's addresses, one per family (of each family, the first one on an
+    /// interface inside the sandbox, or the first one at all when no interface is named):
+    /// IPv4 first. A dual-stack container has two, a single-stack one either.
+    pub ips: Vec<IpAddr>,
     /// The host-side bridge: the first interface without a sandbox that is not a veth peer
     /// (the bridge plugin lists the bridge first, then the host veth, then the container's).
     pub bridge: Option<String>,
@@ -162,17 +163,31 @@ impl Prev {
             i.and_then(|i| r.interfaces.get(i))
                 .is_some_and(|itf| itf.sandbox.as_deref().is_some_and(|s| !s.is_empty()))
         };
-        let v4 = |a: &str| a.split('/').next().and_then(|a| a.parse::<Ipv4Addr>().ok());
-        let ip = (r.ips.iter())
-            .filter(|ip| in_sandbox(&ip.interface) || ip.interface.is_none())
-            .find_map(|ip| v4(&ip.address))
-            .ok_or_else(|| invalid("prevResult has no IPv4 address of the container".into()))?;
+        let addr = |a: &str| a.split('/').next().and_then(|a| a.parse::<IpAddr>().ok());
+        let mut ips: Vec<IpAddr> = Vec::new();
+        for ip in (r.ips.iter()).filter(|ip| in_sandbox(&ip.interface) || ip.interface.is_none()) {
+            let Some(ip) = addr(&ip.address) else {
+                return Err(invalid(format!(
+                    "prevResult: {:?} is not an IP address",
+                    ip.address
+                )));
+            };
+            if !ips.iter().any(|have| have.is_ipv4() == ip.is_ipv4()) {
+                ips.push(ip);
+            }
+        }
+        if ips.is_empty() {
+            return Err(invalid(
+                "prevResult has no IP address of the container".into(),
+            ));
+        }
+        ips.sort_unstable();
         // The bridge plugin's result: [bridge, host veth, container veth]. The host veth is a
         // port of the bridge, not something outside traffic arrives on; the bridge is the
         // first host-side entry.
         let bridge = (r.interfaces.iter())
             .find(|i| i.sandbox.as_deref().is_none_or(str::is_empty))
             .map(|i| i.name.clone());
-        Ok(Prev { ip, bridge })
+        Ok(Prev { ips, bridge })
     }
 }

@@ -1,12 +1,12 @@
 //! The lb service one container attachment is: its id, its backend and its ports.
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::{
     config::PortMapping,
     error::{CniError, code},
 };
 use crate::core::model::{
-    Backend, DEFAULT_GENERATION, MAX_SERVICE_NAME, PortConfig, Proto, Service,
+    Backend, DEFAULT_GENERATION, Family, MAX_SERVICE_NAME, PortConfig, Proto, Service, parse_ip,
 };
 
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -36,33 +36,49 @@ pub fn service_id(container_id: &str, ifname: &str) -> String {
     format!("{ID_PREFIX}{h:016x}")
 }
 
-/// The service for `id`: the container as its one backend, each port mapping a published port.
-pub fn build(id: &str, ip: Ipv4Addr, mappings: &[PortMapping]) -> Result<Service, CniError> {
-    let ports = (mappings.iter()).map(port).collect::<Result<Vec<_>, _>>()?;
+/// The service for `id`: the container's addresses as its backends (one per family), each
+/// port mapping a published port. A mapping without `hostIP` is published on every family the
+/// container has (the portmap plugin writes its rules into `ip` and `ip6` tables alike); one
+/// with a `hostIP` on that address's family only, which the container must have.
+pub fn build(id: &str, ips: &[IpAddr], mappings: &[PortMapping]) -> Result<Service, CniError> {
+    let ports = (mappings.iter())
+        .map(|m| port(m, ips))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Service {
         id: id.to_owned(),
         generation: DEFAULT_GENERATION.to_owned(),
-        vip: None,
-        backends: vec![Backend {
-            ip,
-            disabled: false,
-        }],
+        vips: Vec::new(),
+        backends: (ips.iter())
+            .map(|&ip| Backend {
+                ip,
+                disabled: false,
+            })
+            .collect(),
         ports,
     })
 }
 
-fn port(m: &PortMapping) -> Result<PortConfig, CniError> {
+fn port(m: &PortMapping, ips: &[IpAddr]) -> Result<PortConfig, CniError> {
     let invalid = |msg: String| CniError::new(code::INVALID_CONFIG, msg);
     let proto: Proto = (m.protocol.to_ascii_lowercase().parse())
         .map_err(|e| invalid(format!("portMappings: protocol {:?}: {e}", m.protocol)))?;
     let host_ip = match m.host_ip.as_str() {
         "" => None,
         ip => {
-            let ip: Ipv4Addr = ip.parse().map_err(|_| {
-                invalid(format!(
-                    "portMappings: hostIP {ip:?} is not an IPv4 address"
-                ))
+            let ip = parse_ip(ip).map_err(|_| {
+                invalid(format!("portMappings: hostIP {ip:?} is not an IP address"))
             })?;
+            // kubelet's hostport manager refuses a hostIP of a family the pod has no address
+            // of ("HostPortManager IP family mismatch"): nothing could be sent on.
+            if !ip.is_unspecified() && !ips.iter().any(|c| Family::of(*c) == Family::of(ip)) {
+                return Err(invalid(format!(
+                    "portMappings: hostIP {ip} is {}, and none of the container's addresses lb publishes ({}) is: an IP family mismatch",
+                    Family::of(ip),
+                    (ips.iter().map(IpAddr::to_string))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
             Some(ip).filter(|ip| !ip.is_unspecified())
         }
     };
@@ -89,7 +105,7 @@ pub fn matches(have: &Service, want: &Service) -> bool {
         p.sort();
         (b, p)
     };
-    have.vip == want.vip && sorted(have) == sorted(want)
+    have.vips == want.vips && sorted(have) == sorted(want)
 }
 
 #[cfg(test)]

@@ -7,22 +7,25 @@
 //! every contribution at once, and partitioned once downstream ([`crate::core::elements`] and the
 //! dataplanes).
 use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::ops::Deref;
 
-use crate::core::model::Network;
 pub use crate::core::model::PortKey;
+use crate::core::model::{Family, Network};
 
 /// The composed backend sets of one network. Every set is sorted and free of duplicates: its
 /// order is the slot order the buckets are partitioned in, so both dataplanes and
-/// `lb elements` agree bucket for bucket.
+/// `lb elements` agree bucket for bucket. A set holds backends of its key's family only: this
+/// is where the family of a flow's backend is decided, once.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Composed {
-    /// Every VIP a contribution claims, with the union of their enabled backends.
-    pub vips: BTreeMap<Ipv4Addr, Vec<Ipv4Addr>>,
-    /// Every published port key a contribution claims, with the union of their enabled
-    /// backends, each carrying the target port of the contribution it came from.
-    pub ports: BTreeMap<PortKey, Vec<(Ipv4Addr, u16)>>,
+    /// Every VIP a contribution claims, with the union of their enabled backends of the VIP's
+    /// family.
+    pub vips: BTreeMap<IpAddr, Vec<IpAddr>>,
+    /// Every published port key a contribution claims (one per family for a port on every
+    /// address), with the union of their enabled backends of the key's family, each carrying
+    /// the target port of the contribution it came from.
+    pub ports: BTreeMap<PortKey, Vec<(IpAddr, u16)>>,
 }
 
 /// Composes `network`'s contributions.
@@ -35,17 +38,14 @@ pub struct Composed {
 pub fn compose(network: &Network) -> Composed {
     let mut composed = Composed::default();
     for service in &network.services {
-        let backends: Vec<Ipv4Addr> = service.enabled_backends().collect();
-        if let Some(vip) = service.vip {
-            composed.vips.entry(vip).or_default().extend(&backends);
+        let backends: Vec<IpAddr> = service.enabled_backends().collect();
+        let of = |family| (backends.iter().copied()).filter(move |ip| Family::of(*ip) == family);
+        for &vip in &service.vips {
+            (composed.vips.entry(vip).or_default()).extend(of(Family::of(vip)));
         }
-        for port in &service.ports {
+        for (key, port) in service.port_keys() {
             let target = port.target();
-            composed
-                .ports
-                .entry(port.key())
-                .or_default()
-                .extend(backends.iter().map(|&ip| (ip, target)));
+            (composed.ports.entry(key).or_default()).extend(of(key.family).map(|ip| (ip, target)));
         }
     }
     composed.vips.values_mut().for_each(sort_dedup);

@@ -4,7 +4,7 @@
 //! accepts answers with this list, and `lb apply --dry-run` answers with it alone; the CLI
 //! prints it. Computed from the two whole states, so it lists exactly what differs and nothing
 //! that merely moved in a list.
-use std::{collections::BTreeMap, fmt, net::Ipv4Addr};
+use std::{collections::BTreeMap, fmt, net::IpAddr};
 
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +39,7 @@ pub struct Change {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub backend: Option<Ipv4Addr>,
+    pub backend: Option<IpAddr>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub detail: Vec<String>,
 }
@@ -168,9 +168,14 @@ fn services(network: &str, old: &[Service], new: &[Service]) -> Vec<Change> {
             }
             (Some(o), Some(n)) => {
                 let mut detail = Vec::new();
-                if o.vip != n.vip {
-                    let show = |v: Option<Ipv4Addr>| v.map_or("-".to_owned(), |v| v.to_string());
-                    detail.push(format!("vip: {} -> {}", show(o.vip), show(n.vip)));
+                if o.vips != n.vips {
+                    let show = |v: &[IpAddr]| match v {
+                        [] => "-".to_owned(),
+                        v => (v.iter().map(IpAddr::to_string))
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    };
+                    detail.push(format!("vip: {} -> {}", show(&o.vips), show(&n.vips)));
                 }
                 let ports = |s: &Service| -> Vec<String> {
                     let mut p: Vec<String> = s.ports.iter().map(|p| p.to_string()).collect();
@@ -197,13 +202,13 @@ fn services(network: &str, old: &[Service], new: &[Service]) -> Vec<Change> {
         }
         // Backends of a contribution that is added or stays.
         let state = |disabled: bool| if disabled { "disabled" } else { "active" };
-        let before: BTreeMap<Ipv4Addr, bool> = (o.into_iter())
+        let before: BTreeMap<IpAddr, bool> = (o.into_iter())
             .flat_map(|s| s.backends.iter().map(|b| (b.ip, b.disabled)))
             .collect();
-        let after: BTreeMap<Ipv4Addr, bool> = (n.into_iter())
+        let after: BTreeMap<IpAddr, bool> = (n.into_iter())
             .flat_map(|s| s.backends.iter().map(|b| (b.ip, b.disabled)))
             .collect();
-        let ips: std::collections::BTreeSet<Ipv4Addr> =
+        let ips: std::collections::BTreeSet<IpAddr> =
             before.keys().chain(after.keys()).copied().collect();
         for ip in ips {
             match (before.get(&ip), after.get(&ip)) {

@@ -13,13 +13,13 @@
 //! order, so the output is stable.
 use std::collections::HashMap;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::str::FromStr;
 
 use lb_common::{BUCKETS, bucket_interval};
 
 use crate::core::compose::{Composed, ComposedNetwork, PortKey};
-use crate::core::model::{Mode, Network, Service};
+use crate::core::model::{Family, Mode, Network, Service};
 
 /// NAT map of VIP → backend (any port).
 pub const NAT_SERVICE_VIP: &str = "nat-service-vip";
@@ -129,8 +129,18 @@ enum Maps {
 /// the module comment).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SetKey {
-    Vip(Ipv4Addr),
+    Vip(IpAddr),
     Port(PortKey),
+}
+
+impl SetKey {
+    /// The family of the set's key, and so of its backends.
+    pub fn family(&self) -> Family {
+        match self {
+            SetKey::Vip(vip) => Family::of(*vip),
+            SetKey::Port(key) => key.family,
+        }
+    }
 }
 
 impl fmt::Display for SetKey {
@@ -146,11 +156,8 @@ impl fmt::Display for SetKey {
 
 /// The sets a service claims (its VIP and its published ports).
 pub fn claims(service: &Service) -> impl Iterator<Item = SetKey> + '_ {
-    service
-        .vip
-        .map(SetKey::Vip)
-        .into_iter()
-        .chain(service.ports.iter().map(|p| SetKey::Port(p.key())))
+    (service.vips.iter().map(|v| SetKey::Vip(*v)))
+        .chain(service.port_keys().map(|(k, _)| SetKey::Port(k)))
 }
 
 /// The id of the service claiming each of `network`'s sets: one id per set, as validation
@@ -165,7 +172,7 @@ pub fn claimed_by(network: &Network) -> HashMap<SetKey, &str> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placed {
     pub set: SetKey,
-    pub backend: Ipv4Addr,
+    pub backend: IpAddr,
     pub element: Element,
 }
 
@@ -195,7 +202,7 @@ fn elements(composed: &Composed, maps: Maps) -> Vec<Element> {
 fn placed(composed: &Composed, maps: Maps, wanted: impl Fn(&SetKey) -> bool) -> Vec<Placed> {
     let nat = maps != Maps::Dsr;
     let dsr = maps != Maps::Nat;
-    let mut rows: Vec<(&'static str, SetKey, Interval, Ipv4Addr, String)> = Vec::new();
+    let mut rows: Vec<(&'static str, SetKey, Interval, IpAddr, String)> = Vec::new();
     for (&vip, backends) in (composed.vips.iter()).filter(|(v, _)| wanted(&SetKey::Vip(**v))) {
         for (interval, &backend) in equal_weight_intervals(backends, BUCKETS) {
             let value = backend.to_string();
@@ -238,15 +245,19 @@ fn placed(composed: &Composed, maps: Maps, wanted: impl Fn(&SetKey) -> bool) -> 
                 map,
                 key: match set {
                     SetKey::Vip(vip) => format!("{vip} . {interval}"),
+                    // A port on every address reads the same in both families (nftables keys
+                    // it so in each family's table); its backends tell them apart.
                     SetKey::Port(PortKey {
                         host_ip: None,
                         proto,
                         port,
+                        ..
                     }) => format!("{proto} . {port} . {interval}"),
                     SetKey::Port(PortKey {
                         host_ip: Some(host_ip),
                         proto,
                         port,
+                        ..
                     }) => format!("{host_ip} . {proto} . {port} . {interval}"),
                 },
                 value,

@@ -7,7 +7,7 @@
 //! field alone cannot.
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -182,6 +182,24 @@ impl Proto {
     }
 }
 
+keyword_enum! {
+    /// An address family. A flow is balanced over the backends of its own family only (no
+    /// NAT46/64), so every VIP and published-port key has one backend set per family.
+    pub enum Family as "address family" {
+        V4 = "ipv4",
+        V6 = "ipv6",
+    }
+}
+
+impl Family {
+    pub const fn of(ip: IpAddr) -> Family {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
 /// Everything `lb` should program, all networks at once (`lb apply` replaces it wholesale).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -335,22 +353,21 @@ impl FlowTimeouts {
 
 /// One contribution (moby's loadBalancer): one generation of one service. Generations of a
 /// service coexist during a rolling update and share its VIP and published ports.
+///
+/// A service has at most one VIP per address family, as a Kubernetes Service has one
+/// cluster IP per family (`clusterIPs`): on the wire `"vip": ADDR` for one, `"vips": [V4, V6]`
+/// for a dual-stack service (either is read; the canonical form prints `vip` for one VIP, so
+/// a single-stack state reads as it always did). Each VIP is balanced over the backends of its
+/// family.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "wire::Service", into = "wire::Service")]
 pub struct Service {
     pub id: String,
-    #[serde(default = "default_generation")]
     pub generation: String,
-    /// `None`: a service of published ports only (a kubelet host port, a Nomad port mapping).
-    #[serde(
-        default,
-        deserialize_with = "de::opt_ipv4",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub vip: Option<Ipv4Addr>,
-    #[serde(default)]
+    /// No VIP: a service of published ports only (a kubelet host port, a Nomad port
+    /// mapping). Sorted, IPv4 first; validation allows one per family.
+    pub vips: Vec<IpAddr>,
     pub backends: Vec<Backend>,
-    #[serde(default)]
     pub ports: Vec<PortConfig>,
 }
 
@@ -363,8 +380,8 @@ fn default_generation() -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Backend {
-    #[serde(deserialize_with = "de::ipv4")]
-    pub ip: Ipv4Addr,
+    #[serde(deserialize_with = "de::ip")]
+    pub ip: IpAddr,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub disabled: bool,
 }
@@ -380,10 +397,12 @@ pub struct PortConfig {
     /// `None` means the same as `published`.
     #[serde(default, deserialize_with = "de::target")]
     pub target: Option<u16>,
-    /// `None` means every address of this node. `0.0.0.0` is read as `None` (as kubelet
-    /// does), so one port never has two spellings that would compose as two keys.
+    /// `None` means every address of this node, of each family the service has (see
+    /// [`Service::families`]); an address publishes on its family only. `0.0.0.0` and `::`
+    /// are read as `None` (kubelet reads `0.0.0.0` so), so one port never has two spellings
+    /// that would compose as two keys.
     #[serde(default, deserialize_with = "de::host_ip")]
-    pub host_ip: Option<Ipv4Addr>,
+    pub host_ip: Option<IpAddr>,
 }
 
 /// What identifies a contribution within a network (moby keys on id + ingress-ports string).
@@ -394,11 +413,14 @@ pub struct ServiceKey {
 }
 
 /// What a published port is looked up by, and what contributions share when they publish the
-/// "same" port. Fields are declared in element order: ports on every address first, then per
-/// host address; within those by protocol number, then port number.
+/// "same" port: one key per address family (a port on every address of a dual-stack service
+/// has two). Fields are declared in element order: ports on every address first (IPv4, then
+/// IPv6), then per host address (IPv4 addresses first); within those by protocol number, then
+/// port number. `family` is `host_ip`'s when there is one ([`PortKey::new`] sees to it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct PortKey {
-    pub host_ip: Option<Ipv4Addr>,
+    pub host_ip: Option<IpAddr>,
+    pub family: Family,
     pub proto: Proto,
     pub port: u16,
 }
@@ -457,8 +479,11 @@ impl DesiredState {
 
 impl Network {
     /// Every VIP a contribution claims (the aliases the network keeps on its first interface).
-    pub fn vips(&self) -> std::collections::BTreeSet<Ipv4Addr> {
-        self.services.iter().filter_map(|s| s.vip).collect()
+    pub fn vips(&self) -> std::collections::BTreeSet<IpAddr> {
+        self.services
+            .iter()
+            .flat_map(|s| s.vips.iter().copied())
+            .collect()
     }
 
     /// The namespace an interface name is resolved in, so that `x` and `/run/netns/x` are
@@ -504,8 +529,36 @@ impl Service {
     }
 
     /// The backends new flows may be sent to.
-    pub fn enabled_backends(&self) -> impl Iterator<Item = Ipv4Addr> + '_ {
+    pub fn enabled_backends(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.backends.iter().filter(|b| !b.disabled).map(|b| b.ip)
+    }
+
+    /// The families the service serves: those of its VIPs and of its backends (disabled ones
+    /// included, so that draining the last backend of a family does not unpublish it), and
+    /// IPv4 for a service that has neither (a port-only service with no backend yet). A port
+    /// on every address is published on each of them.
+    pub fn families(&self) -> Vec<Family> {
+        let mut families: Vec<Family> =
+            (self.vips.iter().chain(self.backends.iter().map(|b| &b.ip)))
+                .map(|ip| Family::of(*ip))
+                .collect();
+        families.sort_unstable();
+        families.dedup();
+        if families.is_empty() {
+            families.push(Family::V4);
+        }
+        families
+    }
+
+    /// The VIP of `family`, if the service has one.
+    pub fn vip(&self, family: Family) -> Option<IpAddr> {
+        self.vips.iter().copied().find(|v| Family::of(*v) == family)
+    }
+
+    /// Every port key the service publishes, per family (see [`PortConfig::keys`]).
+    pub fn port_keys(&self) -> impl Iterator<Item = (PortKey, &PortConfig)> + '_ {
+        let families = self.families();
+        (self.ports.iter()).flat_map(move |p| p.keys(families.clone()).map(move |k| (k, p)))
     }
 }
 
@@ -520,7 +573,7 @@ impl FromStr for Backend {
             Some(_) => return Err(Invalid::BackendSyntax(s.to_owned())),
         };
         Ok(Backend {
-            ip: parse_ipv4(ip)?,
+            ip: parse_ip(ip)?,
             disabled,
         })
     }
@@ -542,12 +595,18 @@ impl PortConfig {
         self.target.unwrap_or(self.published)
     }
 
-    pub fn key(&self) -> PortKey {
-        PortKey {
-            host_ip: self.host_ip,
-            proto: self.proto,
-            port: self.published,
-        }
+    /// The keys the port is published under for a service of `families`: its `host_ip`'s
+    /// (whatever the service's families: validation refuses a mismatch), or one per family on
+    /// every address.
+    pub fn keys(&self, families: Vec<Family>) -> impl Iterator<Item = PortKey> + use<> {
+        let (host_ip, proto, port) = (self.host_ip, self.proto, self.published);
+        let one = host_ip.map(|ip| PortKey::new(Some(ip), Family::of(ip), proto, port));
+        let every = host_ip.is_none().then(move || {
+            families
+                .into_iter()
+                .map(move |f| PortKey::new(None, f, proto, port))
+        });
+        one.into_iter().chain(every.into_iter().flatten())
     }
 }
 
@@ -591,23 +650,39 @@ impl fmt::Display for PortConfig {
 }
 
 impl PortKey {
-    /// Whether one packet could match both keys: the same protocol and port, and the same
-    /// address or either on every address.
+    /// The key of `port` on `host_ip` (whose family wins over `family`), or on every address
+    /// of `family`.
+    pub fn new(host_ip: Option<IpAddr>, family: Family, proto: Proto, port: u16) -> PortKey {
+        PortKey {
+            host_ip,
+            family: host_ip.map_or(family, Family::of),
+            proto,
+            port,
+        }
+    }
+
+    /// Whether one packet could match both keys: the same family, protocol and port, and the
+    /// same address or either on every address.
     pub fn overlaps(&self, other: &PortKey) -> bool {
-        self.proto == other.proto
+        self.family == other.family
+            && self.proto == other.proto
             && self.port == other.port
             && (self.host_ip == other.host_ip || self.host_ip.is_none() || other.host_ip.is_none())
     }
 }
 
 impl fmt::Display for PortKey {
-    /// `tcp/8080` or `tcp/8080@192.168.1.10`: the CLI's spelling, without the target.
+    /// `tcp/8080`, `tcp/8080@192.168.1.10`, `tcp/8080@fd00::1`: the CLI's spelling, without
+    /// the target; a port on every IPv6 address is `tcp/8080@::` (what `ss` shows as
+    /// `[::]:8080`), one on every IPv4 address keeps the short form. The `frontend` label of
+    /// the metrics.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.proto, self.port)?;
-        if let Some(host_ip) = self.host_ip {
-            write!(f, "@{host_ip}")?;
+        match (self.host_ip, self.family) {
+            (Some(host_ip), _) => write!(f, "@{host_ip}"),
+            (None, Family::V6) => f.write_str("@::"),
+            (None, Family::V4) => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -617,15 +692,22 @@ impl fmt::Display for ServiceKey {
     }
 }
 
-/// Dotted-quad only; Rust's parser already refuses leading zeros, which some C parsers would
-/// read as octal.
-pub fn parse_ipv4(s: &str) -> Result<Ipv4Addr, Invalid> {
-    s.parse().map_err(|_| Invalid::Ipv4(s.to_owned()))
+/// An IPv4 address in dotted-quad form (Rust's parser refuses leading zeros, which some C
+/// parsers would read as octal) or an IPv6 address, bare or in brackets (`[fd00::1]`, as in
+/// `[addr]:port`). Zone indices (`fe80::1%eth0`) are refused: a service address is not
+/// link-local.
+pub fn parse_ip(s: &str) -> Result<IpAddr, Invalid> {
+    let bare = s
+        .strip_prefix('[')
+        .and_then(|b| b.strip_suffix(']'))
+        .filter(|b| b.contains(':'))
+        .unwrap_or(s);
+    bare.parse().map_err(|_| Invalid::Ip(s.to_owned()))
 }
 
-/// A `host_ip`: `0.0.0.0` means "any address", which is spelled `None`.
-pub fn parse_host_ip(s: &str) -> Result<Option<Ipv4Addr>, Invalid> {
-    parse_ipv4(s).map(|ip| (!ip.is_unspecified()).then_some(ip))
+/// A `host_ip`: `0.0.0.0` and `::` mean "any address", which is spelled `None`.
+pub fn parse_host_ip(s: &str) -> Result<Option<IpAddr>, Invalid> {
+    parse_ip(s).map(|ip| (!ip.is_unspecified()).then_some(ip))
 }
 
 fn parse_port(field: &'static str, s: &str) -> Result<u16, Invalid> {
@@ -648,23 +730,30 @@ pub(super) fn port_number(field: &'static str, value: i64) -> Result<u16, Invali
 /// Field deserializers that check values where they are read, so the error names the value
 /// (and, through serde_path_to_error, the field) instead of a generic type mismatch.
 mod de {
-    use std::net::Ipv4Addr;
+    use std::net::IpAddr;
 
     use serde::de::Error;
     use serde::{Deserialize, Deserializer};
 
-    pub fn ipv4<'de, D: Deserializer<'de>>(d: D) -> Result<Ipv4Addr, D::Error> {
-        super::parse_ipv4(&String::deserialize(d)?).map_err(D::Error::custom)
+    pub fn ip<'de, D: Deserializer<'de>>(d: D) -> Result<IpAddr, D::Error> {
+        super::parse_ip(&String::deserialize(d)?).map_err(D::Error::custom)
     }
 
-    pub fn opt_ipv4<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv4Addr>, D::Error> {
+    pub fn opt_ip<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
         Option::<String>::deserialize(d)?
-            .map(|s| super::parse_ipv4(&s))
+            .map(|s| super::parse_ip(&s))
             .transpose()
             .map_err(D::Error::custom)
     }
 
-    pub fn host_ip<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ipv4Addr>, D::Error> {
+    pub fn ips<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<IpAddr>>, D::Error> {
+        Option::<Vec<String>>::deserialize(d)?
+            .map(|v| v.iter().map(|s| super::parse_ip(s)).collect())
+            .transpose()
+            .map_err(D::Error::custom)
+    }
+
+    pub fn host_ip<'de, D: Deserializer<'de>>(d: D) -> Result<Option<IpAddr>, D::Error> {
         match Option::<String>::deserialize(d)? {
             Some(s) => super::parse_host_ip(&s).map_err(D::Error::custom),
             None => Ok(None),
@@ -680,5 +769,81 @@ mod de {
             .map(|v| super::port_number("target", v))
             .transpose()
             .map_err(D::Error::custom)
+    }
+}
+
+/// A service as JSON carries it: `vip` (one) or `vips` (one per family), never both.
+mod wire {
+    use std::net::IpAddr;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::{Backend, PortConfig, de, default_generation};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Service {
+        id: String,
+        #[serde(default = "default_generation")]
+        generation: String,
+        #[serde(
+            default,
+            deserialize_with = "de::opt_ip",
+            skip_serializing_if = "Option::is_none"
+        )]
+        vip: Option<IpAddr>,
+        #[serde(
+            default,
+            deserialize_with = "de::ips",
+            skip_serializing_if = "Option::is_none"
+        )]
+        vips: Option<Vec<IpAddr>>,
+        #[serde(default)]
+        backends: Vec<Backend>,
+        #[serde(default)]
+        ports: Vec<PortConfig>,
+    }
+
+    impl TryFrom<Service> for super::Service {
+        type Error = String;
+
+        fn try_from(w: Service) -> Result<Self, String> {
+            let mut vips = match (w.vip, w.vips) {
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "give \"vip\" (one address) or \"vips\" (one per family), not both"
+                            .to_owned(),
+                    );
+                }
+                (vip, None) => vip.into_iter().collect(),
+                (None, Some(vips)) => vips,
+            };
+            vips.sort_unstable();
+            Ok(super::Service {
+                id: w.id,
+                generation: w.generation,
+                vips,
+                backends: w.backends,
+                ports: w.ports,
+            })
+        }
+    }
+
+    impl From<super::Service> for Service {
+        fn from(s: super::Service) -> Self {
+            let (vip, vips) = match s.vips.len() {
+                0 => (None, None),
+                1 => (Some(s.vips[0]), None),
+                _ => (None, Some(s.vips)),
+            };
+            Service {
+                id: s.id,
+                generation: s.generation,
+                vip,
+                vips,
+                backends: s.backends,
+                ports: s.ports,
+            }
+        }
     }
 }

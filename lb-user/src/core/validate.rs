@@ -7,11 +7,11 @@
 //! [`crate::core::compose`] and the dataplanes can take as is: they never re-check. What
 //! depends on the live node (its interfaces and addresses) is checked by [`crate::node::check`].
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use super::model::{
-    DesiredState, IFNAMSIZ, MAX_NETWORK_NAME, MAX_SERVICE_NAME, MAX_TIMEOUT_SECS, Mode, Network,
-    PortConfig, PortKey, Proto, Service, port_number,
+    DesiredState, Family, IFNAMSIZ, MAX_NETWORK_NAME, MAX_SERVICE_NAME, MAX_TIMEOUT_SECS, Mode,
+    Network, PortConfig, PortKey, Proto, Service, port_number,
 };
 use crate::core::compose::compose;
 
@@ -25,8 +25,8 @@ pub enum Invalid {
         value: String,
         expected: String,
     },
-    #[error("invalid IPv4 address {0:?}")]
-    Ipv4(String),
+    #[error("invalid IP address {0:?}")]
+    Ip(String),
     #[error("invalid {field} port number {value:?}")]
     PortNumber { field: &'static str, value: String },
     #[error("{field} port {value} out of range 1-65535")]
@@ -80,19 +80,33 @@ pub enum Invalid {
     #[error("{role} {ip} is {class}; it must be a unicast address")]
     NotUnicast {
         role: &'static str,
-        ip: Ipv4Addr,
+        ip: IpAddr,
         class: &'static str,
     },
     #[error("VIP {0} is also one of its own backends")]
-    VipIsBackend(Ipv4Addr),
+    VipIsBackend(IpAddr),
     #[error("backend {0} is listed twice")]
-    BackendTwice(Ipv4Addr),
-    #[error("host_ip 0.0.0.0 means any address; leave host_ip unset (null) instead")]
-    HostIpUnspecified,
+    BackendTwice(IpAddr),
+    #[error("host_ip {0} means any address; leave host_ip unset (null) instead")]
+    HostIpUnspecified(IpAddr),
+    #[error("has two {0} VIPs ({1} and {2}); a service has at most one VIP per address family")]
+    VipFamilyTwice(Family, IpAddr, IpAddr),
+    #[error(
+        "VIP {vip} is {family} but no backend is: a flow is balanced over the backends of its own family only (no NAT46/64)"
+    )]
+    VipFamilyMismatch { vip: IpAddr, family: Family },
+    #[error(
+        "port {port} is bound to {family} host_ip {host_ip} but no backend is {family}: a flow is balanced over the backends of its own family only (kubelet refuses this as an IP family mismatch)"
+    )]
+    HostIpFamilyMismatch {
+        port: String,
+        host_ip: IpAddr,
+        family: Family,
+    },
     #[error("port {0} is listed twice")]
     PortTwice(PortKey),
     #[error("VIP {vip} is already used by service {other:?}")]
-    VipTaken { vip: Ipv4Addr, other: String },
+    VipTaken { vip: IpAddr, other: String },
     #[error("has neither a VIP nor a published port: it would serve nothing")]
     NothingServed,
     #[error("{key} is already published by service {other:?}")]
@@ -112,7 +126,7 @@ pub enum Invalid {
     #[error("timeout dsr is the session timeout of a dsr network; this network's mode is nat")]
     DsrTimeoutOnNat,
     #[error("backend {0} is also a VIP of this network; a VIP cannot be a backend")]
-    BackendIsVip(Ipv4Addr),
+    BackendIsVip(IpAddr),
 }
 
 /// A validation failure: where (`network "web" service "api" generation "2"`) and why.
@@ -150,8 +164,7 @@ impl DesiredState {
             let netns = network.netns_key();
             for service in &network.services {
                 let at = |reason| network.service_error(service, reason);
-                for port in &service.ports {
-                    let key = port.key();
+                for (key, _) in service.port_keys() {
                     let owners = ports.entry((netns, key.proto, key.port)).or_default();
                     if let Some((other_key, other)) =
                         (owners.iter()).find(|(k, n)| *n != network.name && k.overlaps(&key))
@@ -209,7 +222,7 @@ impl Network {
         }
 
         let mut keys = BTreeSet::new();
-        let mut vip_owner: BTreeMap<Ipv4Addr, &str> = BTreeMap::new();
+        let mut vip_owner: BTreeMap<IpAddr, &str> = BTreeMap::new();
         let mut port_owners: BTreeMap<(Proto, u16), Vec<(PortKey, &str)>> = BTreeMap::new();
         for service in &self.services {
             let at = |reason| self.service_error(service, reason);
@@ -218,7 +231,7 @@ impl Network {
                 return Err(at(Invalid::ServiceTwice));
             }
             // A service without a VIP publishes ports only.
-            if let Some(vip) = service.vip {
+            for &vip in &service.vips {
                 match vip_owner.get(&vip) {
                     Some(other) if *other != service.id => {
                         return Err(at(Invalid::VipTaken {
@@ -232,8 +245,7 @@ impl Network {
                     }
                 }
             }
-            for port in &service.ports {
-                let key = port.key();
+            for (key, _) in service.port_keys() {
                 let owners = port_owners.entry((key.proto, key.port)).or_default();
                 // Only one service may have ports that overlap: the same packet would match both.
                 let clash = (owners.iter()).find(|(k, id)| *id != service.id && k.overlaps(&key));
@@ -304,29 +316,54 @@ impl Service {
     fn validate(&self) -> Result<(), Invalid> {
         check_name("service id", &self.id, MAX_SERVICE_NAME)?;
         check_name("generation", &self.generation, MAX_SERVICE_NAME)?;
-        match self.vip {
-            Some(vip) => check_unicast("VIP", vip, false)?,
-            None if self.ports.is_empty() => return Err(Invalid::NothingServed),
-            None => {}
+        if self.vips.is_empty() && self.ports.is_empty() {
+            return Err(Invalid::NothingServed);
+        }
+        for (i, &vip) in self.vips.iter().enumerate() {
+            check_unicast("VIP", vip, false)?;
+            if let Some(&other) =
+                (self.vips[..i].iter()).find(|v| Family::of(**v) == Family::of(vip))
+            {
+                return Err(Invalid::VipFamilyTwice(Family::of(vip), other, vip));
+            }
         }
         let mut backends = BTreeSet::new();
         for backend in &self.backends {
             // A loopback backend is never reachable by DNAT (the kernel drops it as martian)
             // nor by DSR (no MAC), so it is refused rather than programmed as a black hole.
             check_unicast("backend", backend.ip, false)?;
-            if Some(backend.ip) == self.vip {
+            if self.vips.contains(&backend.ip) {
                 return Err(Invalid::VipIsBackend(backend.ip));
             }
             if !backends.insert(backend.ip) {
                 return Err(Invalid::BackendTwice(backend.ip));
             }
         }
-        let mut ports = BTreeSet::new();
+        // A VIP or a host_ip of a family no backend has would serve nothing: a mistake, since
+        // a flow never crosses families. (A service with no backend at all is a service
+        // scaled to zero: its VIP and ports stay claimed, with empty sets.)
+        let has = |family| self.backends.iter().any(|b| Family::of(b.ip) == family);
+        if !self.backends.is_empty() {
+            if let Some(&vip) = self.vips.iter().find(|v| !has(Family::of(**v))) {
+                let family = Family::of(vip);
+                return Err(Invalid::VipFamilyMismatch { vip, family });
+            }
+            for port in &self.ports {
+                if let Some(host_ip) = port.host_ip.filter(|ip| !has(Family::of(*ip))) {
+                    return Err(Invalid::HostIpFamilyMismatch {
+                        port: port.to_string(),
+                        host_ip,
+                        family: Family::of(host_ip),
+                    });
+                }
+            }
+        }
         for port in &self.ports {
             port.validate()?;
-            if !ports.insert(port.key()) {
-                return Err(Invalid::PortTwice(port.key()));
-            }
+        }
+        let mut ports = BTreeSet::new();
+        if let Some((key, _)) = self.port_keys().find(|(key, _)| !ports.insert(*key)) {
+            return Err(Invalid::PortTwice(key));
         }
         Ok(())
     }
@@ -340,7 +377,7 @@ impl PortConfig {
             port_number("target", target.into())?;
         }
         match self.host_ip {
-            Some(ip) if ip.is_unspecified() => Err(Invalid::HostIpUnspecified),
+            Some(ip) if ip.is_unspecified() => Err(Invalid::HostIpUnspecified(ip)),
             // Loopback is a legitimate node address to publish on (local clients only).
             Some(ip) => check_unicast("host_ip", ip, true),
             None => Ok(()),
@@ -433,18 +470,21 @@ fn check_netns(value: &str) -> Result<(), Invalid> {
 }
 
 /// Addresses that cannot stand for one host: traffic to them is never a single flow to a
-/// single endpoint, so they cannot be a VIP, a backend or a host address.
-fn check_unicast(role: &'static str, ip: Ipv4Addr, allow_loopback: bool) -> Result<(), Invalid> {
-    let class = if ip.is_unspecified() {
-        "the unspecified address"
-    } else if ip.is_broadcast() {
-        "the broadcast address"
-    } else if ip.is_multicast() {
-        "a multicast address"
-    } else if ip.is_loopback() && !allow_loopback {
-        "a loopback address"
-    } else {
-        return Ok(());
+/// single endpoint, so they cannot be a VIP, a backend or a host address. IPv6 link-local
+/// addresses are refused too: they are scoped to one link (an address needs its interface to
+/// mean anything), and IPv4-mapped ones (`::ffff:a.b.c.d`) are IPv4 in disguise, which a
+/// service writes as IPv4.
+fn check_unicast(role: &'static str, ip: IpAddr, allow_loopback: bool) -> Result<(), Invalid> {
+    let class = match ip {
+        _ if ip.is_unspecified() => "the unspecified address",
+        _ if ip.is_multicast() => "a multicast address",
+        _ if ip.is_loopback() && !allow_loopback => "a loopback address",
+        IpAddr::V4(v4) if v4.is_broadcast() => "the broadcast address",
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => "a link-local address",
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => {
+            "an IPv4-mapped IPv6 address (write the IPv4 address)"
+        }
+        _ => return Ok(()),
     };
     Err(Invalid::NotUnicast { role, ip, class })
 }

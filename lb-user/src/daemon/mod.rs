@@ -33,7 +33,7 @@ use crate::{
         compose::ComposedNetwork,
         diff::diff,
         elements::{claims, network_elements},
-        model::{DesiredState, Network, Proto, Service},
+        model::{DesiredState, Family, Network, Proto, Service},
     },
     dataplane::{
         Dataplane, FlowState, SyncStats,
@@ -572,7 +572,7 @@ impl Daemon {
                         .map_err(|e| ApiError::internal(&e, false))?;
                     out.extend(flows.into_iter().map(|mut flow| {
                         flow.service =
-                            frontend_owner(&n, flow.proto, &flow.frontend).map(|s| s.id.clone());
+                            frontend_owner(&n, flow.proto, flow.frontend).map(|s| s.id.clone());
                         ConntrackEntry {
                             network: n.name.clone(),
                             flow,
@@ -669,9 +669,9 @@ impl Daemon {
                     }
                     let flows = flows.as_ref().map(|f| {
                         (f.iter())
-                            .filter(|f| f.backend.split(':').next() == Some(&b.ip.to_string()))
+                            .filter(|f| f.backend.ip() == b.ip)
                             .filter(|f| {
-                                frontend_owner(network, f.proto, &f.frontend)
+                                frontend_owner(network, f.proto, f.frontend)
                                     .is_some_and(|s| s.id == service.id)
                             })
                             .count() as u64
@@ -692,7 +692,7 @@ impl Daemon {
             out.push(ServiceEntry {
                 network: network.name.clone(),
                 service: service.clone(),
-                frontends: (service.vip.iter().map(|v| v.to_string()))
+                frontends: (service.vips.iter().map(|v| v.to_string()))
                     .chain(service.ports.iter().map(|p| p.to_string()))
                     .collect(),
                 backends,
@@ -702,20 +702,21 @@ impl Daemon {
     }
 }
 
-/// The contribution of `network` that a flow to `frontend` (`ADDR:PORT`, as flows show it)
-/// over `proto` was sent by: the one with that VIP, else the one publishing that port (on
-/// that address, or on every address). Generations of one service share their frontends,
-/// so any of them names the service.
-fn frontend_owner<'a>(network: &'a Network, proto: Proto, frontend: &str) -> Option<&'a Service> {
-    let (addr, port) = frontend.rsplit_once(':')?;
-    let (addr, port): (std::net::Ipv4Addr, u16) = (addr.parse().ok()?, port.parse().ok()?);
+/// The contribution of `network` that a flow to `frontend` over `proto` was sent by: the
+/// one with that VIP, else the one publishing that port (on that address, or on every address
+/// of its family). Generations of one service share their frontends, so any of them names the
+/// service.
+fn frontend_owner(network: &Network, proto: Proto, frontend: SocketAddr) -> Option<&Service> {
+    let (addr, port) = (frontend.ip(), frontend.port());
     (network.services.iter())
-        .find(|s| s.vip == Some(addr))
+        .find(|s| s.vips.contains(&addr))
         .or_else(|| {
             network.services.iter().find(|s| {
-                s.ports.iter().any(|p| {
-                    let k = p.key();
-                    k.proto == proto && k.port == port && k.host_ip.is_none_or(|h| h == addr)
+                s.port_keys().any(|(k, _)| {
+                    k.proto == proto
+                        && k.port == port
+                        && k.family == Family::of(addr)
+                        && k.host_ip.is_none_or(|h| h == addr)
                 })
             })
         })

@@ -8,7 +8,7 @@
 //! Each dataplane calls these in its network's namespace, with the address dump it reads
 //! anyway (with thousands of aliases, a dump costs more than the rest of a one-service
 //! change).
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use anyhow::Result;
 
@@ -22,7 +22,7 @@ use crate::{
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Previous {
     pub interface: String,
-    pub vips: BTreeSet<Ipv4Addr>,
+    pub vips: BTreeSet<IpAddr>,
 }
 
 impl Previous {

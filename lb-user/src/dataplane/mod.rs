@@ -8,7 +8,10 @@
 //! what differs, and either succeeds or leaves the last good state serving: the caller keeps
 //! `previous` as the applied state until a call succeeds. `remove` undoes everything `apply`
 //! did for a network and tolerates pieces already gone.
-use std::{collections::HashMap, net::Ipv4Addr};
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+};
 
 use anyhow::Result;
 
@@ -32,14 +35,14 @@ use crate::core::{
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Flow {
     pub proto: Proto,
-    pub client: String,
+    pub client: SocketAddr,
     /// The address and port the client asked (a VIP's, or the node's for a published port).
-    pub frontend: String,
+    pub frontend: SocketAddr,
     /// The id of the service that frontend belongs to, filled in by the daemon (`None`: no
     /// service of the network has it any more).
     #[serde(default)]
     pub service: Option<String>,
-    pub backend: String,
+    pub backend: SocketAddr,
     pub state: FlowState,
     /// Seconds until the flow expires if no packet comes.
     pub expires_secs: Option<u64>,
@@ -135,15 +138,47 @@ impl std::fmt::Display for Kind {
     }
 }
 
+/// Refuses `network` if it has an IPv6 address (a VIP, a backend, a `host_ip`), for a
+/// dataplane that serves IPv4 only so far: the desired state can say dual stack, and what
+/// cannot serve it says so before anything is saved, naming the first such address.
+pub fn ipv4_only(kind: Kind, network: &Network) -> Result<()> {
+    let first = (network.services.iter()).find_map(|s| {
+        let vip = s
+            .vips
+            .iter()
+            .find(|v| v.is_ipv6())
+            .map(|v| format!("VIP {v}"));
+        let backend =
+            || (s.backends.iter().find(|b| b.ip.is_ipv6())).map(|b| format!("backend {}", b.ip));
+        let host = || {
+            (s.ports
+                .iter()
+                .find(|p| p.host_ip.is_some_and(|h| h.is_ipv6())))
+            .map(|p| format!("port {p}"))
+        };
+        vip.or_else(backend).or_else(host).map(|what| (s, what))
+    });
+    match first {
+        None => Ok(()),
+        Some((s, what)) => anyhow::bail!(
+            "network {}: service {} generation {}: {what} is IPv6, and the {kind} dataplane serves IPv4 only so far",
+            network.name,
+            s.id,
+            s.generation
+        ),
+    }
+}
+
 /// Packets and bytes of one service frontend or one of its backends, summed over CPUs.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Count {
     /// The id of the service; empty for a frontend no service claims any more.
     pub service: String,
-    /// What clients address: `10.99.0.10` (a VIP), `tcp/8080`, `tcp/8080@192.168.1.1`.
+    /// What clients address: `10.99.0.10` (a VIP), `tcp/8080`, `tcp/8080@192.168.1.1`,
+    /// `tcp/8080@::` (see [`crate::core::model::PortKey`]'s display).
     pub frontend: String,
     /// `None` for the frontend's own total.
-    pub backend: Option<Ipv4Addr>,
+    pub backend: Option<IpAddr>,
     pub packets: u64,
     pub bytes: u64,
 }
@@ -154,7 +189,7 @@ impl Count {
     pub fn new(
         ids: &HashMap<SetKey, &str>,
         set: SetKey,
-        backend: Option<Ipv4Addr>,
+        backend: Option<IpAddr>,
         packets: u64,
         bytes: u64,
     ) -> Count {

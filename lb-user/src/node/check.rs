@@ -1,6 +1,6 @@
 //! The live node, as the daemon sees it: what a change is checked against before it is saved
 //! (interfaces, addresses).
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use anyhow::{Context as _, Result, bail};
 
@@ -15,25 +15,26 @@ use crate::{
 ///   typo there would leave the network serving nothing. The others may appear later (the
 ///   bridge a CNI plugin creates with the first pod): the dataplanes skip a missing one, the
 ///   node's link events pick it up when it appears, and `lb status` says it is missing;
-/// - a VIP new to the network is not an address of the node (lb would take over every port
-///   of it, SSH's too), nor the network or broadcast address of one of the node's subnets;
+/// - a VIP new to the network is not an address of the node of either family (lb would take
+///   over every port of it, SSH's too), nor the network or broadcast address of one of the
+///   node's IPv4 subnets;
 /// - a `host_ip` new to the network is an address of the node, as Docker requires.
 ///
 /// Contributions already in `old` are not checked again: an address the node gained later
 /// does not block unrelated changes. `lb_vips` are every VIP lb has in the state, so that
 /// aliases lb added (even without [`crate::node::ALIAS_PROTO`]) do not count as the node's.
-pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) -> Result<()> {
+pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<IpAddr>) -> Result<()> {
     let ifaces = net.interfaces.clone();
     let name = net.name.clone();
     // What `old` already had, as sets: a change of one service costs a lookup per service,
     // not a scan of the old network per service.
-    let (old_vips, old_hosts): (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Addr>) =
+    let (old_vips, old_hosts): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) =
         old.map_or_else(Default::default, |o| (o.vips(), host_ips(o)));
-    let vips: BTreeSet<Ipv4Addr> = (net.services.iter())
-        .filter_map(|s| s.vip)
+    let vips: BTreeSet<IpAddr> = (net.services.iter())
+        .flat_map(|s| s.vips.iter().copied())
         .filter(|v| !old_vips.contains(v))
         .collect();
-    let host_ips: BTreeSet<Ipv4Addr> = host_ips(net).difference(&old_hosts).copied().collect();
+    let host_ips: BTreeSet<IpAddr> = host_ips(net).difference(&old_hosts).copied().collect();
     let where_ = net.netns.as_ref().map_or_else(
         || "the daemon's netns".to_owned(),
         |ns| format!("netns {ns}"),
@@ -60,9 +61,9 @@ pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) 
             }
             for a in &node {
                 if let Some((network, broadcast)) = a.network_and_broadcast()
-                    && (*vip == network || *vip == broadcast)
+                    && (*vip == IpAddr::V4(network) || *vip == IpAddr::V4(broadcast))
                 {
-                    let which = if *vip == network {
+                    let which = if *vip == IpAddr::V4(network) {
                         "network"
                     } else {
                         "broadcast"
@@ -88,7 +89,7 @@ pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<Ipv4Addr>) 
 }
 
 /// Every `host_ip` the network's published ports bind to.
-fn host_ips(net: &Network) -> BTreeSet<Ipv4Addr> {
+fn host_ips(net: &Network) -> BTreeSet<IpAddr> {
     (net.services.iter())
         .flat_map(|s| s.ports.iter().filter_map(|p| p.host_ip))
         .collect()

@@ -17,14 +17,14 @@
 //!   down) is reported by `lb status` until it is free and held.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{Ipv4Addr, SocketAddrV4},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
 use anyhow::{Result, bail};
 
 use crate::{
-    core::model::{HoldPorts, Network, PortKey, Proto},
+    core::model::{Family, HoldPorts, Network, PortKey, Proto},
     node::in_netns,
 };
 
@@ -34,55 +34,92 @@ pub fn wanted(network: &Network) -> BTreeSet<PortKey> {
         return BTreeSet::new();
     }
     (network.services.iter())
-        .flat_map(|s| s.ports.iter().map(|p| p.key()))
+        .flat_map(|s| s.port_keys().map(|(k, _)| k))
         .filter(|k| k.proto != Proto::Sctp)
         .collect()
 }
 
 /// A socket bound to `key`'s address and port (see the module's contracts), or the bind's
-/// error. In the calling thread's namespace.
+/// error. In the calling thread's namespace. A key of every IPv6 address binds `[::]` with
+/// `IPV6_V6ONLY`, so that it holds the IPv6 port alone and the IPv4 key holds its own.
 fn bind(key: &PortKey) -> std::io::Result<OwnedFd> {
-    let addr = SocketAddrV4::new(key.host_ip.unwrap_or(Ipv4Addr::UNSPECIFIED), key.port);
+    let ip = key.host_ip.unwrap_or(match key.family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        Family::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    });
     let (kind, proto) = match key.proto {
         Proto::Tcp => (libc::SOCK_STREAM, libc::IPPROTO_TCP),
         _ => (libc::SOCK_DGRAM, libc::IPPROTO_UDP),
     };
+    let domain = if ip.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
     // SAFETY: a plain socket call; the fd is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_INET, kind | libc::SOCK_CLOEXEC, proto) };
+    let fd = unsafe { libc::socket(domain, kind | libc::SOCK_CLOEXEC, proto) };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     // SAFETY: fd was just opened and nothing else owns it.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    if key.proto != Proto::Tcp {
-        let small: libc::c_int = 1;
-        // SAFETY: setsockopt with a c_int option value of the size given. Failure only
-        // leaves the default buffer.
+    let set = |level, name, value: libc::c_int| {
+        // SAFETY: setsockopt with a c_int option value of the size given.
         unsafe {
             libc::setsockopt(
                 sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&small as *const libc::c_int).cast(),
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
                 size_of::<libc::c_int>() as libc::socklen_t,
             )
-        };
-    }
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: addr.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from_ne_bytes(addr.ip().octets()),
-        },
-        sin_zero: [0; 8],
+        }
     };
-    // SAFETY: bind with a sockaddr_in of the size given.
-    let rc = unsafe {
-        libc::bind(
-            sock.as_raw_fd(),
-            (&sa as *const libc::sockaddr_in).cast(),
-            size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
+    if key.proto != Proto::Tcp {
+        // Failure only leaves the default buffer.
+        set(libc::SOL_SOCKET, libc::SO_RCVBUF, 1);
+    }
+    let rc = match ip {
+        IpAddr::V4(v4) => {
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: key.port.to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: bind with a sockaddr_in of the size given.
+            unsafe {
+                libc::bind(
+                    sock.as_raw_fd(),
+                    (&sa as *const libc::sockaddr_in).cast(),
+                    size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        }
+        IpAddr::V6(v6) => {
+            if set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let sa = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: key.port.to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: bind with a sockaddr_in6 of the size given.
+            unsafe {
+                libc::bind(
+                    sock.as_raw_fd(),
+                    (&sa as *const libc::sockaddr_in6).cast(),
+                    size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
     };
     if rc != 0 {
         return Err(std::io::Error::last_os_error());

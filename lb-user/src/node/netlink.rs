@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use futures_util::TryStreamExt as _;
 use netlink_packet_route::{
     AddressFamily,
-    address::{AddressAttribute, AddressMessage, AddressProtocol},
+    address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol},
     link::{
         InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
         LinkXdp,
@@ -30,10 +30,10 @@ use netlink_packet_route::{
 /// record (see [`NodeAddr::is_lb_alias`]).
 pub const ALIAS_PROTO: u8 = 0x6c;
 
-/// One IPv4 address of the namespace, as a dump gives it.
+/// One address of the namespace, of either family, as a dump gives it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeAddr {
-    pub addr: Ipv4Addr,
+    pub addr: IpAddr,
     pub prefix: u8,
     pub index: u32,
     /// The address's IFA_PROTO, when it has one.
@@ -42,22 +42,39 @@ pub struct NodeAddr {
 
 impl NodeAddr {
     /// Whether lb added this address as a VIP alias: it carries [`ALIAS_PROTO`], or it is a
-    /// /32 without any protocol that is one of `vips` (an alias of a kernel or an lb without
-    /// IFA_PROTO). Everything else is the node's own, which lb never removes or claims.
-    pub fn is_lb_alias(&self, vips: &BTreeSet<Ipv4Addr>) -> bool {
+    /// host address (/32, /128) without any protocol that is one of `vips` (an alias of a
+    /// kernel or an lb without IFA_PROTO). Everything else is the node's own, which lb never
+    /// removes or claims.
+    pub fn is_lb_alias(&self, vips: &BTreeSet<IpAddr>) -> bool {
         self.proto == Some(ALIAS_PROTO)
-            || (self.proto.is_none() && self.prefix == 32 && vips.contains(&self.addr))
+            || (self.proto.is_none() && self.is_host() && vips.contains(&self.addr))
     }
 
-    /// The subnet's network and broadcast addresses (none for /31 and /32, which have
-    /// neither).
+    /// Whether the address is a host address (/32 or /128), as VIP aliases are.
+    pub fn is_host(&self) -> bool {
+        self.prefix == host_prefix(self.addr)
+    }
+
+    /// An IPv4 subnet's network and broadcast addresses (none for /31 and /32, which have
+    /// neither, and for IPv6, which has no broadcast).
     pub fn network_and_broadcast(&self) -> Option<(Ipv4Addr, Ipv4Addr)> {
+        let IpAddr::V4(addr) = self.addr else {
+            return None;
+        };
         if self.prefix >= 31 {
             return None;
         }
         let mask = u32::MAX << (32 - self.prefix);
-        let net = u32::from(self.addr) & mask;
+        let net = u32::from(addr) & mask;
         Some((Ipv4Addr::from(net), Ipv4Addr::from(net | !mask)))
+    }
+}
+
+/// The prefix length of a host address of `ip`'s family: 32 or 128.
+pub fn host_prefix(ip: IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
     }
 }
 
@@ -67,11 +84,11 @@ pub fn on_interface(addrs: &[NodeAddr], index: u32) -> impl Iterator<Item = &Nod
     addrs.iter().filter(move |a| a.index == index)
 }
 
-/// The node's own IPv4 addresses in a dump, sorted, without lb's aliases (see
+/// The node's own addresses in a dump, sorted (IPv4 first), without lb's aliases (see
 /// [`NodeAddr::is_lb_alias`]; `vips` are the VIPs lb has or had here): the addresses
 /// published ports answer on.
-pub fn node_ipv4(addrs: &[NodeAddr], vips: &BTreeSet<Ipv4Addr>) -> Vec<Ipv4Addr> {
-    let mut all: Vec<Ipv4Addr> = (addrs.iter())
+pub fn node_addrs(addrs: &[NodeAddr], vips: &BTreeSet<IpAddr>) -> Vec<IpAddr> {
+    let mut all: Vec<IpAddr> = (addrs.iter())
         .filter(|a| !a.is_lb_alias(vips))
         .map(|a| a.addr)
         .collect();
@@ -165,16 +182,14 @@ impl Netlink {
         })
     }
 
-    fn v4(msg: &AddressMessage) -> Option<(Ipv4Addr, u8)> {
+    fn addr(msg: &AddressMessage) -> Option<(IpAddr, u8)> {
         // IFA_LOCAL is the interface's own address; IFA_ADDRESS is the peer's on
-        // point-to-point links, so prefer the former.
+        // point-to-point links, so prefer the former (IPv6 sends IFA_ADDRESS alone).
         let mut found = None;
         for attr in &msg.attributes {
             match attr {
-                AddressAttribute::Local(IpAddr::V4(a)) => return Some((*a, msg.header.prefix_len)),
-                AddressAttribute::Address(IpAddr::V4(a)) => {
-                    found = Some((*a, msg.header.prefix_len))
-                }
+                AddressAttribute::Local(a) => return Some((*a, msg.header.prefix_len)),
+                AddressAttribute::Address(a) => found = Some((*a, msg.header.prefix_len)),
                 _ => {}
             }
         }
@@ -189,11 +204,12 @@ impl Netlink {
         })
     }
 
-    /// Every IPv4 address of every interface of the namespace, lb's aliases included.
+    /// Every address of every interface of the namespace, of both families, lb's aliases
+    /// included.
     pub fn addresses(&self) -> Result<Vec<NodeAddr>> {
         Ok((self.addr_messages(None)?.iter())
             .filter_map(|m| {
-                let (addr, prefix) = Self::v4(m)?;
+                let (addr, prefix) = Self::addr(m)?;
                 Some(NodeAddr {
                     addr,
                     prefix,
@@ -204,27 +220,35 @@ impl Netlink {
             .collect())
     }
 
-    /// Adds `vip/32` to `ifname` for every VIP of `want` that is not there yet, so the node
-    /// answers ARP for them and accepts their traffic. `addrs` is the caller's dump of the
-    /// namespace ([`Netlink::addresses`], one per apply, shared with what else the apply
-    /// reads of the node): one request per missing alias, so an apply at thousands of VIPs
-    /// costs requests only for what changed.
+    /// Adds `vip/32` (`vip/128`) to `ifname` for every VIP of `want` that is not there yet,
+    /// so the node answers ARP (neighbour solicitations) for them and accepts their traffic.
+    /// An IPv6 alias skips duplicate address detection (`nodad`): a VIP is meant to be
+    /// answered for by this node at once, and a tentative address would drop the service's
+    /// traffic for a second or more. `addrs` is the caller's dump of the namespace
+    /// ([`Netlink::addresses`], one per apply, shared with what else the apply reads of the
+    /// node): one request per missing alias, so an apply at thousands of VIPs costs requests
+    /// only for what changed.
     pub fn add_aliases(
         &self,
         ifname: &str,
-        want: &BTreeSet<Ipv4Addr>,
+        want: &BTreeSet<IpAddr>,
         addrs: &[NodeAddr],
     ) -> Result<()> {
         let index = self.ifindex(ifname)?;
-        let have: BTreeSet<Ipv4Addr> = (on_interface(addrs, index))
-            .filter(|a| a.prefix == 32)
+        let have: BTreeSet<IpAddr> = (on_interface(addrs, index))
+            .filter(|a| a.is_host())
             .map(|a| a.addr)
             .collect();
         for vip in want.difference(&have) {
-            let mut req = self.handle.address().add(index, IpAddr::V4(*vip), 32);
-            (req.message_mut().attributes).push(AddressAttribute::Protocol(AddressProtocol::from(
+            let prefix = host_prefix(*vip);
+            let mut req = self.handle.address().add(index, *vip, prefix);
+            let attrs = &mut req.message_mut().attributes;
+            attrs.push(AddressAttribute::Protocol(AddressProtocol::from(
                 ALIAS_PROTO,
             )));
+            if vip.is_ipv6() {
+                attrs.push(AddressAttribute::Flags(AddressFlags::Nodad));
+            }
             let r = self.rt.block_on(req.execute());
             match r {
                 // Already present (a concurrent writer, a race with the dump) is success.
@@ -232,17 +256,17 @@ impl Netlink {
                 Err(e) if errno(&e) == Some(libc::EEXIST) => {}
                 Err(e) => {
                     return Err(anyhow::Error::new(e))
-                        .with_context(|| format!("adding alias {vip}/32 to {ifname}"));
+                        .with_context(|| format!("adding alias {vip}/{prefix} to {ifname}"));
                 }
             }
         }
         Ok(())
     }
 
-    /// Removes `vip/32` from `ifname` for every VIP of `vips` that is lb's alias (never an
-    /// address of the node that happens to be equal), with one dump. Idempotent: an alias
-    /// already gone, or the interface itself, is success.
-    pub fn remove_aliases(&self, ifname: &str, vips: &BTreeSet<Ipv4Addr>) -> Result<()> {
+    /// Removes `vip/32` (`vip/128`) from `ifname` for every VIP of `vips` that is lb's alias
+    /// (never an address of the node that happens to be equal), with one dump. Idempotent:
+    /// an alias already gone, or the interface itself, is success.
+    pub fn remove_aliases(&self, ifname: &str, vips: &BTreeSet<IpAddr>) -> Result<()> {
         if vips.is_empty() {
             return Ok(());
         }
@@ -252,10 +276,13 @@ impl Netlink {
         };
         let msgs = self.addr_messages(Some(index))?;
         for msg in msgs {
-            let Some((vip, 32)) = Self::v4(&msg) else {
+            let Some((vip, prefix)) = Self::addr(&msg) else {
                 continue;
             };
-            if !vips.contains(&vip) || Self::proto(&msg).is_some_and(|p| p != ALIAS_PROTO) {
+            if prefix != host_prefix(vip)
+                || !vips.contains(&vip)
+                || Self::proto(&msg).is_some_and(|p| p != ALIAS_PROTO)
+            {
                 continue;
             }
             match self.rt.block_on(self.handle.address().del(msg).execute()) {
@@ -263,7 +290,7 @@ impl Netlink {
                 Err(e) if errno(&e) == Some(libc::EADDRNOTAVAIL) => {}
                 Err(e) => {
                     return Err(anyhow::Error::new(e))
-                        .with_context(|| format!("removing alias {vip}/32 from {ifname}"));
+                        .with_context(|| format!("removing alias {vip}/{prefix} from {ifname}"));
                 }
             }
         }

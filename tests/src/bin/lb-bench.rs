@@ -88,10 +88,10 @@ fn network() -> Network {
         .map(|i| Service {
             id: format!("s{i}"),
             generation: "1".into(),
-            vip: Some(vip(i)),
+            vips: vec![vip(i).into()],
             backends: (0..3)
                 .map(|k| Backend {
-                    ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 20, 0, 0)) + 3 * i + k),
+                    ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 20, 0, 0)) + 3 * i + k).into(),
                     disabled: false,
                 })
                 .collect(),
@@ -394,7 +394,11 @@ fn packets(rounds: usize) -> Result<String> {
         ephemeral: None,
     };
     let keep: BTreeSet<Ipv4Addr> = (net.services.iter())
-        .flat_map(|s| s.backends.iter().map(|b| b.ip))
+        .flat_map(|s| s.backends.iter())
+        .filter_map(|b| match b.ip {
+            std::net::IpAddr::V4(a) => Some(a),
+            std::net::IpAddr::V6(_) => None,
+        })
         .collect();
     dp.sync(&plan, &node, &keep).context("filling the maps")?;
 

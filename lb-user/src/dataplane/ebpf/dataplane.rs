@@ -12,7 +12,7 @@
 //! hooks and aliases are in another namespace, which the new one's apply cannot reach.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -26,7 +26,7 @@ use super::{
 use crate::{
     core::compose::{ComposedNetwork, PortKey},
     core::elements::{SetKey, claimed_by},
-    core::model::{Attach, Mode, Network, Proto},
+    core::model::{Attach, Family, Mode, Network, Proto},
     dataplane::{Count, Dataplane, Flow, FlowStats, Kind, SyncStats, aliases},
     node::{
         LinkKind, Netlink, cgroup, in_netns, netlink, netns,
@@ -150,9 +150,12 @@ fn apply_in_netns(
     let mut ifaces = Vec::new();
     let mut indexes = Vec::new();
     for (name, index) in nl.present(&network.interfaces)? {
-        // A masqueraded flow leaving by this interface takes its primary address.
-        if let Some(a) = netlink::on_interface(&addrs, index).next() {
-            ifaces.push((index, a.addr));
+        // A masqueraded flow leaving by this interface takes its primary IPv4 address.
+        if let Some(a) = netlink::on_interface(&addrs, index).find_map(|a| match a.addr {
+            IpAddr::V4(v4) => Some(v4),
+            IpAddr::V6(_) => None,
+        }) {
+            ifaces.push((index, a));
         }
         indexes.push(index);
         dp.attach(&nl, name, network.attach, tc_mode)
@@ -182,14 +185,23 @@ fn apply_in_netns(
         vips.extend(&p.vips);
     }
     let node = NodeAddrs {
-        local: netlink::node_ipv4(&addrs, &vips),
+        // (IPv4 only: the programs' local-address map holds IPv4.)
+        local: (netlink::node_addrs(&addrs, &vips).into_iter())
+            .filter_map(|a| match a {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            })
+            .collect(),
         ifaces,
         ephemeral: NodeAddrs::read_ephemeral(),
     };
-    let keep: BTreeSet<Ipv4Addr> = network
-        .services
-        .iter()
-        .flat_map(|s| s.backends.iter().map(|b| b.ip))
+    let keep: BTreeSet<Ipv4Addr> = (network.services.iter())
+        .flat_map(|s| {
+            s.backends.iter().filter_map(|b| match b.ip {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            })
+        })
         .collect();
     aliases::around(&nl, &addrs, network, previous.aliases.as_ref(), || {
         dp.sync(&plan, &node, &keep).context("writing maps")
@@ -240,8 +252,8 @@ impl Dataplane for EbpfDataplane {
         Kind::Ebpf
     }
 
-    fn supports(&self, _network: &Network) -> Result<()> {
-        Ok(())
+    fn supports(&self, network: &Network) -> Result<()> {
+        crate::dataplane::ipv4_only(Kind::Ebpf, network)
     }
 
     /// The plan's need against what the network's maps hold and their real sizes; a network
@@ -560,11 +572,12 @@ fn set_key(key: &ServiceKey) -> Option<SetKey> {
     match *key {
         ServiceKey::Vip(a) => Some(SetKey::Vip(ip(a))),
         ServiceKey::Port { addr, port, proto } => Proto::from_number(proto).map(|proto| {
-            SetKey::Port(PortKey {
-                host_ip: (addr != 0).then(|| ip(addr)),
+            SetKey::Port(PortKey::new(
+                (addr != 0).then(|| ip(addr)),
+                Family::V4,
                 proto,
-                port: u16::from_be(port),
-            })
+                u16::from_be(port),
+            ))
         }),
     }
 }

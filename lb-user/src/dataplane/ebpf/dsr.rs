@@ -16,7 +16,7 @@
 //!   a backend disabled or left out keeps its live sessions until they end or idle out.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     time::{Duration, Instant},
 };
 
@@ -26,7 +26,7 @@ use lb_common::{
     DsrSession, Endpoint, FlowKey, SERVICE_DSR, Service, VipKey, dsr, flow::NS_PER_SEC,
 };
 
-use super::{EbpfNetwork, Plan, ServiceKey, be, ip, sync::write_exactly};
+use super::{EbpfNetwork, Plan, ServiceKey, be4, ip, ip4, sync::write_exactly};
 use crate::{
     core::model::Proto,
     dataplane::{Flow, FlowState},
@@ -64,7 +64,11 @@ pub fn resolve(
         let on_link = ifindexes.iter().find_map(|&i| {
             let link = links.iter().find(|l| l.index == i)?;
             (addrs.iter())
-                .any(|a| a.index == i && a.prefix > 0 && same_subnet(a.addr, b, a.prefix))
+                .any(|a| {
+                    a.index == i
+                        && a.prefix > 0
+                        && matches!(a.addr, IpAddr::V4(a4) if same_subnet(a4, b, a.prefix))
+                })
                 .then_some(link)
         });
         let Some(link) = on_link else {
@@ -86,7 +90,7 @@ pub fn resolve(
             continue;
         };
         out.endpoints.insert(
-            be(b),
+            be4(b),
             Endpoint {
                 ifindex: link.index,
                 l3_ifindex: link.index,
@@ -111,7 +115,7 @@ fn same_subnet(a: Ipv4Addr, b: Ipv4Addr, prefix: u8) -> bool {
 fn vip_backends(plan: &Plan) -> BTreeSet<Ipv4Addr> {
     (plan.services.iter())
         .filter(|(k, _)| matches!(k, ServiceKey::Vip(_)))
-        .flat_map(|(_, set)| set.iter().map(|(addr, _)| ip(*addr)))
+        .flat_map(|(_, set)| set.iter().map(|(addr, _)| ip4(*addr)))
         .collect()
 }
 
@@ -243,11 +247,11 @@ pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Optio
     Some(Flow {
         // Sessions are opened for the protocols ports are published for, and no other.
         proto: Proto::from_number(k.proto)?,
-        client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
-        frontend: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
+        client: SocketAddr::new(ip(k.saddr), u16::from_be(k.sport)),
+        frontend: SocketAddr::new(ip(k.daddr), u16::from_be(k.dport)),
         service: None,
         // Backend and port as NAT rows show them: DSR keeps the VIP's port.
-        backend: format!("{}:{}", ip(s.backend), u16::from_be(k.dport)),
+        backend: SocketAddr::new(ip(s.backend), u16::from_be(k.dport)),
         state: FlowState::Dsr,
         expires_secs: Some((limit - idle).div_ceil(NS_PER_SEC)),
         idle_secs: Some(idle / NS_PER_SEC),
@@ -305,12 +309,12 @@ mod tests {
             neigh(3, "10.2.0.8", 8),
         ];
         let r = resolve(&backends, &[3, 4], &links, &addrs, &neighbours);
-        let ep = r.endpoints[&be("10.1.0.5".parse().unwrap())];
+        let ep = r.endpoints[&be4("10.1.0.5".parse().unwrap())];
         assert_eq!(
             (ep.ifindex, ep.dmac, ep.smac),
             (3, [4, 0, 0, 0, 0, 5], [2, 0, 0, 0, 0, 3])
         );
-        assert_eq!(r.endpoints[&be("10.2.0.7".parse().unwrap())].ifindex, 4);
+        assert_eq!(r.endpoints[&be4("10.2.0.7".parse().unwrap())].ifindex, 4);
         assert_eq!(r.endpoints.len(), 2);
         let why = |a: &str| r.unresolved[&a.parse::<Ipv4Addr>().unwrap()].clone();
         assert!(
@@ -340,24 +344,24 @@ mod tests {
     #[test]
     fn a_session_row_says_idle_and_left_and_disappears_after_its_timeout() {
         let k = FlowKey {
-            saddr: be("10.0.0.2".parse().unwrap()),
-            daddr: be("10.0.0.100".parse().unwrap()),
+            saddr: be4("10.0.0.2".parse().unwrap()),
+            daddr: be4("10.0.0.100".parse().unwrap()),
             sport: 40000u16.to_be(),
             dport: 80u16.to_be(),
             proto: lb_common::IPPROTO_TCP,
             _pad: [0; 3],
         };
         let s = DsrSession {
-            backend: be("10.0.0.5".parse().unwrap()),
+            backend: be4("10.0.0.5".parse().unwrap()),
             seen_ns: 100 * NS_PER_SEC,
             ..Default::default()
         };
         let row = session_row(&k, &s, 60, 110 * NS_PER_SEC).unwrap();
         assert_eq!(
             (
-                row.client.as_str(),
-                row.frontend.as_str(),
-                row.backend.as_str(),
+                row.client.to_string().as_str(),
+                row.frontend.to_string().as_str(),
+                row.backend.to_string().as_str(),
                 row.state.as_str()
             ),
             ("10.0.0.2:40000", "10.0.0.100:80", "10.0.0.5:80", "dsr")

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result};
 use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint};
 
-use super::{EbpfNetwork, TcMode, be, sync::write_exactly};
+use super::{EbpfNetwork, TcMode, be4, sync::write_exactly};
 use crate::{
     core::model::{FastPath, Network},
     node::{FdbEntry, Link, LinkKind, Neighbour, Netlink, filter},
@@ -111,7 +111,7 @@ pub fn local(
             LinkKind::Other => (l3, 0),
         };
         out.endpoints.insert(
-            be(n.addr),
+            be4(n.addr),
             Endpoint {
                 ifindex: out_link.index,
                 l3_ifindex: l3.index,
@@ -272,7 +272,7 @@ mod tests {
         );
         let ep = |last| {
             got.endpoints
-                .get(&be(Ipv4Addr::new(10, 0, 0, last)))
+                .get(&be4(Ipv4Addr::new(10, 0, 0, last)))
                 .copied()
         };
         let client = ep(2).expect("the client");

@@ -8,6 +8,7 @@
 //! and DSR sessions that ended (`dsr::collect`).
 use std::{
     collections::BTreeMap,
+    net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
     time::Duration,
@@ -87,10 +88,10 @@ pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane
         .filter_map(|(k, e)| Some((k, e, Proto::from_number(k.proto)?)))
         .map(|(k, e, proto)| crate::dataplane::Flow {
             proto,
-            client: format!("{}:{}", ip(k.saddr), u16::from_be(k.sport)),
-            frontend: format!("{}:{}", ip(k.daddr), u16::from_be(k.dport)),
+            client: SocketAddr::new(ip(k.saddr), u16::from_be(k.sport)),
+            frontend: SocketAddr::new(ip(k.daddr), u16::from_be(k.dport)),
             service: None,
-            backend: format!("{}:{}", ip(e.daddr), u16::from_be(e.dport)),
+            backend: SocketAddr::new(ip(e.daddr), u16::from_be(e.dport)),
             state: flow_state(k, e),
             expires_secs: Some(e.expires_ns.saturating_sub(now).div_ceil(NS_PER_SEC)),
             idle_secs: None,

@@ -58,7 +58,7 @@ mod plan;
 mod sync;
 
 pub use attach::detach_all;
-pub use plan::{Held, MapSizes, Need, NodeAddrs, Plan, ServiceKey, be, ip, need, plan};
+pub use plan::{Held, MapSizes, Need, NodeAddrs, Plan, ServiceKey, be, be4, ip, ip4, need, plan};
 
 /// Names of the programs in the object, as `bpftool prog show` lists them.
 pub const PROG_XDP: &str = "lb_xdp";

@@ -1,12 +1,15 @@
 //! What one network's maps must hold, computed from the composed state alone (pure).
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+};
 
 use anyhow::{Result, bail};
 use lb_common::{Backend, MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_IFACES, Service, Timeouts};
 
 use crate::{
     core::compose::Composed,
-    core::model::{Masquerade, Mode, Network},
+    core::model::{Family, Masquerade, Mode, Network},
 };
 
 /// A service map key: the VIP map's or the published-port map's.
@@ -40,17 +43,22 @@ impl Plan {
 }
 
 pub fn plan(network: &Network, composed: &Composed) -> Plan {
+    // The maps hold IPv4 sets only: `supports` refuses a network with an IPv6 one, so the
+    // filters below drop nothing of a network this dataplane serves.
     let mut services = BTreeMap::new();
-    for (vip, backends) in &composed.vips {
-        let set = backends.iter().map(|ip| (be(*ip), 0)).collect();
-        services.insert(ServiceKey::Vip(be(*vip)), set);
-    }
-    for (key, backends) in &composed.ports {
+    for (vip, backends) in (composed.vips.iter()).filter(|(v, _)| v.is_ipv4()) {
         let set = backends
             .iter()
-            .map(|(ip, port)| (be(*ip), port.to_be()))
+            .filter_map(|ip| Some((be(*ip)?, 0)))
             .collect();
-        let addr = key.host_ip.map(be).unwrap_or(0);
+        services.insert(ServiceKey::Vip(be(*vip).unwrap_or(0)), set);
+    }
+    for (key, backends) in (composed.ports.iter()).filter(|(k, _)| k.family == Family::V4) {
+        let set = backends
+            .iter()
+            .filter_map(|(ip, port)| Some((be(*ip)?, port.to_be())))
+            .collect();
+        let addr = key.host_ip.and_then(be).unwrap_or(0);
         services.insert(
             ServiceKey::Port {
                 addr,
@@ -73,12 +81,24 @@ pub fn plan(network: &Network, composed: &Composed) -> Plan {
     }
 }
 
-/// An address as the maps hold it (network byte order in memory).
-pub fn be(ip: Ipv4Addr) -> u32 {
+/// An IPv4 address as the maps hold it (network byte order in memory); `None` for IPv6,
+/// which they do not hold.
+pub fn be(ip: IpAddr) -> Option<u32> {
+    match ip {
+        IpAddr::V4(v4) => Some(be4(v4)),
+        IpAddr::V6(_) => None,
+    }
+}
+
+pub fn be4(ip: Ipv4Addr) -> u32 {
     u32::from_ne_bytes(ip.octets())
 }
 
-pub fn ip(addr: u32) -> Ipv4Addr {
+pub fn ip(addr: u32) -> IpAddr {
+    IpAddr::V4(ip4(addr))
+}
+
+pub fn ip4(addr: u32) -> Ipv4Addr {
     Ipv4Addr::from(addr.to_ne_bytes())
 }
 

@@ -18,7 +18,7 @@ use lb_common::{
 };
 
 use super::{
-    EbpfNetwork, Held, NodeAddrs, Plan, ServiceKey, be, gc, ip,
+    EbpfNetwork, Held, NodeAddrs, Plan, ServiceKey, be4, gc, ip4,
     plan::{matching_backends, same_set},
 };
 use crate::dataplane::SyncStats;
@@ -266,13 +266,13 @@ impl EbpfNetwork {
                 node.local.len()
             );
         }
-        let local = node.local.iter().map(|a| (be(*a), 1)).collect();
+        let local = node.local.iter().map(|a| (be4(*a), 1)).collect();
         sync_set(&mut self.local, &mut m.local, local, &mut stats)
             .context("writing lb_local_addrs")?;
         let ifaces = (node.ifaces.iter())
             .map(|(i, a)| {
                 let iface = Iface {
-                    addr: be(*a),
+                    addr: be4(*a),
                     flags: 0,
                 };
                 (*i, iface)
@@ -475,7 +475,7 @@ impl EbpfNetwork {
     fn flush_flows(&mut self, keep: &BTreeSet<Ipv4Addr>) -> Result<usize> {
         let sessions: Vec<_> = (self.dsr_sessions.iter())
             .filter_map(|e| e.ok())
-            .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&ip(s.backend)))
+            .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&ip4(s.backend)))
             .map(|(k, _)| k)
             .collect();
         for k in &sessions {
@@ -485,7 +485,7 @@ impl EbpfNetwork {
             .flows
             .iter()
             .filter_map(|e| e.ok())
-            .filter(|(k, e)| k.proto == IPPROTO_UDP && !keep.contains(&ip(gc::backend_of(k, e))))
+            .filter(|(k, e)| k.proto == IPPROTO_UDP && !keep.contains(&ip4(gc::backend_of(k, e))))
             .map(|(k, _)| k)
             .collect();
         for k in &doomed {

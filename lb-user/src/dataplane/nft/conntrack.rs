@@ -1,14 +1,18 @@
 //! The kernel's conntrack as this dataplane's flow table: flows listed from `conntrack -L`,
 //! and stale UDP flows (of removed backends, or made while a port had none) deleted with
 //! `conntrack -D`. All run in the calling thread's namespace.
-use std::{collections::BTreeSet, net::Ipv4Addr, process::Command};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, SocketAddr},
+    process::Command,
+};
 
 use anyhow::{Context as _, Result};
 
 use crate::{
     core::{
         compose::Composed,
-        model::{Network, Proto},
+        model::{Family, Network, PortKey, Proto},
     },
     dataplane::{Flow, FlowState},
 };
@@ -76,7 +80,13 @@ fn run(args: &[&str]) -> Result<(String, usize)> {
 
 /// The conntrack entries translated to one of `composed`'s services.
 pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
-    let (out, _) = run(&["-L"])?;
+    let (mut out, _) = run(&["-L", "-f", family(Family::V4)])?;
+    // Listed per family (conntrack lists one): IPv6 where the network has IPv6 sets.
+    let ipv6 = composed.vips.keys().any(IpAddr::is_ipv6)
+        || composed.ports.keys().any(|k| k.family == Family::V6);
+    if ipv6 {
+        out += &run(&["-L", "-f", family(Family::V6)])?.0;
+    }
     let mut flows = Vec::new();
     for l in out.lines() {
         let words: Vec<&str> = l.split_whitespace().collect();
@@ -92,25 +102,34 @@ pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
         else {
             continue;
         };
-        let (Ok(daddr), Ok(proto)) = (dst.parse::<Ipv4Addr>(), proto.parse::<Proto>()) else {
-            // Not an IPv4 flow of a protocol ports are published for: not one of lb's.
+        let (Ok(daddr), Ok(proto)) = (dst.parse::<IpAddr>(), proto.parse::<Proto>()) else {
+            // Not a flow of a protocol ports are published for: not one of lb's.
             continue;
         };
         let port: u16 = dport.parse().unwrap_or(0);
         let ours = composed.vips.contains_key(&daddr)
             || composed.ports.keys().any(|k| {
-                k.port == port && k.proto == proto && k.host_ip.is_none_or(|h| h == daddr)
+                k.port == port
+                    && k.proto == proto
+                    && k.family == Family::of(daddr)
+                    && k.host_ip.is_none_or(|h| h == daddr)
             });
         // Translated: the reply comes from somewhere else than the client asked.
         if !ours || bsrc == dst {
             continue;
         }
+        let addr = |a: &str, p: &str| Some(SocketAddr::new(a.parse().ok()?, p.parse().ok()?));
+        let (Some(client), Some(frontend), Some(backend)) =
+            (addr(src, sport), addr(dst, dport), addr(bsrc, bport))
+        else {
+            continue;
+        };
         flows.push(Flow {
             proto,
-            client: format!("{src}:{sport}"),
-            frontend: format!("{dst}:{dport}"),
+            client,
+            frontend,
             service: None,
-            backend: format!("{bsrc}:{bport}"),
+            backend,
             state: kernel_state(proto, &words),
             expires_secs: words.get(2).and_then(|w| w.parse().ok()),
             idle_secs: None,
@@ -124,7 +143,7 @@ pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
 /// go (a UDP client would otherwise stay pinned to a dead address); TCP flows end by
 /// themselves. Returns how many conntrack deleted.
 pub fn flush_removed_backends(previous: &Network, network: &Network) -> Result<usize> {
-    let backends = |n: &Network| -> BTreeSet<Ipv4Addr> {
+    let backends = |n: &Network| -> BTreeSet<IpAddr> {
         (n.services.iter())
             .flat_map(|s| s.backends.iter().map(|b| b.ip))
             .collect()
@@ -132,22 +151,40 @@ pub fn flush_removed_backends(previous: &Network, network: &Network) -> Result<u
     let now = backends(network);
     let mut flushed = 0;
     for b in backends(previous).difference(&now) {
-        flushed += run(&["-D", "-p", "udp", "--reply-src", &b.to_string()])?.1;
+        let family = family(Family::of(*b));
+        flushed += run(&[
+            "-D",
+            "-f",
+            family,
+            "-p",
+            "udp",
+            "--reply-src",
+            &b.to_string(),
+        ])?
+        .1;
     }
     Ok(flushed)
 }
 
-/// The UDP flows to published port `port` (on `host_ip`, or any address) that were never
+/// The UDP flows to published port `key` (on its `host_ip`, or any address of its family) that were never
 /// translated: made while the port had no backend (before it was published, or while its
 /// set was empty), they point at the node itself. A client that keeps sending refreshes such
 /// an entry forever and never reaches a backend, since the kernel's NAT rules see a flow's
 /// first packet only: they go (kubelet's `ClearEntriesForPort`), after the rules that
 /// translate the port are in. Translated flows stay (those of removed backends are
 /// [`flush_removed_backends`]'). Returns how many went.
-pub fn clear_untranslated(host_ip: Option<Ipv4Addr>, port: u16) -> Result<usize> {
-    let port = port.to_string();
-    let host = host_ip.map(|h| h.to_string());
-    let mut args = vec!["-L", "-p", "udp", "--orig-port-dst", &port];
+pub fn clear_untranslated(key: &PortKey) -> Result<usize> {
+    let port = key.port.to_string();
+    let host = key.host_ip.map(|h| h.to_string());
+    let mut args = vec![
+        "-L",
+        "-f",
+        family(key.family),
+        "-p",
+        "udp",
+        "--orig-port-dst",
+        &port,
+    ];
     if let Some(h) = &host {
         args.extend(["--orig-dst", h]);
     }
@@ -159,6 +196,8 @@ pub fn clear_untranslated(host_ip: Option<Ipv4Addr>, port: u16) -> Result<usize>
         }
         cleared += run(&[
             "-D",
+            "-f",
+            family(key.family),
             "-p",
             "udp",
             "--orig-src",
@@ -173,4 +212,12 @@ pub fn clear_untranslated(host_ip: Option<Ipv4Addr>, port: u16) -> Result<usize>
         .1;
     }
     Ok(cleared)
+}
+
+/// conntrack's `-f` for `family` (it lists and deletes IPv4 entries only without one).
+fn family(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ipv4",
+        Family::V6 => "ipv6",
+    }
 }

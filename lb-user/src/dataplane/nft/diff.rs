@@ -7,12 +7,14 @@ use lb_common::BUCKETS;
 
 use super::dsr;
 use super::ruleset::{
-    Kind, Layout, SYNC_SET, Subnets, Unit, VIP_SET, add_elements, add_unit, base, delete_elements,
-    delete_unit, dispatch_elements, kind, nft_key, shape_name, slot, sync_token, table_name,
+    Kind, Layout, SYNC_SET, Subnets, Unit, VIP_SET, add_elements, add_unit, base, declare_table,
+    delete_elements, delete_table, delete_unit, dispatch_elements, has_ipv6, kind, nft_key,
+    shape_name, slot, sync_token, table,
 };
 use crate::core::{
     compose::{Composed, ComposedNetwork},
     elements::{SetKey, equal_weight_intervals},
+    model::Family,
 };
 
 /// The sets whose composed backends differ between `previous` and `network` (a set absent
@@ -36,7 +38,7 @@ fn changed(previous: &Composed, network: &Composed) -> BTreeSet<SetKey> {
 /// The units a network's table holds for its sets other than `skip`, without rendering their
 /// elements: a set's shape is its partition, which depends on its number of backends only
 /// (the same function `placed_elements` partitions by), so one shape per count.
-fn units_in_use(composed: &Composed, skip: &BTreeSet<SetKey>) -> BTreeSet<Unit> {
+fn units_in_use(composed: &Composed, family: Family, skip: &BTreeSet<SetKey>) -> BTreeSet<Unit> {
     let mut shapes: BTreeMap<usize, String> = BTreeMap::new();
     let mut shape = |n: usize| -> String {
         (shapes.entry(n))
@@ -50,10 +52,10 @@ fn units_in_use(composed: &Composed, skip: &BTreeSet<SetKey>) -> BTreeSet<Unit> 
             .clone()
     };
     let vips = (composed.vips.iter())
-        .filter(|(v, _)| !skip.contains(&SetKey::Vip(**v)))
+        .filter(|(v, _)| Family::of(**v) == family && !skip.contains(&SetKey::Vip(**v)))
         .map(|(_, b)| (Kind::Vip, b.len()));
     let ports = (composed.ports.iter())
-        .filter(|(k, _)| !skip.contains(&SetKey::Port(**k)))
+        .filter(|(k, _)| k.family == family && !skip.contains(&SetKey::Port(**k)))
         .map(|(key, b)| {
             let kind = if key.host_ip.is_some() {
                 Kind::HostPort
@@ -99,23 +101,77 @@ pub struct Update {
     pub deleted: usize,
 }
 
-/// The `nft -f` transactions that turn the table written for `previous` into `network`'s:
+/// The `nft -f` transactions that turn the tables written for `previous` into `network`'s:
 /// sets of a new shape get their chains (in [`Update::prepare`]), elements that changed are
 /// deleted and added again, dispatch entries follow, chains no set uses any more go.
 /// Elements that did not change are not touched, so their counters keep counting. Each
-/// transaction starts with [`SYNC_SET`]'s element `sync_token(previous)` (the last one
-/// replaces it), so a table that is not the one written for `previous` (deleted, flushed,
-/// declared by someone else) fails it, which changes nothing; the caller then declares the
-/// table whole. The DSR table follows in the last transaction as `dsr` says (`dsr::update`).
+/// transaction starts with [`SYNC_SET`]'s element `sync_token(previous)` in each table it
+/// changes (the last one replaces it), so a table that is not the one written for `previous`
+/// (deleted, flushed, declared by someone else) fails it, which changes nothing; the caller
+/// then declares the tables whole. The IPv6 table is declared whole in `prepare` when the
+/// network gains IPv6 sets, and deleted in `script` when it has none left. The DSR table
+/// follows in `script` as `dsr` says (`dsr::update`).
 pub fn update(
     previous: &ComposedNetwork,
     network: &ComposedNetwork,
     subnets: &Subnets,
     dsr: &dsr::Sync,
 ) -> Result<Update> {
-    let t = table_name(&network.name);
     let changed = changed(previous.composed(), network.composed());
+    let mut u = table_update(previous, network, Family::V4, &changed, subnets);
+    let mut declared = u.declared;
+    match (has_ipv6(previous), has_ipv6(network)) {
+        (true, true) => {
+            let v6 = table_update(previous, network, Family::V6, &changed, subnets);
+            u.prepare += &v6.prepare;
+            u.script += &v6.script;
+            u.retire += &v6.retire;
+            (u.written, u.deleted) = (u.written + v6.written, u.deleted + v6.deleted);
+            declared |= v6.declared;
+            u.retired |= v6.retired;
+        }
+        (false, true) => {
+            u.written += declare_table(&mut u.prepare, network, Family::V6, subnets);
+            declared = true;
+        }
+        (true, false) => delete_table(&mut u.script, &table(Family::V6, &network.name)),
+        (false, false) => {}
+    }
     let within = |k: &SetKey| changed.contains(k);
+    let (dsr_written, dsr_deleted) = dsr::update(&mut u.script, network, previous, &within, dsr);
+    Ok(Update {
+        prepare: declared.then_some(u.prepare),
+        retire: u.retired.then_some(u.retire),
+        script: u.script,
+        written: u.written + dsr_written,
+        deleted: u.deleted + dsr_deleted,
+    })
+}
+
+/// One table's part of an [`Update`]: each transaction's commands for it, the token check
+/// included.
+struct TableUpdate {
+    prepare: String,
+    /// Whether `prepare` declares anything (else the check alone, not worth a transaction).
+    declared: bool,
+    script: String,
+    retire: String,
+    retired: bool,
+    written: usize,
+    deleted: usize,
+}
+
+/// The difference of `network`'s table of `family` from `previous`'s, over the sets of
+/// `changed` of that family.
+fn table_update(
+    previous: &ComposedNetwork,
+    network: &ComposedNetwork,
+    family: Family,
+    changed: &BTreeSet<SetKey>,
+    subnets: &Subnets,
+) -> TableUpdate {
+    let t = table(family, &network.name);
+    let within = |k: &SetKey| k.family() == family && changed.contains(k);
     let (old, new) = (
         Layout::of_sets(previous, within),
         Layout::of_sets(network, within),
@@ -126,7 +182,7 @@ pub fn update(
     let rest = if same_units {
         BTreeSet::new()
     } else {
-        units_in_use(network.composed(), &changed)
+        units_in_use(network.composed(), family, changed)
     };
     let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
     let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
@@ -134,7 +190,7 @@ pub fn update(
     // Replaces the table's token of network `from` by `to`'s: fails on any other table.
     let swap = |from: &crate::core::model::Network, to: &crate::core::model::Network| {
         format!(
-            "delete element ip {t} {SYNC_SET} {{ {} }}\nadd element ip {t} {SYNC_SET} {{ {} }}\n",
+            "delete element {t} {SYNC_SET} {{ {} }}\nadd element {t} {SYNC_SET} {{ {} }}\n",
             sync_token(from),
             sync_token(to)
         )
@@ -162,7 +218,7 @@ pub fn update(
     let mut declared = false;
     for (unit, intervals) in &new.units {
         if !had(unit) {
-            add_unit(&mut prepare, &t, unit, intervals);
+            add_unit(&mut prepare, &t, family, unit, intervals);
             declared = true;
         }
     }
@@ -221,17 +277,16 @@ pub fn update(
             retired = true;
         }
     }
-    base(&mut s, &t, network, subnets);
-    let (dsr_written, dsr_deleted) = dsr::update(&mut s, network, previous, &within, dsr);
-    written += dsr_written;
-    deleted += dsr_deleted;
-    Ok(Update {
-        prepare: declared.then_some(prepare),
-        retire: retired.then_some(retire),
+    base(&mut s, &t, family, network, subnets);
+    TableUpdate {
+        prepare,
+        declared,
         script: s,
+        retire,
+        retired,
         written,
         deleted,
-    })
+    }
 }
 
 #[cfg(test)]
@@ -311,7 +366,7 @@ mod tests {
                 "step {i}: the switch declares units:\n{}",
                 u.script
             );
-            let before: BTreeSet<String> = (Layout::of(prev).units.keys())
+            let before: BTreeSet<String> = (Layout::of(prev, Family::V4).units.keys())
                 .map(|(kind, shape)| super::super::ruleset::chain(*kind, shape))
                 .collect();
             let prepared = u.prepare.as_deref().map(declared_units).unwrap_or_default();
@@ -326,7 +381,7 @@ mod tests {
                     );
                 }
             }
-            let new_units = Layout::of(next)
+            let new_units = Layout::of(next, Family::V4)
                 .units
                 .keys()
                 .any(|(kind, shape)| !before.contains(&super::super::ruleset::chain(*kind, shape)));
@@ -360,7 +415,7 @@ mod tests {
                 "step {i}: the switch deletes units:\n{}",
                 u.script
             );
-            let now: BTreeSet<String> = (Layout::of(next).units.keys())
+            let now: BTreeSet<String> = (Layout::of(next, Family::V4).units.keys())
                 .map(|(kind, shape)| super::super::ruleset::chain(*kind, shape))
                 .collect();
             assert_eq!(
@@ -386,13 +441,74 @@ mod tests {
             .expect("golden state");
         for network in state.networks.iter().filter(|n| n.mode == Mode::Nat) {
             let network = ComposedNetwork::new(network.clone());
-            let layout: BTreeSet<Unit> = Layout::of(&network).units.into_keys().collect();
+            let layout: BTreeSet<Unit> =
+                Layout::of(&network, Family::V4).units.into_keys().collect();
             assert_eq!(
-                units_in_use(network.composed(), &BTreeSet::new()),
+                units_in_use(network.composed(), Family::V4, &BTreeSet::new()),
                 layout,
                 "network {}",
                 network.name
             );
         }
+    }
+
+    /// The IPv6 table follows the network's IPv6 sets: declared whole in `prepare` when the
+    /// first comes (before anything could reach it, like a new unit), changed like the IPv4
+    /// one while both have some (with its own token check), deleted with the last; the IPv4
+    /// table's part is the same as without IPv6.
+    #[test]
+    fn the_ipv6_table_comes_changes_and_goes_with_the_ipv6_sets() {
+        let dual = |b6: &[&str]| {
+            let b: Vec<String> = (["10.20.0.10", "10.20.0.11"].iter().chain(b6))
+                .map(|ip| format!(r#"{{"ip":"{ip}"}}"#))
+                .collect();
+            let vips = if b6.is_empty() {
+                r#""vip":"10.99.0.10""#.to_owned()
+            } else {
+                r#""vips":["10.99.0.10","fd99::10"]"#.to_owned()
+            };
+            network(&format!(
+                r#"{{"id":"api",{vips},"backends":[{}],"ports":[{{"proto":"tcp","published":8080,"target":80}}]}}"#,
+                b.join(",")
+            ))
+        };
+        let (v4, two, three) = (
+            dual(&[]),
+            dual(&["fd20::10", "fd20::11"]),
+            dual(&["fd20::10", "fd20::11", "fd20::12"]),
+        );
+        let sync = dsr::Sync::fresh(&v4);
+        let gain = update(&v4, &two, &[], &sync).unwrap();
+        let p = gain
+            .prepare
+            .as_deref()
+            .expect("the IPv6 table is declared ahead");
+        assert!(p.contains("add table ip6 lb-roll\n"), "{p}");
+        assert!(p.contains("add rule ip6 lb-roll prerouting"), "{p}");
+        assert!(!gain.script.contains("ip6"), "{}", gain.script);
+
+        let change = update(&two, &three, &[], &sync).unwrap();
+        let swap = format!(
+            "delete element ip6 lb-roll {SYNC_SET} {{ {} }}",
+            sync_token(&two)
+        );
+        assert!(change.script.contains(&swap), "{}", change.script);
+        // Three backends are a new shape: its unit, elements included, comes in `prepare`.
+        let p = change.prepare.as_deref().expect("a new IPv6 unit");
+        assert!(p.contains("fd20::12 . 80"), "{p}");
+        assert!(p.contains("add map ip6 lb-roll p-s3-"), "{p}");
+        assert!(
+            !change.script.contains("add element ip lb-roll v-"),
+            "no IPv4 element changed: {}",
+            change.script
+        );
+
+        let lose = update(&three, &v4, &[], &sync).unwrap();
+        assert!(
+            lose.script
+                .contains("add table ip6 lb-roll\ndelete table ip6 lb-roll"),
+            "{}",
+            lose.script
+        );
     }
 }

@@ -31,7 +31,7 @@
 //!
 //! Counters: each `real-server` element counts the new sessions it placed (the first packet
 //! of a session; the rest follow the session map), as the NAT elements count new flows.
-use std::{collections::BTreeSet, fmt::Write as _, net::Ipv4Addr};
+use std::{collections::BTreeSet, fmt::Write as _, net::IpAddr};
 
 use super::ruleset::table_name;
 use crate::core::{
@@ -255,12 +255,7 @@ pub fn declare(s: &mut String, network: &ComposedNetwork, sync: &Sync) -> usize 
     let timeout = network.timeouts.dsr_secs();
     maps(s, &t, timeout, true);
     chains(s, &t, timeout, sync);
-    add_elements(
-        s,
-        &t,
-        VIP_SET,
-        network.vips().iter().map(Ipv4Addr::to_string),
-    );
+    add_elements(s, &t, VIP_SET, network.vips().iter().map(IpAddr::to_string));
     let rs = real_server(network, |_| true);
     let n = rs.len();
     add_elements(s, &t, REAL_SERVER, rs);
@@ -288,25 +283,15 @@ pub fn update(
     // A new timeout lands in the map's default too (the rules carry it per element).
     let timeout = network.timeouts.dsr_secs();
     maps(s, &t, timeout, false);
-    let vips = |n: &ComposedNetwork| -> BTreeSet<Ipv4Addr> {
+    let vips = |n: &ComposedNetwork| -> BTreeSet<IpAddr> {
         (n.composed().vips.keys())
             .filter(|v| changed(&SetKey::Vip(**v)))
             .copied()
             .collect()
     };
     let (was, now) = (vips(previous), vips(network));
-    delete_elements(
-        s,
-        &t,
-        VIP_SET,
-        was.difference(&now).map(Ipv4Addr::to_string),
-    );
-    add_elements(
-        s,
-        &t,
-        VIP_SET,
-        now.difference(&was).map(Ipv4Addr::to_string),
-    );
+    delete_elements(s, &t, VIP_SET, was.difference(&now).map(IpAddr::to_string));
+    add_elements(s, &t, VIP_SET, now.difference(&was).map(IpAddr::to_string));
     let (was, now) = (
         real_server(previous, changed),
         real_server(network, changed),

@@ -6,7 +6,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use super::ruleset::table_name;
+use super::ruleset::{self, table_name};
+use crate::core::model::Family;
 
 /// Runs `nft ARGS` with `stdin`, returning what it printed.
 pub fn nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
@@ -48,11 +49,13 @@ pub fn transaction(script: &str) -> Result<()> {
     nft(&["-f", "-"], Some(script)).map(drop)
 }
 
-/// Deletes network `name`'s tables (its NAT table and its DSR table) in the calling
-/// thread's namespace, those there are.
+/// Deletes network `name`'s tables (its NAT tables of both families and its DSR table) in
+/// the calling thread's namespace, those there are.
 pub fn delete_table(name: &str) -> Result<()> {
-    let table = table_name(name);
-    let mut s = format!("add table ip {table}\ndelete table ip {table}\n");
+    let mut s = String::new();
+    for family in [Family::V4, Family::V6] {
+        ruleset::delete_table(&mut s, &ruleset::table(family, name));
+    }
     super::dsr::delete_table(&mut s, name);
     transaction(&s)
 }
@@ -89,7 +92,15 @@ pub fn names(json: &str, kind: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// `nft -j list table` of network `name`'s table.
-pub fn list_table(name: &str) -> Result<String> {
-    nft(&["-j", "list", "table", "ip", &table_name(name)], None)
+/// `nft -j list table` of network `name`'s table of `family`; `None` when there is no such
+/// table (a network without IPv6 has no IPv6 table).
+pub fn list_table(family: Family, name: &str) -> Result<Option<String>> {
+    let (family, table) = (ruleset::nft_family(family), table_name(name));
+    // An absent table is told apart by listing the family's tables (nft's message is not a
+    // contract).
+    let tables = nft(&["-j", "list", "tables", family], None)?;
+    if !names(&tables, "table")?.contains(&table) {
+        return Ok(None);
+    }
+    nft(&["-j", "list", "table", family, &table], None).map(Some)
 }

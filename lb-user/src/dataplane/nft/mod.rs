@@ -52,7 +52,7 @@
 //! text syntax. The seed renders text for `nft -f` too. Reading back is JSON.
 use std::{
     collections::{BTreeMap, HashMap},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::OnceLock,
 };
 
@@ -62,7 +62,7 @@ use super::{Count, Dataplane, Flow, FlowState, FlowStats, Kind, SyncStats, alias
 use crate::{
     core::compose::ComposedNetwork,
     core::elements::{Element, SetKey, claimed_by, placed_elements},
-    core::model::{FlowTimeouts, Masquerade, Mode, Network, Proto},
+    core::model::{Family, FlowTimeouts, Masquerade, Mode, Network, Proto},
     node::{Netlink, NodeAddr, in_netns, netlink},
 };
 
@@ -89,7 +89,12 @@ impl NftDataplane {
     fn list(network: &Network) -> Result<Vec<Listed>> {
         let (name, dsr) = (network.name.clone(), has_dsr_table(network));
         in_netns(network.netns.as_deref(), move || {
-            let mut listed = listed_elements(&exec::list_table(&name)?)?;
+            let mut listed = Vec::new();
+            for family in [Family::V4, Family::V6] {
+                if let Some(json) = exec::list_table(family, &name)? {
+                    listed.extend(listed_elements(&json)?);
+                }
+            }
             if dsr {
                 let json = exec::list_dsr_map(&name, crate::core::elements::REAL_SERVER)?;
                 listed.extend(listed_real_server(&json)?);
@@ -169,17 +174,20 @@ fn dsr_sync(
     })
 }
 
-/// The IPv4 subnets on the network's interfaces, for hairpin masquerade.
+/// The subnets on the network's interfaces, of both families, for hairpin masquerade: host
+/// addresses (VIP aliases among them) and IPv6 link-local ones (no service is reached from
+/// `fe80::/10`) are not subnets.
 fn subnets(
     nl: &Netlink,
     network: &Network,
     addrs: &[NodeAddr],
-) -> Result<Vec<(String, Ipv4Addr, u8)>> {
+) -> Result<Vec<(String, IpAddr, u8)>> {
     let mut subnets = Vec::new();
     // `iifname` matches an interface that appears later from when it does.
     for (i, index) in nl.present(&network.interfaces)? {
         for a in netlink::on_interface(addrs, index) {
-            if a.prefix < 32 {
+            let link_local = matches!(a.addr, IpAddr::V6(v6) if v6.is_unicast_link_local());
+            if !a.is_host() && !link_local {
                 subnets.push((i.to_owned(), a.addr, a.prefix));
             }
         }
@@ -260,7 +268,7 @@ fn apply_in_netns(
     let before = previous.map_or(&none, |p| &p.composed().ports);
     for (key, set) in &network.composed().ports {
         if key.proto == Proto::Udp && !set.is_empty() && before.get(key) != Some(set) {
-            stats.flows_flushed += conntrack::clear_untranslated(key.host_ip, key.port)?;
+            stats.flows_flushed += conntrack::clear_untranslated(key)?;
         }
     }
     Ok(stats)
@@ -316,7 +324,19 @@ fn hairpin_warnings_here(network: &Network) -> Result<Vec<String>> {
 impl Dataplane for NftDataplane {
     /// Every network: a dsr network's VIPs are served by NAT where the kernel cannot run the
     /// DSR table (said by `warnings`), as moby does.
-    fn supports(&self, _network: &Network) -> Result<()> {
+    ///
+    /// Both families, but DSR of IPv6 VIPs: the DSR table (moby's) is IPv4's, and a dsr
+    /// network's IPv6 VIP served by NAT instead would answer from the node rather than from
+    /// the backends, which is not what its backends are set up for.
+    fn supports(&self, network: &Network) -> Result<()> {
+        if network.mode == Mode::Dsr
+            && let Some(vip) = network.vips().into_iter().find(IpAddr::is_ipv6)
+        {
+            anyhow::bail!(
+                "network {}: VIP {vip} is IPv6, and the nftables dataplane serves DSR for IPv4 VIPs only so far: serve it from a nat network",
+                network.name
+            );
+        }
         Ok(())
     }
 
@@ -338,6 +358,7 @@ impl Dataplane for NftDataplane {
         network: &ComposedNetwork,
         previous: Option<&ComposedNetwork>,
     ) -> Result<SyncStats> {
+        self.supports(network)?;
         let mut previous = previous;
         if let Some(prev) = previous
             && (prev.netns != network.netns
@@ -398,8 +419,8 @@ impl Dataplane for NftDataplane {
     /// namespace is known from applied.json and removed by `remove`).
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
         let mut removed = Vec::new();
-        // A network's NAT table, and its DSR table where it was a dsr network.
-        for family in ["ip", "netdev"] {
+        // A network's NAT tables, and its DSR table where it was a dsr network.
+        for family in ["ip", "ip6", "netdev"] {
             let json = exec::nft(&["-j", "list", "tables", family], None)?;
             for name in exec::names(&json, "table")? {
                 let Some(network) = name.strip_prefix(TABLE_PREFIX) else {
@@ -443,6 +464,16 @@ impl Dataplane for NftDataplane {
             dsr: None,
             ..network.timeouts
         };
+        let ipv6_any = |s: &crate::core::model::Service| {
+            s.port_keys()
+                .any(|(k, _)| k.family == Family::V6 && k.host_ip.is_none())
+        };
+        if network.services.iter().any(ipv6_any) {
+            warnings.push(
+                "published ports on every IPv6 address are not served on [::1] by the nftables dataplane: IPv6 has no route_localnet, so a flow from ::1 cannot leave the node (node-local clients use the node's own IPv6 address, or the eBPF dataplane's socket programs)"
+                    .to_owned(),
+            );
+        }
         if !nat_timeouts.is_default() {
             warnings.push(
                 "the network's flow timeouts are not applied on the nftables dataplane: the kernel's conntrack keeps its own (net.netfilter.nf_conntrack_*timeout* in the network's namespace)"
@@ -489,13 +520,13 @@ impl Dataplane for NftDataplane {
 
 /// The DSR sessions of `network` in the calling thread's namespace, each with the backend
 /// whose MAC it holds: the namespace's neighbour of that MAC, a backend of the network
-/// first (`fwd ip to` resolved it as a neighbour when the session began), or `-[MAC]` when
-/// no neighbour has it any more.
+/// first (`fwd ip to` resolved it as a neighbour when the session began), or the unspecified
+/// address when no neighbour has it any more.
 fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
-    let backends: std::collections::BTreeSet<Ipv4Addr> = (network.services.iter())
+    let backends: std::collections::BTreeSet<IpAddr> = (network.services.iter())
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
-    let mut by_mac: HashMap<String, Ipv4Addr> = HashMap::new();
+    let mut by_mac: HashMap<String, IpAddr> = HashMap::new();
     for n in Netlink::new()?.neighbours()? {
         let mac = (n.mac.iter())
             .map(|b| format!("{b:02x}"))
@@ -503,7 +534,7 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
             .join(":");
         let theirs = by_mac.get(&mac).is_some_and(|ip| backends.contains(ip));
         if !theirs {
-            by_mac.insert(mac, n.addr);
+            by_mac.insert(mac, IpAddr::V4(n.addr));
         }
     }
     let mut flows = Vec::new();
@@ -512,16 +543,15 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
         let json = exec::list_dsr_map(&network.name, &map)
             .with_context(|| format!("listing the DSR sessions of network {}", network.name))?;
         for s in listing::sessions(&json)? {
-            let backend = match by_mac.get(&s.mac.to_ascii_lowercase()) {
-                Some(ip) => format!("{ip}:{}", s.service.port()),
-                None => format!("-[{}]", s.mac),
-            };
+            // A session whose MAC no neighbour has any more shows the unspecified address.
+            let backend = by_mac.get(&s.mac.to_ascii_lowercase()).copied();
+            let backend = backend.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             flows.push(Flow {
                 proto,
-                client: s.client.to_string(),
-                frontend: s.service.to_string(),
+                client: s.client.into(),
+                frontend: s.service.into(),
                 service: None,
-                backend,
+                backend: SocketAddr::new(backend, s.service.port()),
                 state: FlowState::Dsr,
                 expires_secs: Some(s.expires_secs),
                 // nft lists whole seconds left, rounded down: idle rounds up.
@@ -536,11 +566,11 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
 impl NftDataplane {
     /// Every service's and backend's packets and bytes, from the elements' counters.
     fn read_counts(network: &ComposedNetwork) -> Result<Vec<Count>> {
-        let owner: HashMap<Element, (SetKey, Ipv4Addr)> = (placed_elements(network).into_iter())
+        let owner: HashMap<Element, (SetKey, IpAddr)> = (placed_elements(network).into_iter())
             .map(|p| (p.element, (p.set, p.backend)))
             .collect();
         // (service, backend) → (packets, bytes): one pass over the elements.
-        let mut sums: BTreeMap<(SetKey, Option<Ipv4Addr>), (u64, u64)> = BTreeMap::new();
+        let mut sums: BTreeMap<(SetKey, Option<IpAddr>), (u64, u64)> = BTreeMap::new();
         for l in Self::list(network)? {
             let Some(&(set, backend)) = owner.get(&l.element) else {
                 continue;
@@ -630,10 +660,10 @@ mod tests {
                 .map(|v| crate::core::model::Service {
                     id: format!("s{v}"),
                     generation: "1".into(),
-                    vip: Some(Ipv4Addr::from(0x0a63_0000 + v)),
+                    vips: vec![Ipv4Addr::from(0x0a63_0000 + v).into()],
                     backends: (0..backends)
                         .map(|b| crate::core::model::Backend {
-                            ip: Ipv4Addr::from(0x0a1e_0000 + v * 16 + b),
+                            ip: Ipv4Addr::from(0x0a1e_0000 + v * 16 + b).into(),
                             disabled: false,
                         })
                         .collect(),

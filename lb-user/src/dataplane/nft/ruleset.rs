@@ -24,7 +24,7 @@ use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
     hash::{Hash as _, Hasher},
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr},
 };
 
 use anyhow::Result;
@@ -35,8 +35,16 @@ use crate::core::{
     compose::ComposedNetwork,
     compose::PortKey,
     elements::{REAL_SERVER, SetKey, placed_sets},
-    model::{Masquerade, Network},
+    model::{Family, Masquerade, Network},
 };
+
+/// nft's type of an address of `family`.
+fn addr_type(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ipv4_addr",
+        Family::V6 => "ipv6_addr",
+    }
+}
 
 /// Tables of this dataplane start with this: `lb` owns no other tables.
 pub const TABLE_PREFIX: &str = "lb-";
@@ -52,6 +60,24 @@ const LAYOUT: &str = "lb-nft-2";
 
 pub fn table_name(network: &str) -> String {
     format!("{TABLE_PREFIX}{network}")
+}
+
+/// nft's name of `family`, both as a table family and as the prefix of its header's fields
+/// (`ip daddr`, `ip6 daddr`).
+pub fn nft_family(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ip",
+        Family::V6 => "ip6",
+    }
+}
+
+/// Network `network`'s NAT table of `family` as commands name it: `ip lb-web`, `ip6 lb-web`.
+/// The two tables are moby's ruleset once per family (as the CNI portmap plugin writes `ip`
+/// and `ip6` tables), rather than one `inet` table: an IPv4 table an lb before dual stack
+/// wrote stays the same table, so an upgrade changes nothing of it, and a network without
+/// IPv6 has no second table. Every command of this module takes it whole, as `t`.
+pub fn table(family: Family, network: &str) -> String {
+    format!("{} {}", nft_family(family), table_name(network))
 }
 
 /// The three kinds of sets, each with its own dispatch map and key.
@@ -82,31 +108,36 @@ impl Kind {
         }
     }
 
-    fn key_type(self) -> &'static str {
+    fn key_type(self, family: Family) -> String {
+        let addr = addr_type(family);
         match self {
-            Kind::Vip => "ipv4_addr",
-            Kind::Port => "inet_proto . inet_service",
-            Kind::HostPort => "ipv4_addr . inet_proto . inet_service",
+            Kind::Vip => addr.to_owned(),
+            Kind::Port => "inet_proto . inet_service".to_owned(),
+            Kind::HostPort => format!("{addr} . inet_proto . inet_service"),
         }
     }
 
     /// The slot map's declaration: the set key to the translation.
-    fn slot_typeof(self) -> &'static str {
+    fn slot_typeof(self, family: Family) -> String {
+        let ip = nft_family(family);
         match self {
-            Kind::Vip => "ip daddr : ip daddr",
-            Kind::Port => "meta l4proto . th dport : ip daddr . th dport",
-            Kind::HostPort => "ip daddr . meta l4proto . th dport : ip daddr . th dport",
+            Kind::Vip => format!("{ip} daddr : {ip} daddr"),
+            Kind::Port => format!("meta l4proto . th dport : {ip} daddr . th dport"),
+            Kind::HostPort => {
+                format!("{ip} daddr . meta l4proto . th dport : {ip} daddr . th dport")
+            }
         }
     }
 
     /// The slot chain's rule, translating by map `map`.
-    fn slot_rule(self, map: &str) -> String {
+    fn slot_rule(self, family: Family, map: &str) -> String {
         let l4 = "meta l4proto { tcp, udp, sctp }";
+        let ip = nft_family(family);
         match self {
-            Kind::Vip => format!("dnat ip to ip daddr map @{map}"),
-            Kind::Port => format!("{l4} dnat ip to meta l4proto . th dport map @{map}"),
+            Kind::Vip => format!("dnat {ip} to {ip} daddr map @{map}"),
+            Kind::Port => format!("{l4} dnat {ip} to meta l4proto . th dport map @{map}"),
             Kind::HostPort => {
-                format!("{l4} dnat ip to ip daddr . meta l4proto . th dport map @{map}")
+                format!("{l4} dnat {ip} to {ip} daddr . meta l4proto . th dport map @{map}")
             }
         }
     }
@@ -130,11 +161,13 @@ pub(super) fn nft_key(set: &SetKey) -> String {
             host_ip: None,
             proto,
             port,
+            ..
         }) => format!("{proto} . {port}"),
         SetKey::Port(PortKey {
             host_ip: Some(h),
             proto,
             port,
+            ..
         }) => format!("{h} . {proto} . {port}"),
     }
 }
@@ -183,10 +216,65 @@ pub fn sync_token(network: &Network) -> u32 {
     (LAYOUT, &network.name, &network.interfaces, &network.netns).hash(&mut h);
     (network.mode, network.masquerade).hash(&mut h);
     for s in &network.services {
-        (&s.id, &s.generation, s.vip, &s.backends, &s.ports).hash(&mut h);
+        match Ipv4Service::of(s) {
+            Some(v4) => v4.hash(&mut h),
+            None => (&s.id, &s.generation, &s.vips, &s.backends, &s.ports).hash(&mut h),
+        }
     }
     let h = h.finish();
     (h ^ (h >> 32)) as u32
+}
+
+/// A service of IPv4 addresses only, hashed in the types an lb before dual stack hashed (the
+/// std `Hash` of `Ipv4Addr` differs from that of `IpAddr`): a table that lb wrote keeps its
+/// token across the upgrade, so the first sync after it applies the difference instead of
+/// declaring the whole table again (which briefly leaves new connections untranslated, see
+/// `diff::update`). The golden rulesets hold tokens of that lb.
+#[derive(Hash)]
+struct Ipv4Service<'a> {
+    id: &'a str,
+    generation: &'a str,
+    vip: Option<Ipv4Addr>,
+    backends: Vec<(Ipv4Addr, bool)>,
+    ports: Vec<(
+        crate::core::model::Proto,
+        u16,
+        Option<u16>,
+        Option<Ipv4Addr>,
+    )>,
+}
+
+impl<'a> Ipv4Service<'a> {
+    fn of(s: &'a crate::core::model::Service) -> Option<Ipv4Service<'a>> {
+        let v4 = |ip: IpAddr| match ip {
+            IpAddr::V4(a) => Some(a),
+            IpAddr::V6(_) => None,
+        };
+        let vip = match s.vips.as_slice() {
+            [] => None,
+            [one] => Some(v4(*one)?),
+            _ => return None,
+        };
+        let backends = (s.backends.iter())
+            .map(|b| Some((v4(b.ip)?, b.disabled)))
+            .collect::<Option<_>>()?;
+        let ports = (s.ports.iter())
+            .map(|p| {
+                let host_ip = match p.host_ip {
+                    Some(h) => Some(v4(h)?),
+                    None => None,
+                };
+                Some((p.proto, p.published, p.target, host_ip))
+            })
+            .collect::<Option<_>>()?;
+        Some(Ipv4Service {
+            id: &s.id,
+            generation: &s.generation,
+            vip,
+            backends,
+            ports,
+        })
+    }
 }
 
 /// One kind's chains for one shape.
@@ -195,7 +283,7 @@ pub type Unit = (Kind, String);
 /// What the table holds for a network, by object.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Layout {
-    pub vips: BTreeSet<Ipv4Addr>,
+    pub vips: BTreeSet<IpAddr>,
     /// Set → shape.
     pub dispatch: BTreeMap<SetKey, String>,
     /// Every (kind, shape) in use → its intervals in slot order.
@@ -205,12 +293,14 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// From the core's elements (`placed_elements`, the source of `lb elements`).
-    pub fn of(network: &ComposedNetwork) -> Layout {
-        Layout::of_sets(network, |_| true)
+    /// The table of `family`, from the core's elements (`placed_elements`, the source of `lb
+    /// elements`): the sets of that family.
+    pub fn of(network: &ComposedNetwork, family: Family) -> Layout {
+        Layout::of_sets(network, |k| k.family() == family)
     }
 
-    /// [`Layout::of`] the sets `wanted` selects (and of the VIPs among them).
+    /// [`Layout::of`] the sets `wanted` selects (and of the VIPs among them), which are of
+    /// one family.
     pub fn of_sets(network: &ComposedNetwork, wanted: impl Fn(&SetKey) -> bool) -> Layout {
         // Per set, its elements in interval order (placed_elements' order); a dsr network's
         // real-server elements are the DSR table's (`dsr.rs`).
@@ -262,9 +352,9 @@ pub(super) fn slot(kind: Kind, shape: &str, k: usize) -> String {
     format!("{}-{shape}-{k}", kind.prefix())
 }
 
-/// The IPv4 subnets on each of a network's interfaces (aliases excluded): what hairpin
-/// masquerade needs to know.
-pub type Subnets = [(String, Ipv4Addr, u8)];
+/// The subnets on each of a network's interfaces, of both families (aliases and IPv6
+/// link-local ones excluded): what hairpin masquerade needs to know.
+pub type Subnets = [(String, IpAddr, u8)];
 
 fn quoted_set(names: &[String]) -> String {
     let q: Vec<String> = names.iter().map(|n| format!("\"{n}\"")).collect();
@@ -280,17 +370,19 @@ fn elements<I: IntoIterator<Item = String>>(items: I) -> Option<String> {
 /// The dispatch rules, each prefixed by `on` (which packets they look at): VIPs, then the
 /// host-bound ports, then the ports on every address of the node. A verdict map that misses
 /// ends its rule, so each rule only dispatches what its map holds; the host-bound ports go
-/// first, as a more specific binding does on eBPF.
-fn dispatch_rules(on: &str) -> Vec<String> {
+/// first, as a more specific binding does on eBPF. `local` further limits the ports on every
+/// address (IPv6's output chain leaves `::1` alone, see [`base_rules`]).
+fn dispatch_rules(family: Family, on: &str, local: &str) -> Vec<String> {
     let l4 = "meta l4proto { tcp, udp, sctp }";
+    let ip = nft_family(family);
     vec![
-        format!("{on}ip daddr vmap @{}", Kind::Vip.dispatch()),
+        format!("{on}{ip} daddr vmap @{}", Kind::Vip.dispatch()),
         format!(
-            "{on}{l4} ip daddr != @{VIP_SET} ip daddr . meta l4proto . th dport vmap @{}",
+            "{on}{l4} {ip} daddr != @{VIP_SET} {ip} daddr . meta l4proto . th dport vmap @{}",
             Kind::HostPort.dispatch()
         ),
         format!(
-            "{on}{l4} ip daddr != @{VIP_SET} fib daddr type local meta l4proto . th dport vmap @{}",
+            "{on}{l4} {ip} daddr != @{VIP_SET} {local}fib daddr type local meta l4proto . th dport vmap @{}",
             Kind::Port.dispatch()
         ),
     ]
@@ -298,6 +390,8 @@ fn dispatch_rules(on: &str) -> Vec<String> {
 
 /// Every loopback address: `127.0.0.1` and the rest of 127/8 are the node's own.
 const LOOPBACK: &str = "127.0.0.0/8";
+/// IPv6's one loopback address.
+const LOOPBACK6: &str = "::1";
 
 /// The chain dropping what no link may bring (see [`base_rules`]).
 pub const GUARD_CHAIN: &str = "localnet-guard";
@@ -332,11 +426,17 @@ struct BaseRules {
 /// address, and a DNAT to 127.0.0.1 (an operator's `route_localnet` use) is still to the
 /// node's address — so, unlike kube-proxy's filter INPUT rule, it needs no exception for
 /// established or DNATed flows.
-fn base_rules(network: &Network, subnets: &Subnets) -> BaseRules {
+///
+/// IPv6 has no `route_localnet`: a flow from `::1` can never leave the node, so the IPv6
+/// output chain leaves connections to `[::1]:port` alone (the node answers them itself, as
+/// without lb: a refusal where nothing listens), and needs neither the loopback masquerade
+/// nor the guard. The eBPF dataplane serves `[::1]` through its socket programs.
+fn base_rules(network: &Network, family: Family, subnets: &Subnets) -> BaseRules {
     let ifaces = quoted_set(&network.interfaces);
     let iif = format!("iifname {ifaces} ");
-    let loopback_masquerade =
-        format!("ct status dnat oifname {ifaces} ip saddr {LOOPBACK} counter masquerade");
+    let ip = nft_family(family);
+    let loopback_masquerade = (family == Family::V4)
+        .then(|| format!("ct status dnat oifname {ifaces} ip saddr {LOOPBACK} counter masquerade"));
     let postrouting = match network.masquerade {
         // The seed's rule, limited to what leaves by this network's interfaces (loopback
         // sources included).
@@ -347,39 +447,69 @@ fn base_rules(network: &Network, subnets: &Subnets) -> BaseRules {
         // answered around the node, so it takes the node's address. (The eBPF dataplane asks
         // "does it leave by the interface it came in on"; postrouting has no input interface,
         // so the equivalent here is the client's address being on the output's subnet.)
-        Masquerade::Auto => std::iter::once(loopback_masquerade)
-            .chain(subnets.iter().map(|(ifname, addr, prefix)| {
-                let mask = u32::MAX.checked_shl(32 - u32::from(*prefix)).unwrap_or(0);
-                let net = Ipv4Addr::from(u32::from(*addr) & mask);
-                format!(
-                    "ct status dnat oifname \"{ifname}\" ip saddr {net}/{prefix} counter masquerade"
-                )
-            }))
+        Masquerade::Auto => (loopback_masquerade.into_iter())
+            .chain(
+                (subnets.iter())
+                    .filter(|(_, addr, _)| Family::of(*addr) == family)
+                    .map(|(ifname, addr, prefix)| {
+                        let net = network_of(*addr, *prefix);
+                        format!(
+                            "ct status dnat oifname \"{ifname}\" {ip} saddr {net}/{prefix} counter masquerade"
+                        )
+                    }),
+            )
             .collect(),
-        Masquerade::Never => vec![loopback_masquerade],
+        Masquerade::Never => loopback_masquerade.into_iter().collect(),
+    };
+    let (local, guard) = match family {
+        Family::V4 => (
+            String::new(),
+            vec![
+                format!("{iif}ip daddr {LOOPBACK} counter drop"),
+                format!("{iif}ip saddr {LOOPBACK} counter drop"),
+            ],
+        ),
+        Family::V6 => (format!("ip6 daddr != {LOOPBACK6} "), Vec::new()),
     };
     BaseRules {
-        prerouting: dispatch_rules(&iif),
-        output: dispatch_rules(""),
+        prerouting: dispatch_rules(family, &iif, ""),
+        output: dispatch_rules(family, "", &local),
         postrouting,
-        guard: vec![
-            format!("{iif}ip daddr {LOOPBACK} counter drop"),
-            format!("{iif}ip saddr {LOOPBACK} counter drop"),
-        ],
+        guard,
+    }
+}
+
+/// The network address of `addr`'s subnet of length `prefix`.
+fn network_of(addr: IpAddr, prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+        }
+        IpAddr::V6(a) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & mask))
+        }
     }
 }
 
 /// Commands declaring one unit's maps and chains (its slot maps empty), emptied first where
 /// they exist: the same text declares a unit whatever an earlier, failed sync left of it
 /// (see `diff::update`, which declares new units one transaction ahead).
-pub(super) fn add_unit(s: &mut String, t: &str, (kind, shape): &Unit, intervals: &[String]) {
+pub(super) fn add_unit(
+    s: &mut String,
+    t: &str,
+    family: Family,
+    (kind, shape): &Unit,
+    intervals: &[String],
+) {
     for k in 0..intervals.len() {
         let m = slot(*kind, shape, k);
         let _ = writeln!(
             s,
-            "add map ip {t} {m} {{ typeof {}; counter; }}\nflush map ip {t} {m}\nadd chain ip {t} {m}\nflush chain ip {t} {m}\nadd rule ip {t} {m} {}",
-            kind.slot_typeof(),
-            kind.slot_rule(&m)
+            "add map {t} {m} {{ typeof {}; counter; }}\nflush map {t} {m}\nadd chain {t} {m}\nflush chain {t} {m}\nadd rule {t} {m} {}",
+            kind.slot_typeof(family),
+            kind.slot_rule(family, &m)
         );
     }
     let c = chain(*kind, shape);
@@ -387,7 +517,7 @@ pub(super) fn add_unit(s: &mut String, t: &str, (kind, shape): &Unit, intervals:
         .map(|(k, i)| format!("{i} : goto {}", slot(*kind, shape, k)));
     let _ = writeln!(
         s,
-        "add map ip {t} {c} {{ typeof {NUMGEN} : verdict; flags interval; }}\nflush map ip {t} {c}\nadd element ip {t} {c} {}\nadd chain ip {t} {c}\nflush chain ip {t} {c}\nadd rule ip {t} {c} {NUMGEN} vmap @{c}",
+        "add map {t} {c} {{ typeof {NUMGEN} : verdict; flags interval; }}\nflush map {t} {c}\nadd element {t} {c} {}\nadd chain {t} {c}\nflush chain {t} {c}\nadd rule {t} {c} {NUMGEN} vmap @{c}",
         elements(jumps).expect("a shape has an interval")
     );
 }
@@ -400,33 +530,33 @@ pub(super) fn delete_unit(s: &mut String, t: &str, (kind, shape): &Unit, slots: 
     // slot chain (its rule refers to its map) and map.
     let _ = writeln!(
         s,
-        "flush chain ip {t} {c}\ndelete chain ip {t} {c}\ndelete map ip {t} {c}"
+        "flush chain {t} {c}\ndelete chain {t} {c}\ndelete map {t} {c}"
     );
     for k in 0..slots {
         let m = slot(*kind, shape, k);
         let _ = writeln!(
             s,
-            "flush chain ip {t} {m}\ndelete chain ip {t} {m}\ndelete map ip {t} {m}"
+            "flush chain {t} {m}\ndelete chain {t} {m}\ndelete map {t} {m}"
         );
     }
 }
 
 pub(super) fn add_elements(s: &mut String, t: &str, map: &str, items: Vec<String>) {
     if let Some(e) = elements(items) {
-        let _ = writeln!(s, "add element ip {t} {map} {e}");
+        let _ = writeln!(s, "add element {t} {map} {e}");
     }
 }
 
 pub(super) fn delete_elements(s: &mut String, t: &str, map: &str, items: Vec<String>) {
     if let Some(e) = elements(items) {
-        let _ = writeln!(s, "delete element ip {t} {map} {e}");
+        let _ = writeln!(s, "delete element {t} {map} {e}");
     }
 }
 
 /// The base chains and sets, emptied and declared again (small, so always rewritten: the
 /// interfaces, masquerade and subnets they depend on are not all in the network).
-pub(super) fn base(s: &mut String, t: &str, network: &Network, subnets: &Subnets) {
-    let rules = base_rules(network, subnets);
+pub(super) fn base(s: &mut String, t: &str, family: Family, network: &Network, subnets: &Subnets) {
+    let rules = base_rules(network, family, subnets);
     for (name, kind, hook, prio, rules) in [
         (
             "prerouting",
@@ -446,21 +576,32 @@ pub(super) fn base(s: &mut String, t: &str, network: &Network, subnets: &Subnets
         ),
         (GUARD_CHAIN, "filter", "prerouting", "raw", rules.guard),
     ] {
+        // IPv6 has no guard (see `base_rules`): the chain is not declared.
+        if rules.is_empty() && name == GUARD_CHAIN {
+            continue;
+        }
         let _ = writeln!(
             s,
-            "add chain ip {t} {name} {{ type {kind} hook {hook} priority {prio}; policy accept; }}\nflush chain ip {t} {name}"
+            "add chain {t} {name} {{ type {kind} hook {hook} priority {prio}; policy accept; }}\nflush chain {t} {name}"
         );
         for r in rules {
-            let _ = writeln!(s, "add rule ip {t} {name} {r}");
+            let _ = writeln!(s, "add rule {t} {name} {r}");
         }
     }
 }
 
 /// The whole `nft -f` transaction of a first sync of `network`, given the `subnets` on its
-/// interfaces, into a namespace where all of them exist: the table deleted if it exists and
-/// declared again with every element, and for a dsr network its DSR table (see `dsr.rs`).
+/// interfaces, into a namespace where all of them exist: the tables deleted if they exist and
+/// declared again with every element — the IPv4 table always, the IPv6 one where the network
+/// has IPv6 sets ([`has_ipv6`]) — and for a dsr network its DSR table (see `dsr.rs`).
 pub fn ruleset(network: &ComposedNetwork, subnets: &Subnets) -> Result<String> {
     declare(network, subnets, &dsr::Sync::fresh(network)).map(|(s, _)| s)
+}
+
+/// Whether `network` has a set of IPv6 (and so an IPv6 table).
+pub fn has_ipv6(network: &ComposedNetwork) -> bool {
+    let c = network.composed();
+    c.vips.keys().any(IpAddr::is_ipv6) || c.ports.keys().any(|k| k.family == Family::V6)
 }
 
 /// [`ruleset`] with the DSR table as `dsr` says, and how many of moby's elements it writes.
@@ -469,19 +610,42 @@ pub fn declare(
     subnets: &Subnets,
     dsr: &dsr::Sync,
 ) -> Result<(String, usize)> {
-    let t = table_name(&network.name);
-    let layout = Layout::of(network);
     let mut s = String::new();
-    // `add` then `delete` makes the delete valid whether or not the table exists; both and the
-    // new declaration are one transaction.
-    let _ = writeln!(s, "add table ip {t}\ndelete table ip {t}\nadd table ip {t}");
+    let mut elements = declare_table(&mut s, network, Family::V4, subnets);
+    if has_ipv6(network) {
+        elements += declare_table(&mut s, network, Family::V6, subnets);
+    } else {
+        delete_table(&mut s, &table(Family::V6, &network.name));
+    }
+    elements += dsr::declare(&mut s, network, dsr);
+    Ok((s, elements))
+}
+
+/// Commands deleting table `t` whether or not it exists (`add` first makes the `delete`
+/// valid either way).
+pub(super) fn delete_table(s: &mut String, t: &str) {
+    let _ = writeln!(s, "add table {t}\ndelete table {t}");
+}
+
+/// The commands declaring `network`'s table of `family` whole (deleted first, in the same
+/// transaction, where it exists), and how many of moby's elements it holds.
+pub(super) fn declare_table(
+    s: &mut String,
+    network: &ComposedNetwork,
+    family: Family,
+    subnets: &Subnets,
+) -> usize {
+    let t = table(family, &network.name);
+    let layout = Layout::of(network, family);
+    delete_table(s, &t);
     let _ = writeln!(
         s,
-        "add set ip {t} {SYNC_SET} {{ type mark; elements = {{ {} }}; }}\nadd set ip {t} {VIP_SET} {{ type ipv4_addr; }}",
-        sync_token(network)
+        "add table {t}\nadd set {t} {SYNC_SET} {{ type mark; elements = {{ {} }}; }}\nadd set {t} {VIP_SET} {{ type {}; }}",
+        sync_token(network),
+        addr_type(family)
     );
     add_elements(
-        &mut s,
+        s,
         &t,
         VIP_SET,
         layout.vips.iter().map(|v| v.to_string()).collect(),
@@ -489,24 +653,23 @@ pub fn declare(
     for kind in Kind::ALL {
         let _ = writeln!(
             s,
-            "add map ip {t} {} {{ type {} : verdict; }}",
+            "add map {t} {} {{ type {} : verdict; }}",
             kind.dispatch(),
-            kind.key_type()
+            kind.key_type(family)
         );
     }
     for (unit, intervals) in &layout.units {
-        add_unit(&mut s, &t, unit, intervals);
+        add_unit(s, &t, family, unit, intervals);
     }
     for ((kind, shape, k), items) in &layout.slots {
         let items = (items.iter())
             .map(|(key, v)| format!("{} : {v}", nft_key(key)))
             .collect();
-        add_elements(&mut s, &t, &slot(*kind, shape, *k), items);
+        add_elements(s, &t, &slot(*kind, shape, *k), items);
     }
-    dispatch_elements(&mut s, &t, &layout.dispatch, |_| true);
-    base(&mut s, &t, network, subnets);
-    let dsr_elements = dsr::declare(&mut s, network, dsr);
-    Ok((s, layout.element_count() + dsr_elements))
+    dispatch_elements(s, &t, &layout.dispatch, |_| true);
+    base(s, &t, family, network, subnets);
+    layout.element_count()
 }
 
 /// Adds the dispatch entries that `keep` selects, one command per kind.
