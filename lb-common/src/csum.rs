@@ -57,6 +57,20 @@ pub fn pseudo_seed(saddr: u32, daddr: u32, proto: u8, l4_len: u16) -> u16 {
     )
 }
 
+/// [`pseudo_seed`] for IPv6 (RFC 8200 8.1): the addresses as they stand in the packet, the
+/// upper-layer length as 32 bits and the final next header (that of the L4 header, not of an
+/// extension header before it). ICMPv6 is covered by it too, unlike ICMP.
+#[inline(always)]
+pub fn pseudo_seed6(saddr: &[u32; 4], daddr: &[u32; 4], proto: u8, l4_len: u32) -> u16 {
+    let mut sum = halves(l4_len.to_be()) + u32::from(u16::from(proto).to_be());
+    let mut i = 0;
+    while i < 4 {
+        sum += halves(saddr[i]) + halves(daddr[i]);
+        i += 1;
+    }
+    fold(sum)
+}
+
 /// The checksum a packet's L4 header carries, which rewriting its addresses or ports must fix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum L4Sum {

@@ -76,6 +76,17 @@ pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 pub const IPPROTO_SCTP: u8 = 132;
+pub const IPPROTO_ICMPV6: u8 = 58;
+
+/// The most IPv6 extension headers (hop-by-hop, routing, destination options, AH, fragment)
+/// the programs walk to find the L4 header, Cilium's bound: real traffic carries one or two
+/// (a fragment header, a hop-by-hop one for MLD or jumbograms). A longer chain passes
+/// untouched and counted ([`Reason::Ipv6Extension`]).
+pub const IPV6_MAX_EXT_HEADERS: usize = 4;
+
+/// An IPv6 address in a map layout: four words as they stand in the packet (network byte
+/// order), so that it is compared and hashed a word at a time.
+pub type Addr6 = [u32; 4];
 
 /// The interval `[start, end]` (inclusive) of the bucket space `0..length` that slot `index`
 /// of `n` owns, moby's `EqualWeightIntervals`: `per = length / n` buckets each and the first
@@ -156,7 +167,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 15] = [
     ("lb_config", 3),
     ("lb_counters", 2),
     ("lb_frags", 1),
-    ("lb_reasons", 4),
+    ("lb_reasons", 5),
     ("lb_endpoints", 1),
     ("lb_dsr_sessions", 1),
     ("lb_dsr_backends", 1),
@@ -250,6 +261,19 @@ map_layout! {
     pub struct FlowKey {
         pub saddr: u32,
         pub daddr: u32,
+        pub sport: u16,
+        pub dport: u16,
+        pub proto: u8,
+        pub _pad: [u8; 3],
+    }
+}
+
+map_layout! {
+    /// [`FlowKey`] of an IPv6 packet: the IPv6 maps are twins of the IPv4 ones (see
+    /// `docs/dual-stack.md`), so IPv4 keys keep their 16 bytes.
+    pub struct FlowKey6 {
+        pub saddr: Addr6,
+        pub daddr: Addr6,
         pub sport: u16,
         pub dport: u16,
         pub proto: u8,
@@ -500,9 +524,9 @@ pub const MASQ_PORT_MAX: u16 = 65535;
 pub enum Reason {
     /// Rewritten by a tracked flow's entry.
     Translated = 0,
-    /// Not IPv4, or a protocol the balancer does not translate.
-    NotIpv4,
-    /// IPv4 whose headers are cut short or lie about their lengths.
+    /// Neither IPv4 nor IPv6 (ARP, VLAN-tagged, LLDP, ...).
+    NotIp,
+    /// IPv4 or IPv6 whose headers are cut short or lie about their lengths.
     Malformed,
     /// No flow and no service for it.
     NotService,
@@ -561,6 +585,13 @@ pub enum Reason {
     SockTranslated,
     /// An answer to (or the peer of) such a socket: its source shown as the service's.
     SockReversed,
+    /// IP of a protocol the balancer never translates (ICMP and ICMPv6 messages other than
+    /// errors, neighbour discovery among them; ESP, GRE, no next header, ...).
+    NotL4,
+    /// IPv6 whose extension headers the programs do not walk: more than
+    /// [`IPV6_MAX_EXT_HEADERS`], a header they do not skip (mobility, HIP, shim6,
+    /// experimental), or a chain reaching past the bytes they parse.
+    Ipv6Extension,
 }
 
 /// The programs, in `lb_reasons` slot order (slot `hook * REASONS + reason`), with the label
@@ -576,13 +607,13 @@ pub const HOOK_TC_REPLY: u32 = 3;
 pub const HOOK_SOCK: u32 = 4;
 
 /// How many [`Reason`]s there are (the size of `lb_reasons` per hook).
-pub const REASONS: u32 = Reason::SockReversed as u32 + 1;
+pub const REASONS: u32 = Reason::Ipv6Extension as u32 + 1;
 
 impl Reason {
     /// Every reason with its metric label, in counter-slot order.
     pub const ALL: [(Reason, &'static str); REASONS as usize] = [
         (Reason::Translated, "translated"),
-        (Reason::NotIpv4, "not_ipv4"),
+        (Reason::NotIp, "not_ip"),
         (Reason::Malformed, "malformed"),
         (Reason::NotService, "not_service"),
         (Reason::NoFlowOpener, "no_flow_opener"),
@@ -609,6 +640,8 @@ impl Reason {
         (Reason::DsrUnresolved, "dsr_unresolved"),
         (Reason::SockTranslated, "sock_translated"),
         (Reason::SockReversed, "sock_reversed"),
+        (Reason::NotL4, "not_l4"),
+        (Reason::Ipv6Extension, "ipv6_extension"),
     ];
 }
 

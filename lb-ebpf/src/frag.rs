@@ -12,11 +12,12 @@ use crate::{
 };
 
 #[inline(always)]
-fn key(p: &Packet, id: u16) -> FragKey {
+fn key(p: &Packet, id: u32) -> FragKey {
     FragKey {
         saddr: p.key.saddr,
         daddr: p.key.daddr,
-        id,
+        // An IPv4 datagram's identification is 16 bits (`parse::packet4`).
+        id: id as u16,
         proto: p.key.proto,
         _pad: 0,
     }

@@ -13,7 +13,7 @@ use lb_common::{Counters, REASONS, Reason};
 use crate::maps::{COUNTERS, REASON_COUNTS};
 
 #[inline(always)]
-fn add(id: u32, bytes: u16) {
+fn add(id: u32, bytes: u32) {
     for _ in 0..2 {
         if let Some(c) = COUNTERS.get_ptr_mut(&id) {
             // SAFETY: a per-CPU value is only ever touched by this CPU's program run.
@@ -41,7 +41,7 @@ fn add(id: u32, bytes: u16) {
 /// one counter lookup per packet, not two (a per-CPU hash lookup is ~35 ns of a tracked
 /// packet's ~170 here).
 #[inline(always)]
-pub fn account(counter: u32, bytes: u16) {
+pub fn account(counter: u32, bytes: u32) {
     add(counter, bytes);
 }
 

@@ -4,18 +4,20 @@
 //! own family, balanced; its published port answers on the node's address of each family;
 //! `lb elements` and `lb conntrack` show IPv6 as nft and `[addr]:port` write it; the IPv6
 //! table comes and goes with the network's IPv6 sets; neighbour discovery still works with lb
-//! attached; IPv6 twins of hairpin, `host_ip` and drain. What cannot be served yet is refused
-//! before it is saved, with the reason: IPv6 on the eBPF dataplane, DSR of an IPv6 VIP on
-//! nftables. Root only.
+//! attached; IPv6 twins of hairpin, `host_ip`, drain, fragments and Packet Too Big. What
+//! cannot be served yet is refused before it is saved, with the reason: IPv6 on the eBPF
+//! dataplane, DSR of an IPv6 VIP on nftables; and the eBPF programs, serving IPv4 on a
+//! dual-stack node, leave IPv6 untouched on both attach modes. Root only.
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, SocketAddr, UdpSocket},
     path::Path,
+    time::Duration,
 };
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{LbDaemon, network_add},
+    daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
     netns::Topology,
     require_root,
     traffic::{CHI2_4_BINS_P1E6, DualServer, DualSession, chi_square, tcp_ask},
@@ -257,5 +259,177 @@ fn ipv6_on_nftables_hairpins_binds_its_host_ip_and_drains() {
     for _ in 0..30 {
         let (who, _) = tcp_ask(&topo.client, vip);
         assert_ne!(who, kept, "no new connection to the disabled backend");
+    }
+}
+
+const UDP_PORT: u16 = 9090;
+
+/// A UDP server on `[::]:UDP_PORT` in each backend, answering every datagram with
+/// `NAME LEN` (the length that arrived: a datagram sent in fragments arrives whole or not at
+/// all). The sockets keep their namespaces; the threads end with the test binary.
+fn udp6_servers(topo: &Topology) {
+    for (i, ns) in topo.backends.iter().enumerate() {
+        let s = ns
+            .run(|| UdpSocket::bind(("::", UDP_PORT)))
+            .unwrap()
+            .unwrap();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, peer)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(format!("b{i} {n}").as_bytes(), peer);
+            }
+        });
+    }
+}
+
+/// A connected UDP socket of the client to `to`.
+fn udp6_client(topo: &Topology, to: SocketAddr) -> UdpSocket {
+    let s = topo
+        .client
+        .run(|| UdpSocket::bind(("::", 0)))
+        .unwrap()
+        .unwrap();
+    s.connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s
+}
+
+/// `len` bytes to `s`'s peer, and its answer, or the error the socket reports instead
+/// (`WouldBlock`: none within the timeout).
+fn udp6_ask(s: &UdpSocket, len: usize) -> std::io::Result<String> {
+    s.send(&vec![0x5a; len])?;
+    let mut buf = [0u8; 256];
+    let n = s.recv(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// Linux's errno for "Message too long": what a connected UDP socket reports once a Packet
+/// Too Big for its own tuple arrived.
+const EMSGSIZE: i32 = 90;
+
+/// IPv6 fragments and Packet Too Big through the nftables dataplane, as the kernel's own NAT
+/// handles them: a UDP datagram larger than the client's MTU leaves it in fragments and
+/// arrives whole at a backend; a datagram too big for the node's link to the backends makes
+/// the node answer Packet Too Big, whose quoted packet is translated back to the VIP, so the
+/// client's socket takes the smaller path MTU (the kernel applies a PTB only to a socket of
+/// the quoted tuple) and its next datagram, fragmented at the source, arrives whole.
+#[test]
+fn ipv6_fragments_and_packet_too_big_on_nftables() {
+    if !require_root("ipv6_fragments_and_packet_too_big_on_nftables") {
+        return;
+    }
+    let topo = Topology::dual_stack(2).unwrap();
+    udp6_servers(&topo);
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    d.ok(&network_add(&topo, "web"));
+    let mut args: Vec<String> = ["service", "set", "web", "api", "--vip", VIP6]
+        .map(String::from)
+        .into();
+    for b in &topo.v6().backends {
+        args.extend(["--backend".into(), b.to_string()]);
+    }
+    d.ok(&args);
+    let vip = SocketAddr::new(VIP6.parse().unwrap(), UDP_PORT);
+
+    // Fragments: 3000 bytes over a 1500-byte link, ten datagrams, every one whole.
+    for _ in 0..10 {
+        let s = udp6_client(&topo, vip);
+        let answer =
+            udp6_ask(&s, 3000).unwrap_or_else(|e| panic!("a fragmented datagram is answered: {e}"));
+        assert!(answer.ends_with(" 3000"), "arrived whole: {answer}");
+    }
+
+    // Packet Too Big: the node's link to the backends gets IPv6's minimum MTU.
+    topo.node
+        .ip([
+            "link",
+            "set",
+            "dev",
+            lb_tests::netns::NODE_BRIDGE,
+            "mtu",
+            "1280",
+        ])
+        .unwrap();
+    let s = udp6_client(&topo, vip);
+    let e = udp6_ask(&s, 1400).expect_err("the node cannot forward 1400 bytes");
+    assert_eq!(
+        e.raw_os_error(),
+        Some(EMSGSIZE),
+        "the PTB reached the client's socket: {e}"
+    );
+    let route = topo.client.ip(["-6", "route", "get", VIP6]).unwrap();
+    assert!(
+        route.contains("mtu 1280"),
+        "the client learnt the VIP's path MTU from the translated PTB: {route}"
+    );
+    let answer = udp6_ask(&s, 1400)
+        .unwrap_or_else(|e| panic!("the datagram, fragmented at the source, arrives: {e}"));
+    assert!(answer.ends_with(" 1400"), "arrived whole: {answer}");
+}
+
+/// The eBPF dataplane on a dual-stack node, serving IPv4: IPv6 passes its programs
+/// untouched on both attach modes — neighbour discovery (pings to the node and through it),
+/// TCP to a backend's own IPv6 address (routed, unNATed: the backend sees the client) — while
+/// IPv4 is served beside it. The programs parse IPv6: its ICMPv6 (echo, neighbour discovery)
+/// is counted as `not_l4` on every hook.
+#[test]
+fn ipv6_passes_the_ebpf_programs_untouched_on_both_attach_modes() {
+    if !require_root("ipv6_passes_the_ebpf_programs_untouched_on_both_attach_modes") {
+        return;
+    }
+    for attach in ["tc", "xdp"] {
+        let topo = Topology::dual_stack(2).unwrap();
+        let _servers: Vec<DualServer> = (topo.backends.iter().enumerate())
+            .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
+            .collect();
+        let v6 = topo.v6().clone();
+        let metrics = free_metrics_addr().unwrap();
+        let bpffs = Bpffs::new().unwrap();
+        let d = LbDaemon::start(
+            lb(),
+            bpffs.path(),
+            &["--dataplane", "ebpf", "--metrics", &metrics],
+        )
+        .unwrap();
+        let mut add = network_add(&topo, "web");
+        add.extend(["--attach".into(), attach.into()]);
+        d.ok(&add);
+        let mut args: Vec<String> = ["service", "set", "web", "api", "--vip", VIP4]
+            .map(String::from)
+            .into();
+        for b in &topo.backend_ips {
+            args.extend(["--backend".into(), b.to_string()]);
+        }
+        d.ok(&args);
+
+        let (who, peer) = tcp_ask(&topo.client, SocketAddr::new(VIP4.parse().unwrap(), PORT));
+        assert_eq!(peer.ip(), IpAddr::V4(topo.client_ip), "{attach}: {who}");
+        for to in [v6.node, v6.node_backend, v6.backends[1]] {
+            topo.client
+                .exec(["ping", "-6", "-c", "1", "-W", "3", &to.to_string()])
+                .unwrap_or_else(|e| panic!("{attach}: ping -6 {to}: {e:#}"));
+        }
+        for (i, b) in v6.backends.iter().enumerate() {
+            for _ in 0..5 {
+                let (who, peer) = tcp_ask(&topo.client, SocketAddr::new((*b).into(), PORT));
+                assert_eq!(who, format!("b{i}"), "{attach}: to {b}");
+                assert_eq!(peer.ip(), IpAddr::V6(v6.client), "{attach}: untouched");
+            }
+        }
+        let text = scrape(&metrics).unwrap();
+        let mut hooks = vec!["tc_ingress", "tc_egress"];
+        if attach == "xdp" {
+            hooks.push("xdp");
+        }
+        for hook in hooks {
+            let n = datapath(&text, "web", hook, "not_l4");
+            println!("{attach}: {hook} not_l4 = {n}");
+            assert!(n > 0, "{attach}: {hook} saw IPv6 and passed it");
+        }
+        let translated: u64 = (["xdp", "tc_ingress"].iter())
+            .map(|hook| datapath(&text, "web", hook, "translated"))
+            .sum();
+        assert!(translated > 0, "{attach}: IPv4 served beside");
     }
 }

@@ -78,24 +78,33 @@ fn path(d: &LbDaemon) -> String {
 /// with the suite's tests running beside it on two cores, 10 s was once not enough for the
 /// third endpoint to be seen).
 fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    observe(what, || if cond() { Ok(()) } else { Err(String::new()) });
+}
+
+/// [`eventually`] for a condition that says what it saw when it does not hold yet: the last
+/// such observation is in the failure.
+fn observe(what: &str, mut cond: impl FnMut() -> Result<(), String>) {
     let start = Instant::now();
+    let mut last = String::new();
     while start.elapsed() < Duration::from_secs(20) {
-        if cond() {
-            return;
+        match cond() {
+            Ok(()) => return,
+            Err(seen) => last = seen,
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    panic!("not within 20 s: {what}");
+    panic!("not within 20 s: {what}; last seen: {last}");
 }
 
 /// Until `lb status` shows the fast path with at least `n` endpoints.
 fn wait_fast(d: &LbDaemon, n: usize) {
-    eventually(&format!("fast path with {n} endpoints"), || {
+    observe(&format!("fast path with {n} endpoints"), || {
         let p = path(d);
-        p.strip_prefix("fast: ")
+        let fast = (p.strip_prefix("fast: "))
             .and_then(|r| r.split(' ').next())
             .and_then(|c| c.parse::<usize>().ok())
-            .is_some_and(|c| c >= n)
+            .is_some_and(|c| c >= n);
+        if fast { Ok(()) } else { Err(p) }
     });
 }
 

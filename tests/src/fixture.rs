@@ -401,6 +401,32 @@ pub fn reason_count(f: &Fixture, hook: &str, reason: Reason) -> u64 {
         .map_or(0, |(_, _, n)| n)
 }
 
+/// Runs `input` once through `prog` and returns what it left (`None` when the kernel refused
+/// the frame, see [`refused_by_test_run`]) with every reason the run counted on `prog`'s hook.
+pub fn run_counted(
+    f: &mut Fixture,
+    prog: Prog,
+    input: &[u8],
+) -> (Option<(u32, Vec<u8>)>, Vec<Reason>) {
+    let before = f.dp.reasons().unwrap();
+    let run = f.try_run(prog, input, None);
+    if run.is_err() {
+        assert!(
+            refused_by_test_run(prog, input),
+            "{prog:?} on {} bytes: {run:?}",
+            input.len()
+        );
+    }
+    let after = f.dp.reasons().unwrap();
+    let counted = before
+        .iter()
+        .zip(&after)
+        .filter(|((h, _, a), (_, _, b))| *h == prog.hook() && b > a)
+        .map(|(_, (_, r, _))| *r)
+        .collect();
+    (run.ok(), counted)
+}
+
 /// The largest frame an skb test run is sure to take: a 4 KiB page less the skb's headroom
 /// (`NET_SKB_PAD`) and, generously, its `skb_shared_info`.
 pub const SKB_RUN_MAX: usize = 4096 - 64 - 448;

@@ -486,8 +486,9 @@ impl Topology {
 
     /// [`Topology::new`] with IPv6 beside IPv4 on every link: client fd10::2/64 via node
     /// `lbc0` fd10::1/64; node bridge `lbbr0` fd20::1/64; backend i at fd20::(a+i)/64 (hex, as
-    /// 10+i) with its default route via fd20::1. Every address skips duplicate address
-    /// detection (`nodad`), so the topology is usable at once; the node forwards IPv6.
+    /// 10+i) with its default route via fd20::1. Every address given skips duplicate address
+    /// detection (`nodad`), and the topology is returned once the kernel's own link-local
+    /// addresses are through it; the node forwards IPv6.
     pub fn dual_stack(n_backends: usize) -> Result<Topology> {
         let mut topo = Topology::new(n_backends)?;
         let v6 = |net: u16, host: u16| Ipv6Addr::new(0xfd00 + net, 0, 0, 0, 0, 0, 0, host);
@@ -513,7 +514,31 @@ impl Topology {
             backend.ip(["-6", "route", "add", "default", "via", &gw])?;
         }
         topo.ipv6 = Some(addrs);
+        topo.settle_ipv6()?;
         Ok(topo)
+    }
+
+    /// Waits (up to 5 s) until no namespace has a tentative IPv6 address: the link-local
+    /// addresses the kernel gives every interface go through duplicate address detection,
+    /// and until they are through, neighbour discovery and the first datagrams of a path
+    /// may be lost (a fragmented UDP datagram sent at once was, 1 time in 3).
+    fn settle_ipv6(&self) -> Result<()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        for ns in self.namespaces() {
+            while !ns
+                .ip(["-6", "addr", "show", "tentative"])?
+                .trim()
+                .is_empty()
+            {
+                ensure!(
+                    std::time::Instant::now() < deadline,
+                    "{}: IPv6 addresses still tentative after 5 s",
+                    ns.name()
+                );
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+        }
+        Ok(())
     }
 
     /// The IPv6 addresses of a [`Topology::dual_stack`].

@@ -2,7 +2,7 @@
 //! Checksums here are computed from scratch (RFC 1071 over the whole header/pseudo-header),
 //! independently of the programs' incremental updates, so a test that compares them checks
 //! the dataplane against a second implementation.
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 pub const ETH_P_IP: u16 = 0x0800;
 
@@ -129,40 +129,13 @@ impl Ipv4Packet {
     }
 
     pub fn build(&self) -> Vec<u8> {
-        let l4 = match self.proto {
-            6 => {
-                let mut h = Vec::with_capacity(20 + self.payload.len());
-                h.extend(self.sport.to_be_bytes());
-                h.extend(self.dport.to_be_bytes());
-                h.extend(1u32.to_be_bytes()); // seq
-                h.extend(0u32.to_be_bytes()); // ack
-                h.extend([0x50, self.tcp_flags]); // data offset 5
-                h.extend(64240u16.to_be_bytes());
-                h.extend([0, 0, 0, 0]); // checksum, urgent
-                h.extend(&self.payload);
-                h
-            }
-            17 => {
-                let len = (8 + self.payload.len()) as u16;
-                let mut h = Vec::with_capacity(len as usize);
-                h.extend(self.sport.to_be_bytes());
-                h.extend(self.dport.to_be_bytes());
-                h.extend(len.to_be_bytes());
-                h.extend([0, 0]);
-                h.extend(&self.payload);
-                h
-            }
-            132 => {
-                let mut h = Vec::with_capacity(12 + self.payload.len());
-                h.extend(self.sport.to_be_bytes());
-                h.extend(self.dport.to_be_bytes());
-                h.extend(0x0102_0304u32.to_be_bytes()); // verification tag
-                h.extend([0; 4]); // CRC32c, below
-                h.extend(&self.payload);
-                h
-            }
-            p => panic!("builder does not know protocol {p}"),
-        };
+        let l4 = l4_segment(
+            self.proto,
+            self.sport,
+            self.dport,
+            self.tcp_flags,
+            &self.payload,
+        );
         assert!(self.options.len().is_multiple_of(4) && self.options.len() <= 40);
         let mut frame = eth_header(self.dst_mac, self.src_mac, ETH_P_IP);
         frame.extend(ipv4_header(
@@ -191,6 +164,34 @@ impl Ipv4Packet {
         }
         frame
     }
+}
+
+/// A TCP (SYN-style fixed header, flags as given), UDP or SCTP segment with its checksum
+/// field 0: the builders fill it in over their family's pseudo-header.
+fn l4_segment(proto: u8, sport: u16, dport: u16, tcp_flags: u8, payload: &[u8]) -> Vec<u8> {
+    let mut h = Vec::with_capacity(20 + payload.len());
+    h.extend(sport.to_be_bytes());
+    h.extend(dport.to_be_bytes());
+    match proto {
+        6 => {
+            h.extend(1u32.to_be_bytes()); // seq
+            h.extend(0u32.to_be_bytes()); // ack
+            h.extend([0x50, tcp_flags]); // data offset 5
+            h.extend(64240u16.to_be_bytes());
+            h.extend([0, 0, 0, 0]); // checksum, urgent
+        }
+        17 => {
+            h.extend(((8 + payload.len()) as u16).to_be_bytes());
+            h.extend([0, 0]);
+        }
+        132 => {
+            h.extend(0x0102_0304u32.to_be_bytes()); // verification tag
+            h.extend([0; 4]); // CRC32c
+        }
+        p => panic!("builder does not know protocol {p}"),
+    }
+    h.extend(payload);
+    h
 }
 
 fn eth_header(dst: [u8; 6], src: [u8; 6], ethertype: u16) -> Vec<u8> {
@@ -284,16 +285,18 @@ pub fn arp_request(sender: Ipv4Addr, target: Ipv4Addr) -> Vec<u8> {
     frame
 }
 
-/// An IPv6 TCP SYN (the programs are IPv4-only and must pass it untouched).
+/// An IPv6 TCP SYN between two addresses no service has.
 pub fn ipv6_tcp_syn(dport: u16) -> Vec<u8> {
-    let mut frame = eth_header([0x02, 0, 0, 0, 0, 0x02], [0x02, 0, 0, 0, 0, 0x01], 0x86dd);
-    frame.extend([0x60, 0, 0, 0, 0, 20, 6, 64]);
-    frame.extend(std::iter::repeat_n(0xfd, 16));
-    frame.extend(std::iter::repeat_n(0xfe, 16));
-    frame.extend(40000u16.to_be_bytes());
-    frame.extend(dport.to_be_bytes());
-    frame.extend([0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xfa, 0xf0, 0, 0, 0, 0]);
-    frame
+    Ipv6Packet {
+        payload: Vec::new(),
+        ..Ipv6Packet::tcp(
+            Ipv6Addr::from([0xfd; 16]),
+            40000,
+            Ipv6Addr::from([0xfe; 16]),
+            dport,
+        )
+    }
+    .build()
 }
 
 /// The IPv4 packet of an Ethernet frame.
@@ -384,4 +387,276 @@ pub fn l4_checksum(ip: &[u8]) -> u16 {
     let c = !fold(sum16(&zeroed, sum16(&pseudo, 0)));
     // UDP transmits a computed 0 as 0xffff (0 means "no checksum").
     if ip[9] == 17 && c == 0 { 0xffff } else { c }
+}
+
+pub const ETH_P_IPV6: u16 = 0x86dd;
+
+/// An IPv6 extension header of [`Ipv6Packet::exts`], in chain order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ext {
+    /// Hop-by-hop options, `units` × 8 bytes beyond its first 8 (the length field), PadN.
+    HopByHop(u8),
+    /// A routing header (type 4, segment routing, no segments left), `units` beyond its first 8.
+    Routing(u8),
+    /// Destination options, `units` beyond its first 8.
+    DestOpts(u8),
+    /// AH with `icv_words` 4-byte words of integrity value after its fixed 12 bytes.
+    Ah(u8),
+    /// A fragment header: offset in 8-byte units, more fragments, identification.
+    Fragment { offset8: u16, more: bool, id: u32 },
+    /// Any other next-header value laid out as options are (`units` beyond its first 8):
+    /// mobility (135), HIP (139), shim6 (140), the experimental 253 and 254.
+    Other { next_header: u8, units: u8 },
+}
+
+impl Ext {
+    pub fn next_header(self) -> u8 {
+        match self {
+            Ext::HopByHop(_) => 0,
+            Ext::Routing(_) => 43,
+            Ext::DestOpts(_) => 60,
+            Ext::Ah(_) => 51,
+            Ext::Fragment { .. } => 44,
+            Ext::Other { next_header, .. } => next_header,
+        }
+    }
+
+    /// The header's bytes, its own next-header field `next`.
+    fn bytes(self, next: u8) -> Vec<u8> {
+        let padded = |units: u8, fill: &[u8]| {
+            let mut h = vec![next, units];
+            h.extend(fill);
+            // PadN over the rest: type 1, length.
+            let rest = (usize::from(units) + 1) * 8 - h.len();
+            h.extend([1, (rest - 2) as u8]);
+            h.resize((usize::from(units) + 1) * 8, 0);
+            h
+        };
+        match self {
+            Ext::HopByHop(u) | Ext::DestOpts(u) | Ext::Other { units: u, .. } => padded(u, &[]),
+            Ext::Routing(u) => {
+                // Routing type 4, segments left 0, then type-specific data (zeros).
+                let mut h = vec![next, u, 4, 0];
+                h.resize((usize::from(u) + 1) * 8, 0);
+                h
+            }
+            Ext::Ah(icv) => {
+                let len = 12 + 4 * usize::from(icv);
+                let mut h = vec![next, (len / 4 - 2) as u8, 0, 0];
+                h.extend(0x0000_1000u32.to_be_bytes()); // SPI
+                h.extend(1u32.to_be_bytes()); // sequence number
+                h.resize(len, 0xab);
+                h
+            }
+            Ext::Fragment { offset8, more, id } => {
+                let mut h = vec![next, 0];
+                h.extend((offset8 << 3 | u16::from(more)).to_be_bytes());
+                h.extend(id.to_be_bytes());
+                h
+            }
+        }
+    }
+}
+
+/// An Ethernet + IPv6 (+ extension headers) + TCP/UDP/SCTP/ICMPv6 frame with a valid L4
+/// checksum over the IPv6 pseudo-header (RFC 8200 8.1), computed from scratch.
+#[derive(Clone, Debug)]
+pub struct Ipv6Packet {
+    pub src_mac: [u8; 6],
+    pub dst_mac: [u8; 6],
+    pub saddr: Ipv6Addr,
+    pub daddr: Ipv6Addr,
+    pub hop_limit: u8,
+    pub exts: Vec<Ext>,
+    /// 6, 17, 132 or 58 (ICMPv6: `icmp` and `payload` make the message); anything else
+    /// carries `payload` as it is.
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    pub tcp_flags: u8,
+    /// ICMPv6 type, code and the 4 bytes after the checksum.
+    pub icmp: (u8, u8, u32),
+    /// Stores this L4 checksum instead of the computed one.
+    pub l4_csum: Option<u16>,
+    /// Replaces the upper-layer segment with these bytes as they are (a later fragment's data).
+    pub raw: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+}
+
+impl Ipv6Packet {
+    pub fn tcp(saddr: Ipv6Addr, sport: u16, daddr: Ipv6Addr, dport: u16) -> Self {
+        Self {
+            src_mac: [0x02, 0, 0, 0, 0, 0x01],
+            dst_mac: [0x02, 0, 0, 0, 0, 0x02],
+            saddr,
+            daddr,
+            hop_limit: 64,
+            exts: Vec::new(),
+            proto: 6,
+            sport,
+            dport,
+            tcp_flags: TCP_SYN,
+            icmp: (0, 0, 0),
+            l4_csum: None,
+            raw: None,
+            payload: b"hello".to_vec(),
+        }
+    }
+
+    pub fn udp(saddr: Ipv6Addr, sport: u16, daddr: Ipv6Addr, dport: u16) -> Self {
+        Self {
+            proto: 17,
+            ..Self::tcp(saddr, sport, daddr, dport)
+        }
+    }
+
+    pub fn sctp(saddr: Ipv6Addr, sport: u16, daddr: Ipv6Addr, dport: u16) -> Self {
+        Self {
+            proto: 132,
+            ..Self::tcp(saddr, sport, daddr, dport)
+        }
+    }
+
+    /// An ICMPv6 message `(type, code, rest)` whose body is `body`.
+    pub fn icmp6(saddr: Ipv6Addr, daddr: Ipv6Addr, icmp: (u8, u8, u32), body: &[u8]) -> Self {
+        Self {
+            proto: 58,
+            icmp,
+            payload: body.to_vec(),
+            ..Self::tcp(saddr, 0, daddr, 0)
+        }
+    }
+
+    /// The upper-layer segment, its checksum filled in.
+    fn segment(&self) -> Vec<u8> {
+        if let Some(raw) = &self.raw {
+            return raw.clone();
+        }
+        let mut seg = match self.proto {
+            6 | 17 | 132 => l4_segment(
+                self.proto,
+                self.sport,
+                self.dport,
+                self.tcp_flags,
+                &self.payload,
+            ),
+            58 => {
+                let (t, c, rest) = self.icmp;
+                let mut m = vec![t, c, 0, 0];
+                m.extend(rest.to_be_bytes());
+                m.extend(&self.payload);
+                m
+            }
+            _ => self.payload.clone(),
+        };
+        match self.proto {
+            132 => {
+                let crc = match self.l4_csum {
+                    Some(c) => u32::from(c).to_le_bytes(),
+                    None => crate::crc32c::sctp_checksum(&seg),
+                };
+                seg[8..12].copy_from_slice(&crc);
+            }
+            p => {
+                if let Some(at) = l4_csum_offset6(p) {
+                    let c = self
+                        .l4_csum
+                        .unwrap_or_else(|| l4_checksum6(self.saddr, self.daddr, p, &seg));
+                    seg[at..at + 2].copy_from_slice(&c.to_be_bytes());
+                }
+            }
+        }
+        seg
+    }
+
+    pub fn build(&self) -> Vec<u8> {
+        let seg = self.segment();
+        let mut exts = Vec::new();
+        for (i, e) in self.exts.iter().enumerate() {
+            let next = self.exts.get(i + 1).map_or(self.proto, |n| n.next_header());
+            exts.extend(e.bytes(next));
+        }
+        let first = self.exts.first().map_or(self.proto, |e| e.next_header());
+        let mut frame = eth_header(self.dst_mac, self.src_mac, ETH_P_IPV6);
+        frame.extend([0x60, 0, 0, 0]);
+        frame.extend(((exts.len() + seg.len()) as u16).to_be_bytes());
+        frame.extend([first, self.hop_limit]);
+        frame.extend(self.saddr.octets());
+        frame.extend(self.daddr.octets());
+        frame.extend(exts);
+        frame.extend(seg);
+        frame
+    }
+
+    /// Where the upper-layer header starts in the built frame.
+    pub fn l4_offset(&self) -> usize {
+        let exts: usize = self.exts.iter().map(|e| e.bytes(0).len()).sum();
+        14 + 40 + exts
+    }
+}
+
+/// Where the checksum sits in a TCP, UDP or ICMPv6 header.
+fn l4_csum_offset6(proto: u8) -> Option<usize> {
+    match proto {
+        58 => Some(2),
+        p => l4_csum_offset(p),
+    }
+}
+
+/// The TCP/UDP/ICMPv6 checksum of `seg` over the IPv6 pseudo-header, as a receiver computes
+/// it (the field is taken as 0). UDP's 0 is transmitted as 0xffff: on IPv6 a UDP checksum of
+/// 0 is invalid (RFC 8200 8.1), not "none".
+pub fn l4_checksum6(saddr: Ipv6Addr, daddr: Ipv6Addr, proto: u8, seg: &[u8]) -> u16 {
+    let mut pseudo = Vec::with_capacity(40);
+    pseudo.extend(saddr.octets());
+    pseudo.extend(daddr.octets());
+    pseudo.extend((seg.len() as u32).to_be_bytes());
+    pseudo.extend([0, 0, 0, proto]);
+    let at = l4_csum_offset6(proto).expect("a pseudo-header checksum");
+    let mut zeroed = seg.to_vec();
+    zeroed[at..at + 2].copy_from_slice(&[0, 0]);
+    let c = !fold(sum16(&zeroed, sum16(&pseudo, 0)));
+    if proto == 17 && c == 0 { 0xffff } else { c }
+}
+
+/// Checks the L4 checksum of an IPv6 frame from scratch, walking its extension headers
+/// (hop-by-hop, routing, destination options, AH, fragment) to the upper layer: TCP, UDP (0 is
+/// wrong on IPv6) and ICMPv6 over the pseudo-header, SCTP's CRC32c (0, left to the device,
+/// passes). A later fragment carries no L4 header and passes.
+pub fn verify6(frame: &[u8]) -> Result<(), String> {
+    let ip = ip_of(frame);
+    let end = 40 + usize::from(u16::from_be_bytes([ip[4], ip[5]]));
+    let addr = |at: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&ip[at..at + 16]).unwrap());
+    let (mut next, mut off) = (ip[6], 40);
+    while matches!(next, 0 | 43 | 44 | 51 | 60) {
+        let h = &ip[off..];
+        let len = match next {
+            51 => (usize::from(h[1]) + 2) * 4,
+            44 if u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 => return Ok(()),
+            44 => 8,
+            _ => (usize::from(h[1]) + 1) * 8,
+        };
+        next = h[0];
+        off += len;
+    }
+    let seg = &ip[off..end];
+    match next {
+        p @ (6 | 17 | 58) => {
+            let at = l4_csum_offset6(p).unwrap();
+            let stored = u16::from_be_bytes([seg[at], seg[at + 1]]);
+            let want = l4_checksum6(addr(8), addr(24), p, seg);
+            if stored != want {
+                return Err(format!("L4 checksum {stored:#06x}, should be {want:#06x}"));
+            }
+        }
+        132 => {
+            let stored = [seg[8], seg[9], seg[10], seg[11]];
+            let want = crate::crc32c::sctp_checksum(seg);
+            if stored != [0; 4] && stored != want {
+                return Err(format!("SCTP CRC32c {stored:02x?}, should be {want:02x?}"));
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }

@@ -620,7 +620,9 @@ enum Outcome {
 fn is_outcome(r: Reason) -> bool {
     match r {
         Reason::Translated
-        | Reason::NotIpv4
+        | Reason::NotIp
+        | Reason::NotL4
+        | Reason::Ipv6Extension
         | Reason::Malformed
         | Reason::NotService
         | Reason::NoFlowOpener
@@ -690,8 +692,10 @@ fn reason_fits(prog: Prog, input: &[u8], o: Outcome, r: Reason) -> bool {
 }
 
 /// Outcomes a packet that cannot be for a service may end with.
-const NOT_FOR_A_SERVICE: [Reason; 5] = [
-    Reason::NotIpv4,
+const NOT_FOR_A_SERVICE: [Reason; 7] = [
+    Reason::NotIp,
+    Reason::NotL4,
+    Reason::Ipv6Extension,
     Reason::Malformed,
     Reason::NotService,
     Reason::XdpDeferred,
