@@ -548,9 +548,10 @@ fn dual_runtime<'a>(node: &'a Netns, socket: &Path, v4: bool) -> Runtime<'a> {
 }
 
 /// lb-cni in a dual-stack Nomad chain on the nftables dataplane (the one that serves IPv6):
-/// a dual-stack container's host port answers over both families from outside, each family
-/// from the container's own address of that family; a container of an IPv6-only chain is
-/// published on IPv6; a `hostIP` of a family the container has no address of is refused, as
+/// a dual-stack container's host port answers over both families from outside, from the node
+/// and from the container itself, each family from the container's own address of that
+/// family; a container of an IPv6-only chain is published on IPv6, reached the same three
+/// ways; a `hostIP` of a family the container has no address of is refused, as
 /// kubelet refuses an IP family mismatch, and nothing is published.
 #[test]
 fn nomad_dual_stack_chain_nftables() {
@@ -603,6 +604,13 @@ fn nomad_dual_stack_chain_nftables() {
             ip.is_ipv6(),
             "{ip}: the container saw {peer}"
         );
+        // From the node itself, and from the container through the node's address (the
+        // bridge's hairpin mode, masqueraded back to it).
+        for (from, ns) in [("the node", &node), ("the container itself", &c1.ns)] {
+            let (who, peer) = tcp_ask(ns, at(ip));
+            assert_eq!(who, "c1", "{ip} from {from}");
+            assert_eq!(peer.is_ipv6(), ip.is_ipv6(), "{ip} from {from}: {peer}");
+        }
     }
 
     // An IPv6-only chain (its own bridge range, the same daemon network).
@@ -613,11 +621,17 @@ fn nomad_dual_stack_chain_nftables() {
     v6only
         .add(&c2, &tcp(HOST_PORTS[1]))
         .unwrap_or_else(|o| panic!("ADD c2: {o:?}\n{}", d.log()));
-    let (who, _) = tcp_ask(
-        &client,
-        std::net::SocketAddr::new(NODE_IP6.into(), HOST_PORTS[1]),
-    );
-    assert_eq!(who, "c2");
+    for (from, ns) in [
+        ("outside", &client),
+        ("the node", &node),
+        ("the container itself", &c2.ns),
+    ] {
+        let (who, _) = tcp_ask(
+            ns,
+            std::net::SocketAddr::new(NODE_IP6.into(), HOST_PORTS[1]),
+        );
+        assert_eq!(who, "c2", "from {from}");
+    }
 
     // kubelet's "IP family mismatch": an IPv4 hostIP for the IPv6-only container.
     let c3 = Container::new("f3f3f3f3f3f3f3f3f3f3f3f3");
