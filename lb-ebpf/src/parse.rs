@@ -157,37 +157,35 @@ pub trait Key: Copy {
     fn seed(&self, l4_len: usize) -> u16;
 }
 
-impl Key for FlowKey {
-    #[inline(always)]
-    fn proto(&self) -> u8 {
-        self.proto
-    }
-    #[inline(always)]
-    fn set_ports(&mut self, sport: u16, dport: u16) {
-        self.sport = sport;
-        self.dport = dport;
-    }
-    #[inline(always)]
-    fn seed(&self, l4_len: usize) -> u16 {
-        pseudo_seed(self.saddr, self.daddr, self.proto, l4_len as u16)
-    }
+/// Implements [`Key`] for a key type whose fields are named as `FlowKey`'s, its seed given by
+/// `$seed` (the family's pseudo-header sum) over `$k` and `$len`.
+macro_rules! key {
+    ($t:ty, |$k:ident, $len:ident| $seed:expr) => {
+        impl Key for $t {
+            #[inline(always)]
+            fn proto(&self) -> u8 {
+                self.proto
+            }
+            #[inline(always)]
+            fn set_ports(&mut self, sport: u16, dport: u16) {
+                self.sport = sport;
+                self.dport = dport;
+            }
+            #[inline(always)]
+            fn seed(&self, $len: usize) -> u16 {
+                let $k = self;
+                $seed
+            }
+        }
+    };
 }
 
-impl Key for FlowKey6 {
-    #[inline(always)]
-    fn proto(&self) -> u8 {
-        self.proto
-    }
-    #[inline(always)]
-    fn set_ports(&mut self, sport: u16, dport: u16) {
-        self.sport = sport;
-        self.dport = dport;
-    }
-    #[inline(always)]
-    fn seed(&self, l4_len: usize) -> u16 {
-        pseudo_seed6(&self.saddr, &self.daddr, self.proto, l4_len as u32)
-    }
-}
+key!(FlowKey, |k, len| pseudo_seed(
+    k.saddr, k.daddr, k.proto, len as u16
+));
+key!(FlowKey6, |k, len| pseudo_seed6(
+    &k.saddr, &k.daddr, k.proto, len as u32
+));
 
 /// A parsed packet of a protocol the balancer translates: IPv4 (`FlowKey`) or IPv6
 /// (`FlowKey6`).
@@ -256,7 +254,7 @@ const NEXTHDR_DEST: u8 = 60;
 /// parsed state takes stack space on the other's path.
 #[inline(always)]
 pub fn family(f: &impl Frame) -> Result<Family, Reason> {
-    f.ensure(L3_OFF + Ipv6Hdr::LEN);
+    f.ensure(L3_OFF + Ipv4Hdr::LEN);
     let eth: EthHdr = read(f, 0).ok_or(Reason::Malformed)?;
     if eth.ether_type == EtherType::Ipv4 as u16 {
         Ok(Family::V4)
@@ -364,6 +362,7 @@ pub fn packet4(f: &impl Frame) -> Result<Parsed, Reason> {
 /// ICMPv6 error), [`packet4`]'s twin; an extension chain it does not walk is refused too.
 #[inline(always)]
 pub fn packet6(f: &impl Frame) -> Result<Parsed<FlowKey6>, Reason> {
+    f.ensure(L3_OFF + Ipv6Hdr::LEN);
     let (payload, next, key) = ipv6_header(f, L3_OFF)?;
     let l3_end = L3_OFF + Ipv6Hdr::LEN + payload;
     if l3_end > f.len() {
@@ -450,10 +449,7 @@ fn extensions(
 ) -> Result<(usize, u8, Frag), Reason> {
     let mut frag = Frag::Whole;
     for _ in 0..IPV6_MAX_EXT_HEADERS {
-        if !matches!(
-            next,
-            NEXTHDR_HOP | NEXTHDR_ROUTING | NEXTHDR_DEST | NEXTHDR_AUTH | NEXTHDR_FRAGMENT
-        ) {
+        if !walked(next) {
             break;
         }
         if off + 8 > end {
@@ -480,20 +476,9 @@ fn extensions(
             };
         }
     }
-    if matches!(
-        next,
-        NEXTHDR_HOP
-            | NEXTHDR_ROUTING
-            | NEXTHDR_DEST
-            | NEXTHDR_AUTH
-            | NEXTHDR_FRAGMENT
-            // Mobility, HIP, shim6 and the two experimental values (RFC 7045).
-            | 135
-            | 139
-            | 140
-            | 253
-            | 254
-    ) {
+    // Beyond the bound, or one not skipped: mobility, HIP, shim6 and the two experimental
+    // values (RFC 7045).
+    if walked(next) || matches!(next, 135 | 139 | 140 | 253 | 254) {
         return Err(Reason::Ipv6Extension);
     }
     if off > end {
@@ -503,6 +488,15 @@ fn extensions(
         return Err(Reason::Ipv6Extension);
     }
     Ok((off, next, frag))
+}
+
+/// Whether `next` names an extension header [`extensions`] skips.
+#[inline(always)]
+fn walked(next: u8) -> bool {
+    matches!(
+        next,
+        NEXTHDR_HOP | NEXTHDR_ROUTING | NEXTHDR_DEST | NEXTHDR_AUTH | NEXTHDR_FRAGMENT
+    )
 }
 
 /// TCP, UDP or SCTP at `p.l4_off`, of which `l4_len` bytes are in the datagram: its ports,

@@ -356,7 +356,6 @@ fn published_ports_are_held_per_family() {
 
     // Another process on [::]:18081, IPv6 only (the namespace's bindv6only): the IPv6 key of
     // a new port there is taken, the IPv4 one free.
-    ns.sysctl("net.ipv6.bindv6only", "1").unwrap();
     let _taken = ns
         .run(|| std::net::TcpListener::bind("[::]:18081"))
         .unwrap()

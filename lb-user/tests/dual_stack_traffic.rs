@@ -20,7 +20,7 @@ use lb_tests::{
     daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
     netns::Topology,
     require_root,
-    traffic::{CHI2_4_BINS_P1E6, DualServer, DualSession, chi_square, tcp_ask},
+    traffic::{DualServer, DualSession, assert_uniform_over_4, tcp_ask},
 };
 
 const VIP4: &str = "10.99.0.10";
@@ -94,11 +94,7 @@ fn a_dual_stack_service_on_nftables_serves_each_family_from_its_own_backends() {
         SocketAddr::new(VIP4.parse().unwrap(), PORT),
         SocketAddr::new(IpAddr::V4(topo.node_ip), PUBLISHED),
     ] {
-        let counts = balanced(&topo, to, 200);
-        let chi2 = chi_square(&counts, 4);
-        println!("{to}: {counts:?} chi2 = {chi2:.2}");
-        assert_eq!(counts.len(), 4, "{to}: every backend answers: {counts:?}");
-        assert!(chi2 < CHI2_4_BINS_P1E6, "{to}: χ² = {chi2:.2}: {counts:?}");
+        assert_uniform_over_4(&balanced(&topo, to, 200), &to.to_string());
     }
 
     // What the operator sees: IPv6 elements as nft writes them, flows as [addr]:port.

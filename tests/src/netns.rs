@@ -118,7 +118,7 @@ impl Netns {
     /// host's sysctls would otherwise decide a test: every harness namespace starts with
     /// rp_filter off (DNAT, masquerade and DSR all make asymmetric paths). IPv6 is disabled, so
     /// that no DAD, MLD or router solicitation reaches the programs and packet counts in a test
-    /// are exactly its own traffic; a test that needs IPv6 re-enables it with [`Netns::sysctl`].
+    /// are exactly its own traffic; a test that needs IPv6 re-enables it with [`Netns::enable_ipv6`].
     pub fn new(tag: &str) -> Result<Netns> {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let tag: String = tag

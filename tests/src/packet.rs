@@ -155,11 +155,7 @@ impl Ipv4Packet {
             frame[l4_off + at..l4_off + at + 2].copy_from_slice(&c.to_be_bytes());
         }
         if self.proto == 132 {
-            // `l4_csum: Some(0)` leaves the field 0, as a sender with CRC offload does.
-            let crc = match self.l4_csum {
-                Some(c) => u32::from(c).to_le_bytes(),
-                None => crate::crc32c::sctp_checksum(&frame[l4_off..]),
-            };
+            let crc = sctp_crc(self.l4_csum, &frame[l4_off..]);
             frame[l4_off + 8..l4_off + 12].copy_from_slice(&crc);
         }
         frame
@@ -337,22 +333,12 @@ pub fn verify(frame: &[u8]) -> Result<(), String> {
     match ip[9] {
         p @ (6 | 17) => {
             let at = l4_csum_offset(p).unwrap();
-            let stored = u16::from_be_bytes([seg[at], seg[at + 1]]);
-            if p == 17 && stored == 0 {
+            if p == 17 && seg[at..at + 2] == [0, 0] {
                 return Ok(());
             }
-            let want = l4_checksum(ip);
-            if stored != want {
-                return Err(format!("L4 checksum {stored:#06x}, should be {want:#06x}"));
-            }
+            check_stored(seg, at, l4_checksum(ip))?;
         }
-        132 => {
-            let stored = [seg[8], seg[9], seg[10], seg[11]];
-            let want = crate::crc32c::sctp_checksum(seg);
-            if stored != [0; 4] && stored != want {
-                return Err(format!("SCTP CRC32c {stored:02x?}, should be {want:02x?}"));
-            }
-        }
+        132 => check_sctp(seg)?,
         1 => {
             if checksum(seg) != 0 {
                 return Err("ICMP checksum is wrong".into());
@@ -371,8 +357,7 @@ pub fn verify(frame: &[u8]) -> Result<(), String> {
 }
 
 /// The TCP/UDP checksum of the L4 segment of `ip` (an IPv4 packet without options or with),
-/// over the pseudo-header, as a receiver computes it. A valid packet's stored checksum makes
-/// `verify_l4(ip)` true.
+/// over the pseudo-header, as a receiver computes it: what a valid packet stores.
 pub fn l4_checksum(ip: &[u8]) -> u16 {
     let ihl = usize::from(ip[0] & 0x0f) * 4;
     let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
@@ -381,12 +366,45 @@ pub fn l4_checksum(ip: &[u8]) -> u16 {
     pseudo.extend(&ip[12..20]);
     pseudo.extend([0, ip[9]]);
     pseudo.extend((seg.len() as u16).to_be_bytes());
-    let csum_at = if ip[9] == 6 { 16 } else { 6 };
+    over_pseudo_header(&pseudo, ip[9], seg, l4_csum_offset(ip[9]).unwrap())
+}
+
+/// The checksum a receiver computes for `seg` (its checksum field, at `at`, taken as 0) over
+/// `pseudo`, its family's pseudo-header. UDP transmits a computed 0 as 0xffff (0 means "no
+/// checksum" on IPv4, and is invalid on IPv6).
+fn over_pseudo_header(pseudo: &[u8], proto: u8, seg: &[u8], at: usize) -> u16 {
     let mut zeroed = seg.to_vec();
-    zeroed[csum_at..csum_at + 2].copy_from_slice(&[0, 0]);
-    let c = !fold(sum16(&zeroed, sum16(&pseudo, 0)));
-    // UDP transmits a computed 0 as 0xffff (0 means "no checksum").
-    if ip[9] == 17 && c == 0 { 0xffff } else { c }
+    zeroed[at..at + 2].copy_from_slice(&[0, 0]);
+    let c = !fold(sum16(&zeroed, sum16(pseudo, 0)));
+    if proto == 17 && c == 0 { 0xffff } else { c }
+}
+
+/// Whether the checksum stored at `at` of `seg` is `want`.
+fn check_stored(seg: &[u8], at: usize, want: u16) -> Result<(), String> {
+    let stored = u16::from_be_bytes([seg[at], seg[at + 1]]);
+    if stored != want {
+        return Err(format!("L4 checksum {stored:#06x}, should be {want:#06x}"));
+    }
+    Ok(())
+}
+
+/// Whether an SCTP packet's CRC32c holds (0, left to the device, passes).
+fn check_sctp(seg: &[u8]) -> Result<(), String> {
+    let stored = [seg[8], seg[9], seg[10], seg[11]];
+    let want = crate::crc32c::sctp_checksum(seg);
+    if stored != [0; 4] && stored != want {
+        return Err(format!("SCTP CRC32c {stored:02x?}, should be {want:02x?}"));
+    }
+    Ok(())
+}
+
+/// The CRC32c field of an SCTP packet `seg` as a builder stores it: `l4_csum` as given
+/// (`Some(0)` leaves it 0, as a sender with CRC offload does), or computed.
+fn sctp_crc(l4_csum: Option<u16>, seg: &[u8]) -> [u8; 4] {
+    match l4_csum {
+        Some(c) => u32::from(c).to_le_bytes(),
+        None => crate::crc32c::sctp_checksum(seg),
+    }
 }
 
 pub const ETH_P_IPV6: u16 = 0x86dd;
@@ -551,10 +569,7 @@ impl Ipv6Packet {
         };
         match self.proto {
             132 => {
-                let crc = match self.l4_csum {
-                    Some(c) => u32::from(c).to_le_bytes(),
-                    None => crate::crc32c::sctp_checksum(&seg),
-                };
+                let crc = sctp_crc(self.l4_csum, &seg);
                 seg[8..12].copy_from_slice(&crc);
             }
             p => {
@@ -613,10 +628,7 @@ pub fn l4_checksum6(saddr: Ipv6Addr, daddr: Ipv6Addr, proto: u8, seg: &[u8]) -> 
     pseudo.extend((seg.len() as u32).to_be_bytes());
     pseudo.extend([0, 0, 0, proto]);
     let at = l4_csum_offset6(proto).expect("a pseudo-header checksum");
-    let mut zeroed = seg.to_vec();
-    zeroed[at..at + 2].copy_from_slice(&[0, 0]);
-    let c = !fold(sum16(&zeroed, sum16(&pseudo, 0)));
-    if proto == 17 && c == 0 { 0xffff } else { c }
+    over_pseudo_header(&pseudo, proto, seg, at)
 }
 
 /// Checks the L4 checksum of an IPv6 frame from scratch, walking its extension headers
@@ -641,21 +653,12 @@ pub fn verify6(frame: &[u8]) -> Result<(), String> {
     }
     let seg = &ip[off..end];
     match next {
-        p @ (6 | 17 | 58) => {
-            let at = l4_csum_offset6(p).unwrap();
-            let stored = u16::from_be_bytes([seg[at], seg[at + 1]]);
-            let want = l4_checksum6(addr(8), addr(24), p, seg);
-            if stored != want {
-                return Err(format!("L4 checksum {stored:#06x}, should be {want:#06x}"));
-            }
-        }
-        132 => {
-            let stored = [seg[8], seg[9], seg[10], seg[11]];
-            let want = crate::crc32c::sctp_checksum(seg);
-            if stored != [0; 4] && stored != want {
-                return Err(format!("SCTP CRC32c {stored:02x?}, should be {want:02x?}"));
-            }
-        }
+        p @ (6 | 17 | 58) => check_stored(
+            seg,
+            l4_csum_offset6(p).unwrap(),
+            l4_checksum6(addr(8), addr(24), p, seg),
+        )?,
+        132 => check_sctp(seg)?,
         _ => {}
     }
     Ok(())

@@ -4,7 +4,7 @@
 //! state, the plugin holds none.
 //!
 //! Contract with the runtime: the plugin is chained after a `bridge` plugin (its `prevResult`
-//! gives the container's IPv4 address and the host-side bridge); `ADD` returns only once the
+//! gives the container's addresses, one per family, and the host-side bridge); `ADD` returns only once the
 //! service is applied (anything else is a CNI error with nothing left behind) and passes
 //! `prevResult` on unchanged; `DEL` and a repeated `ADD` are idempotent.
 mod commands;

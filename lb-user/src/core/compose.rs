@@ -28,6 +28,15 @@ pub struct Composed {
     pub ports: BTreeMap<PortKey, Vec<(IpAddr, u16)>>,
 }
 
+impl Composed {
+    /// Whether a VIP or published-port key of `family` is composed (an IPv6 one gives the
+    /// nftables dataplane its `ip6` table).
+    pub fn has(&self, family: Family) -> bool {
+        self.vips.keys().any(|ip| Family::of(*ip) == family)
+            || self.ports.keys().any(|k| k.family == family)
+    }
+}
+
 /// Composes `network`'s contributions.
 ///
 /// As in moby, a contribution whose backends are all disabled still claims its VIP and its

@@ -3,7 +3,7 @@
 //! at them, and those only the previously applied network had go after its maps or rules no
 //! longer do. So a VIP is never routed to without its address on the node, and an address
 //! never outlives the last rule that serves it. Only aliases lb added are ever removed
-//! (`Netlink::remove_aliases`): an operator's own /32 on the interface is not lb's to take.
+//! (`Netlink::remove_aliases`): an operator's own /32 or /128 on the interface is not lb's to take.
 //!
 //! Each dataplane calls these in its network's namespace, with the address dump it reads
 //! anyway (with thousands of aliases, a dump costs more than the rest of a one-service

@@ -15,7 +15,7 @@
 //! - legacy iptables' FORWARD chain (table `filter` in `/proc/net/ip_tables_names` of the
 //!   namespace), read with `iptables-legacy`.
 //!
-//! lb's own tables (`ip lb-*`, the nftables dataplane) never count: they only translate, and a
+//! lb's own tables (`ip lb-*` and `ip6 lb-*`, the nftables dataplane) never count: they only translate, and a
 //! leftover of that dataplane must not keep the eBPF one off its fast path.
 //!
 //! - filter-type chains at the `prerouting` and `postrouting` hooks of those families
@@ -48,8 +48,9 @@ const NFT_MSG_NEWGEN: u16 = 15;
 /// The attribute naming the table in every other nf_tables message (`NFTA_TABLE_NAME`,
 /// `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`, …, all 1).
 const NFTA_TABLE: u16 = 1;
-/// The family of lb's own tables (`NFPROTO_IPV4`).
+/// The families of lb's own tables (`NFPROTO_IPV4`, `NFPROTO_IPV6`).
 const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
 /// `struct nlmsghdr` and `struct nfgenmsg`.
 const NLMSG_HDRLEN: usize = 16;
 const NFGENMSG_LEN: usize = 4;
@@ -166,7 +167,7 @@ fn base_chains(json: &str) -> Result<Vec<Chain>> {
             ("netdev", "ingress" | "egress", _) | ("inet", "ingress", _) => true,
             _ => continue,
         };
-        if family == "ip" && table.starts_with(TABLE_PREFIX) {
+        if matches!(family.as_str(), "ip" | "ip6") && table.starts_with(TABLE_PREFIX) {
             continue;
         }
         let policy = chain["policy"].as_str().unwrap_or("accept").to_owned();
@@ -373,7 +374,8 @@ impl AsFd for NftEvents {
     }
 }
 
-/// Whether a datagram of nf_tables notifications is about any table but lb's own (`ip lb-*`);
+/// Whether a datagram of nf_tables notifications is about any table but lb's own (`ip lb-*`,
+/// `ip6 lb-*`);
 /// what cannot be read counts as a change.
 fn relevant(mut bytes: &[u8]) -> bool {
     let mut any = false;
@@ -390,7 +392,8 @@ fn relevant(mut bytes: &[u8]) -> bool {
         if kind >> 8 == NFNL_SUBSYS_NFTABLES && kind & 0xff != NFT_MSG_NEWGEN {
             any |= match table_of(msg) {
                 Some((family, table)) => {
-                    !(family == NFPROTO_IPV4 && table.starts_with(TABLE_PREFIX.as_bytes()))
+                    !(matches!(family, NFPROTO_IPV4 | NFPROTO_IPV6)
+                        && table.starts_with(TABLE_PREFIX.as_bytes()))
                 }
                 None => true,
             };
@@ -518,9 +521,10 @@ mod tests {
     #[test]
     fn notifications_about_lb_tables_alone_are_no_change() {
         let ours = message(NFPROTO_IPV4, 6, "lb-web");
+        let ours6 = message(NFPROTO_IPV6, 6, "lb-web");
         let gen_ = message(0, NFT_MSG_NEWGEN, "");
         let theirs = message(1, 6, "lb-web"); // inet: not lb's
-        assert!(!relevant(&[ours.clone(), gen_.clone()].concat()));
+        assert!(!relevant(&[ours.clone(), ours6, gen_.clone()].concat()));
         assert!(relevant(&[ours.clone(), theirs, gen_].concat()));
         assert!(relevant(&message(NFPROTO_IPV4, 3, "filter")));
         assert!(relevant(&ours[..ours.len() - 4]), "a truncated message");

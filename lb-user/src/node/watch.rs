@@ -3,7 +3,7 @@
 //! which namespace changed and how. On address and link events the actor applies that
 //! namespace's networks again; on neighbour and ruleset changes it refreshes only their fast
 //! path (endpoints; whether forward-hook rules forbid it) and a `dsr` network's backend MACs.
-//! So an address added to the node later is served
+//! So an address of either family added to the node later is served
 //! (published ports answer on it), one removed is dropped, and an interface deleted and
 //! recreated gets its programs and aliases back — within a second, as nftables' `fib daddr
 //! type local` and `iifname` follow such changes at once.
@@ -33,7 +33,7 @@ use std::{
 
 use anyhow::{Context as _, Result};
 use rtnetlink::{
-    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH},
+    constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV6_IFADDR, RTMGRP_LINK, RTMGRP_NEIGH},
     packet_core::{NetlinkMessage, NetlinkPayload},
     packet_route::{RouteNetlinkMessage, address::AddressAttribute},
     sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE},
@@ -176,7 +176,7 @@ fn subscribe(ns: &NetnsKey) -> Result<(Socket, Option<NftEvents>, u64)> {
     socket
         .bind(&SocketAddr::new(
             0,
-            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_NEIGH,
+            RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR | RTMGRP_NEIGH,
         ))
         .context("subscribing to address, link and neighbour events")?;
     let tv = libc::timeval {

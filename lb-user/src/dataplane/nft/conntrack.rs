@@ -80,12 +80,10 @@ fn run(args: &[&str]) -> Result<(String, usize)> {
 
 /// The conntrack entries translated to one of `composed`'s services.
 pub fn flows(composed: &Composed) -> Result<Vec<Flow>> {
-    let (mut out, _) = run(&["-L", "-f", family(Family::V4)])?;
-    // Listed per family (conntrack lists one): IPv6 where the network has IPv6 sets.
-    let ipv6 = composed.vips.keys().any(IpAddr::is_ipv6)
-        || composed.ports.keys().any(|k| k.family == Family::V6);
-    if ipv6 {
-        out += &run(&["-L", "-f", family(Family::V6)])?.0;
+    // `-f`: conntrack lists one family (IPv4 without it); IPv6 where the network has IPv6 sets.
+    let (mut out, _) = run(&["-L", "-f", Family::V4.as_str()])?;
+    if composed.has(Family::V6) {
+        out += &run(&["-L", "-f", Family::V6.as_str()])?.0;
     }
     let mut flows = Vec::new();
     for l in out.lines() {
@@ -151,7 +149,7 @@ pub fn flush_removed_backends(previous: &Network, network: &Network) -> Result<u
     let now = backends(network);
     let mut flushed = 0;
     for b in backends(previous).difference(&now) {
-        let family = family(Family::of(*b));
+        let family = Family::of(*b).as_str();
         flushed += run(&[
             "-D",
             "-f",
@@ -179,7 +177,7 @@ pub fn clear_untranslated(key: &PortKey) -> Result<usize> {
     let mut args = vec![
         "-L",
         "-f",
-        family(key.family),
+        key.family.as_str(),
         "-p",
         "udp",
         "--orig-port-dst",
@@ -197,7 +195,7 @@ pub fn clear_untranslated(key: &PortKey) -> Result<usize> {
         cleared += run(&[
             "-D",
             "-f",
-            family(key.family),
+            key.family.as_str(),
             "-p",
             "udp",
             "--orig-src",
@@ -212,12 +210,4 @@ pub fn clear_untranslated(key: &PortKey) -> Result<usize> {
         .1;
     }
     Ok(cleared)
-}
-
-/// conntrack's `-f` for `family` (it lists and deletes IPv4 entries only without one).
-fn family(family: Family) -> &'static str {
-    match family {
-        Family::V4 => "ipv4",
-        Family::V6 => "ipv6",
-    }
 }

@@ -53,7 +53,7 @@ pub fn transaction(script: &str) -> Result<()> {
 /// the calling thread's namespace, those there are.
 pub fn delete_table(name: &str) -> Result<()> {
     let mut s = String::new();
-    for family in [Family::V4, Family::V6] {
+    for &family in Family::ALL {
         ruleset::delete_table(&mut s, &ruleset::table(family, name));
     }
     super::dsr::delete_table(&mut s, name);

@@ -29,7 +29,7 @@ use std::{collections::BTreeSet, fmt::Write as _, io, path::PathBuf};
 use anyhow::{Context as _, Result};
 
 use super::exec;
-use crate::core::model::Network;
+use crate::core::model::{Family, Network};
 
 /// The interfaces on which lb turned `route_localnet` on and turns it off again.
 pub const RECORD_SET: &str = "route-localnet";
@@ -64,11 +64,12 @@ fn set(interface: &str, on: bool) -> Result<()> {
     Ok(())
 }
 
-/// Whether `network` publishes a port that answers on 127.0.0.1.
+/// Whether `network` publishes a port that answers on 127.0.0.1: an IPv4 key on every address
+/// or on a loopback one (IPv6 has no `route_localnet`, and `[::1]` is not served).
 fn serves_loopback(network: &Network) -> bool {
     (network.services.iter())
-        .flat_map(|s| &s.ports)
-        .any(|p| p.host_ip.is_none_or(|ip| ip.is_loopback()))
+        .flat_map(|s| s.port_keys())
+        .any(|(k, _)| k.family == Family::V4 && k.host_ip.is_none_or(|ip| ip.is_loopback()))
 }
 
 /// The interfaces the record of table `table` names, in the calling thread's namespace

@@ -2,7 +2,8 @@
 //! kernel takes at node scale, for kernels that cannot run the programs. Fed by the same
 //! composed elements as the eBPF dataplane and `lb elements`, so both agree bucket for bucket.
 //!
-//! One table per network, `ip lb-<network>`, with one writer (this daemon); `ruleset.rs`
+//! One table per network and family, `ip lb-<network>` and (while the network has IPv6 sets)
+//! `ip6 lb-<network>`, with one writer (this daemon); `ruleset.rs`
 //! renders it whole (its doc has the layout), `diff.rs` renders a sync's difference,
 //! `exec.rs` runs `nft`, `listing.rs` reads elements and counters back, `conntrack.rs` lists
 //! flows, `localnet.rs` sets `route_localnet` for node-local clients on 127.0.0.1 (and
@@ -90,7 +91,7 @@ impl NftDataplane {
         let (name, dsr) = (network.name.clone(), has_dsr_table(network));
         in_netns(network.netns.as_deref(), move || {
             let mut listed = Vec::new();
-            for family in [Family::V4, Family::V6] {
+            for &family in Family::ALL {
                 if let Some(json) = exec::list_table(family, &name)? {
                     listed.extend(listed_elements(&json)?);
                 }
@@ -470,7 +471,7 @@ impl Dataplane for NftDataplane {
         };
         if network.services.iter().any(ipv6_any) {
             warnings.push(
-                "published ports on every IPv6 address are not served on [::1] by the nftables dataplane: IPv6 has no route_localnet, so a flow from ::1 cannot leave the node (node-local clients use the node's own IPv6 address, or the eBPF dataplane's socket programs)"
+                "published ports on every IPv6 address are not served on [::1] by the nftables dataplane: IPv6 has no route_localnet, so a flow from ::1 cannot leave the node (node-local clients use the node's own IPv6 address)"
                     .to_owned(),
             );
         }

@@ -1,4 +1,4 @@
-//! The table of one network, rendered whole (pure: the golden tests read it) for a first
+//! The tables of one network (`ip`, and `ip6` while it has IPv6 sets), each rendered whole (pure: the golden tests read it) for a first
 //! sync; `diff.rs` renders the next ones from the same pieces.
 //!
 //! Layout. Moby's elements `VIP . I : backend` (and the port ones) are grouped by their set's
@@ -430,7 +430,7 @@ struct BaseRules {
 /// IPv6 has no `route_localnet`: a flow from `::1` can never leave the node, so the IPv6
 /// output chain leaves connections to `[::1]:port` alone (the node answers them itself, as
 /// without lb: a refusal where nothing listens), and needs neither the loopback masquerade
-/// nor the guard. The eBPF dataplane serves `[::1]` through its socket programs.
+/// nor the guard.
 fn base_rules(network: &Network, family: Family, subnets: &Subnets) -> BaseRules {
     let ifaces = quoted_set(&network.interfaces);
     let iif = format!("iifname {ifaces} ");
@@ -600,8 +600,7 @@ pub fn ruleset(network: &ComposedNetwork, subnets: &Subnets) -> Result<String> {
 
 /// Whether `network` has a set of IPv6 (and so an IPv6 table).
 pub fn has_ipv6(network: &ComposedNetwork) -> bool {
-    let c = network.composed();
-    c.vips.keys().any(IpAddr::is_ipv6) || c.ports.keys().any(|k| k.family == Family::V6)
+    network.composed().has(Family::V6)
 }
 
 /// [`ruleset`] with the DSR table as `dsr` says, and how many of moby's elements it writes.
