@@ -382,8 +382,19 @@ impl Netns {
         Ok(())
     }
 
+    /// A bridge with an address of its own, as Docker and the CNI bridge plugin make theirs:
+    /// otherwise it takes its ports' lowest MAC, so plugging in a port with a lower one changes
+    /// it, and the kernel flushes the bridge's neighbours (`neigh_changeaddr`).
     fn create_bridge(&self, bridge: &str) -> Result<()> {
-        self.ip(["link", "add", bridge, "type", "bridge"])?;
+        // Locally administered, unicast, and one per namespace (the names are unique).
+        let mut h = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&self.name, &mut h);
+        let b = std::hash::Hasher::finish(&h).to_be_bytes();
+        let mac = format!(
+            "02:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            b[0], b[1], b[2], b[3], b[4]
+        );
+        self.ip(["link", "add", bridge, "address", &mac, "type", "bridge"])?;
         self.up(bridge, None)
     }
 }
