@@ -36,7 +36,7 @@
 //! [`REFRESH_NS`] (a write per packet would bounce the entry's cache line between CPUs), each
 //! time for the entry and its partner, so a flow with traffic in one direction only keeps both
 //! directions alive, and a partner lost to LRU eviction is put back within a second.
-use crate::{FLOW_EGRESS, FLOW_REPLY, Flow, FlowKey, IPPROTO_TCP, Timeouts};
+use crate::{Addr, FLOW_EGRESS, FLOW_REPLY, FlowKeyOf, FlowOf, IPPROTO_TCP, Timeouts};
 
 pub const TCP_FIN: u8 = 0x01;
 pub const TCP_SYN: u8 = 0x02;
@@ -80,7 +80,7 @@ pub fn opener(proto: u8, tcp_flags: u8) -> Option<Opener> {
 
 /// Whether `e` is past its expiry at `now`.
 #[inline(always)]
-pub fn expired(e: &Flow, now: u64) -> bool {
+pub fn expired<A>(e: &FlowOf<A>, now: u64) -> bool {
     now > e.expires_ns
 }
 
@@ -88,7 +88,7 @@ pub fn expired(e: &Flow, now: u64) -> bool {
 /// tuple: the previous one is closing (a FIN or RST was seen), so the SYN is a new connection
 /// reusing the port, selected afresh (the kernel does the same for a SYN in TIME_WAIT).
 #[inline(always)]
-pub fn reopens(e: &Flow, proto: u8, tcp_flags: u8) -> bool {
+pub fn reopens<A>(e: &FlowOf<A>, proto: u8, tcp_flags: u8) -> bool {
     proto == IPPROTO_TCP
         && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
         && (e.closing_orig | e.closing_reply) != 0
@@ -97,7 +97,7 @@ pub fn reopens(e: &Flow, proto: u8, tcp_flags: u8) -> bool {
 /// Folds one packet of `e`'s direction into the state `e` carries; returns whether anything
 /// changed (then `e` and its partner are written).
 #[inline(always)]
-pub fn observe(e: &mut Flow, proto: u8, tcp_flags: u8) -> bool {
+pub fn observe<A>(e: &mut FlowOf<A>, proto: u8, tcp_flags: u8) -> bool {
     let mut changed = false;
     let reply = e.flags & FLOW_REPLY != 0;
     if reply && e.replied == 0 {
@@ -126,7 +126,7 @@ pub fn observe(e: &mut Flow, proto: u8, tcp_flags: u8) -> bool {
 
 /// Copies the state bytes of `from` into `to` (an entry and its partner agree on the flow).
 #[inline(always)]
-pub fn copy_state(to: &mut Flow, from: &Flow) {
+pub fn copy_state<A>(to: &mut FlowOf<A>, from: &FlowOf<A>) {
     to.replied = from.replied;
     to.closing_orig = from.closing_orig;
     to.closing_reply = from.closing_reply;
@@ -151,7 +151,7 @@ pub fn copy_state(to: &mut Flow, from: &Flow) {
 /// the programs), so such a connection gets another source port instead. A reset connection
 /// leaves no TIME_WAIT.
 #[inline(always)]
-pub fn timeout_secs(e: &Flow, proto: u8, t: &Timeouts) -> u32 {
+pub fn timeout_secs<A>(e: &FlowOf<A>, proto: u8, t: &Timeouts) -> u32 {
     if proto != IPPROTO_TCP {
         t.udp
     } else if e.reset != 0 {
@@ -171,15 +171,15 @@ pub fn timeout_secs(e: &Flow, proto: u8, t: &Timeouts) -> u32 {
 /// written: always after a state change (a closing flow's expiry moves *down*), otherwise
 /// only when it would move up by more than [`REFRESH_NS`].
 #[inline(always)]
-pub fn next_expiry(e: &Flow, now: u64, timeout_secs: u32, changed: bool) -> Option<u64> {
+pub fn next_expiry<A>(e: &FlowOf<A>, now: u64, timeout_secs: u32, changed: bool) -> Option<u64> {
     let at = now + u64::from(timeout_secs) * NS_PER_SEC;
     (changed || at > e.expires_ns + REFRESH_NS).then_some(at)
 }
 
 /// `key` with its addresses and ports swapped: the tuple of the other direction.
 #[inline(always)]
-pub fn reversed(key: &FlowKey) -> FlowKey {
-    FlowKey {
+pub fn reversed<A: Addr>(key: &FlowKeyOf<A>) -> FlowKeyOf<A> {
+    FlowKeyOf {
         saddr: key.daddr,
         daddr: key.saddr,
         sport: key.dport,
@@ -191,8 +191,8 @@ pub fn reversed(key: &FlowKey) -> FlowKey {
 
 /// The tuple a packet of entry `e` leaves with.
 #[inline(always)]
-pub fn rewritten(e: &Flow, proto: u8) -> FlowKey {
-    FlowKey {
+pub fn rewritten<A: Addr>(e: &FlowOf<A>, proto: u8) -> FlowKeyOf<A> {
+    FlowKeyOf {
         saddr: e.saddr,
         daddr: e.daddr,
         sport: e.sport,
@@ -204,14 +204,14 @@ pub fn rewritten(e: &Flow, proto: u8) -> FlowKey {
 
 /// The key of `e`'s partner (see the module doc).
 #[inline(always)]
-pub fn partner_key(e: &Flow, proto: u8) -> FlowKey {
+pub fn partner_key<A: Addr>(e: &FlowOf<A>, proto: u8) -> FlowKeyOf<A> {
     reversed(&rewritten(e, proto))
 }
 
 /// Whether `p` (found under `e`'s partner key) is `e`'s partner, rather than an entry of
 /// another flow that reused the tuple: it rewrites to `e`'s key reversed.
 #[inline(always)]
-pub fn is_partner(p: &Flow, key: &FlowKey) -> bool {
+pub fn is_partner<A: Addr>(p: &FlowOf<A>, key: &FlowKeyOf<A>) -> bool {
     let back = reversed(key);
     p.saddr == back.saddr && p.daddr == back.daddr && p.sport == back.sport && p.dport == back.dport
 }
@@ -219,9 +219,9 @@ pub fn is_partner(p: &Flow, key: &FlowKey) -> bool {
 /// The partner entry of `e` (keyed by `key`), rebuilt from `e` alone: the other hook, the
 /// other direction, the same pair, state, hash, counters and expiry.
 #[inline(always)]
-pub fn partner(key: &FlowKey, e: &Flow) -> (FlowKey, Flow) {
+pub fn partner<A: Addr>(key: &FlowKeyOf<A>, e: &FlowOf<A>) -> (FlowKeyOf<A>, FlowOf<A>) {
     let back = reversed(key);
-    let p = Flow {
+    let p = FlowOf {
         saddr: back.saddr,
         daddr: back.daddr,
         sport: back.sport,
@@ -235,7 +235,7 @@ pub fn partner(key: &FlowKey, e: &Flow) -> (FlowKey, Flow) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FLOW_MASQ, IPPROTO_UDP};
+    use crate::{FLOW_MASQ, Flow, IPPROTO_UDP};
 
     const T: Timeouts = Timeouts::DEFAULT;
 
@@ -372,17 +372,24 @@ mod tests {
 
     #[test]
     fn partners_find_and_rebuild_each_other() {
-        let key = FlowKey {
-            saddr: 10,
-            daddr: 99,
+        partners([10u32, 99, 20]);
+        let v6 = |last: u32| [0xfd00_0000u32.to_be(), 0, 0, last.to_be()];
+        partners([v6(0x10), v6(0x99), v6(0x20)]);
+    }
+
+    /// The partner rules over addresses `[client, service, backend]` of one family.
+    fn partners<A: Addr>([client, service, backend]: [A; 3]) {
+        let key = FlowKeyOf {
+            saddr: client,
+            daddr: service,
             sport: 1000,
             dport: 80,
             proto: IPPROTO_TCP,
             _pad: [0; 3],
         };
-        let fwd = Flow {
-            saddr: 10,
-            daddr: 20,
+        let fwd = FlowOf {
+            saddr: client,
+            daddr: backend,
             sport: 1000,
             dport: 8080,
             hash: 7,
@@ -393,12 +400,12 @@ mod tests {
         let (rk, rep) = partner(&key, &fwd);
         assert_eq!(
             (rk.saddr, rk.daddr, rk.sport, rk.dport),
-            (20, 10, 8080, 1000)
+            (backend, client, 8080, 1000)
         );
         assert_eq!(rep.flags, FLOW_EGRESS | FLOW_REPLY);
         assert_eq!(
             (rep.saddr, rep.daddr, rep.sport, rep.dport),
-            (99, 10, 80, 1000)
+            (service, client, 80, 1000)
         );
         assert_eq!((rep.hash, rep.expires_ns, rep.replied), (7, 5, 1));
         assert!(is_partner(&rep, &key));
@@ -406,7 +413,7 @@ mod tests {
         let (back, again) = partner(&rk, &rep);
         assert_eq!(back, key);
         assert_eq!(again, fwd);
-        let masq = Flow {
+        let masq = FlowOf {
             flags: FLOW_EGRESS | FLOW_MASQ,
             ..fwd
         };
@@ -417,5 +424,8 @@ mod tests {
             !is_partner(&other, &key),
             "another flow's entry under the key"
         );
+        other = rep;
+        other.saddr = backend;
+        assert!(!is_partner(&other, &key), "another address under the key");
     }
 }

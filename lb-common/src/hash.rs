@@ -9,7 +9,7 @@
 //!
 //! The mixing is the kernel's `jhash_3words` (include/linux/jhash.h), as Katran and Cilium use
 //! for the same purpose: cheap in BPF (no loops) and well spread in every bit.
-use crate::FlowKey;
+use crate::{Addr, FlowKeyOf};
 
 const JHASH_INITVAL: u32 = 0xdead_beef;
 
@@ -46,9 +46,14 @@ pub fn jhash_3words(a: u32, b: u32, c: u32, initval: u32) -> u32 {
 /// network's key. The protocol goes into the initial value, so a TCP and a UDP flow with equal
 /// addresses and ports hash independently.
 #[inline(always)]
-pub fn flow_hash(key: &FlowKey, hash_key: u32) -> u32 {
+pub fn flow_hash<A: Addr>(key: &FlowKeyOf<A>, hash_key: u32) -> u32 {
     let ports = (u32::from(key.sport) << 16) | u32::from(key.dport);
-    jhash_3words(key.saddr, key.daddr, ports, hash_key ^ u32::from(key.proto))
+    jhash_3words(
+        key.saddr.hash_word(),
+        key.daddr.hash_word(),
+        ports,
+        hash_key ^ u32::from(key.proto),
+    )
 }
 
 /// The hash a socket of the node's own processes is balanced by (`lb_common::HOOK_SOCK`): the
@@ -161,10 +166,10 @@ impl PortRange {
 /// TIME_WAIT of its own previous connection, which accepts it. Two clients meet at random, and
 /// the later one probes on.
 #[inline(always)]
-pub fn masq_start(key: &FlowKey, hash_key: u32) -> (u32, u32) {
+pub fn masq_start<A: Addr>(key: &FlowKeyOf<A>, hash_key: u32) -> (u32, u32) {
     let base = jhash_3words(
-        key.saddr,
-        key.daddr,
+        key.saddr.hash_word(),
+        key.daddr.hash_word(),
         u32::from(key.dport),
         hash_key ^ u32::from(key.proto),
     );
@@ -174,6 +179,7 @@ pub fn masq_start(key: &FlowKey, hash_key: u32) -> (u32, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{FlowKey, FlowKey6};
 
     /// Values of the kernel's `jhash_3words`, computed by include/linux/jhash.h compiled
     /// with gcc.
@@ -202,6 +208,48 @@ mod tests {
             };
             flow_hash(&key, 0x1234_5678)
         }));
+    }
+
+    #[test]
+    fn ipv4_flow_hashes_are_those_before_dual_stack() {
+        // A restart or upgrade must not move a flow: the IPv4 hash is jhash_3words over the
+        // addresses themselves, as before addresses were generic.
+        let key = FlowKey {
+            saddr: 0x0200_0a0a,
+            daddr: 0x0a00_630a,
+            sport: 40000u16.to_be(),
+            dport: 80u16.to_be(),
+            proto: 6,
+            _pad: [0; 3],
+        };
+        let ports = (u32::from(key.sport) << 16) | u32::from(key.dport);
+        assert_eq!(
+            flow_hash(&key, 0x1234_5678),
+            jhash_3words(key.saddr, key.daddr, ports, 0x1234_5678 ^ 6)
+        );
+    }
+
+    #[test]
+    fn buckets_of_ipv6_flows_are_uniform() {
+        let addr = |last: u32| [0xfd10_0000u32.to_be(), 0, 0, last.to_be()];
+        let key = |saddr, sport: u16| FlowKey6 {
+            saddr,
+            daddr: addr(0x10),
+            sport: sport.to_be(),
+            dport: 80u16.to_be(),
+            proto: 6,
+            _pad: [0; 3],
+        };
+        // One client's sequential ports, and 64k clients of one /64 with one port each.
+        assert_uniform((0..65536u32).map(|p| flow_hash(&key(addr(2), p as u16), 0x1234_5678)));
+        assert_uniform((0..65536u32).map(|c| flow_hash(&key(addr(c), 40000), 0x1234_5678)));
+        // Every word of the address counts.
+        let base = flow_hash(&key(addr(2), 40000), 7);
+        for w in 0..4 {
+            let mut other = addr(2);
+            other[w] ^= 1u32.to_be();
+            assert_ne!(base, flow_hash(&key(other, 40000), 7), "word {w}");
+        }
     }
 
     /// Chi-square of `hashes`' buckets over 16 groups below the p = 1e-6 bound (df 15).

@@ -88,6 +88,48 @@ pub const IPV6_MAX_EXT_HEADERS: usize = 4;
 /// order), so that it is compared and hashed a word at a time.
 pub type Addr6 = [u32; 4];
 
+/// An address of either family as the maps hold it: `u32` (IPv4) or [`Addr6`]. The layouts
+/// that hold an address (`FlowKeyOf`, `FlowOf`, ...) and the rules over them ([`flow`],
+/// [`hash::flow_hash`], [`csum::set_addr`]) are written once over it, for a twin of each
+/// IPv4 map with IPv6 addresses (docs/dual-stack.md, "v4/v6 map pairs").
+pub trait Addr: Copy + Default + PartialEq + Eq + core::fmt::Debug + 'static {
+    /// Whether this is IPv4's (whose header has a checksum of its own).
+    const V4: bool;
+    /// The address's 32-bit words (1 or 4).
+    const WORDS: usize;
+    /// Word `i` (< [`Addr::WORDS`]) as it stands in the packet.
+    fn word(&self, i: usize) -> u32;
+    /// One word standing for the address in a hash: IPv4's own, so that IPv4 flow hashes are
+    /// those of an lb before dual stack (a restart or upgrade moves no flow).
+    fn hash_word(&self) -> u32;
+}
+
+impl Addr for u32 {
+    const V4: bool = true;
+    const WORDS: usize = 1;
+    #[inline(always)]
+    fn word(&self, _i: usize) -> u32 {
+        *self
+    }
+    #[inline(always)]
+    fn hash_word(&self) -> u32 {
+        *self
+    }
+}
+
+impl Addr for Addr6 {
+    const V4: bool = false;
+    const WORDS: usize = 4;
+    #[inline(always)]
+    fn word(&self, i: usize) -> u32 {
+        self[i & 3]
+    }
+    #[inline(always)]
+    fn hash_word(&self) -> u32 {
+        hash::jhash_3words(self[0], self[1], self[2], self[3])
+    }
+}
+
 /// The interval `[start, end]` (inclusive) of the bucket space `0..length` that slot `index`
 /// of `n` owns, moby's `EqualWeightIntervals`: `per = length / n` buckets each and the first
 /// `length % n` slots one more, contiguous from 0. With `n > length` only the first `length`
@@ -149,6 +191,42 @@ macro_rules! map_layout {
     };
 }
 
+/// [`map_layout`] for a layout that holds addresses of either family: generic over the
+/// [`Addr`] `A`, with the marker impls for both families and an alias for each (`$v4` for
+/// IPv4, whose layouts are those of an lb before dual stack, and `$v6`), each checked to have
+/// the size `$s4` / `$s6` its explicit padding gives.
+macro_rules! family_layout {
+    ($v4:ident = $s4:literal, $v6:ident = $s6:literal,
+     $(#[$m:meta])* pub struct $name:ident<A> { $($(#[$fm:meta])* pub $f:ident : $t:ty),* $(,)? }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct $name<A> { $($(#[$fm])* pub $f: $t),* }
+
+        #[doc = concat!("[`", stringify!($name), "`] of IPv4.")]
+        pub type $v4 = $name<u32>;
+        #[doc = concat!("[`", stringify!($name), "`] of IPv6.")]
+        pub type $v6 = $name<Addr6>;
+        const _: () = assert!(core::mem::size_of::<$v4>() == $s4);
+        const _: () = assert!(core::mem::size_of::<$v6>() == $s6);
+
+        #[cfg(feature = "user")]
+        // SAFETY (all six): repr(C), every field is an integer or an array of them, padding
+        // is explicit (the sizes are asserted above).
+        unsafe impl bytemuck::Zeroable for $v4 {}
+        #[cfg(feature = "user")]
+        unsafe impl bytemuck::Pod for $v4 {}
+        #[cfg(feature = "user")]
+        unsafe impl aya::Pod for $v4 {}
+        #[cfg(feature = "user")]
+        unsafe impl bytemuck::Zeroable for $v6 {}
+        #[cfg(feature = "user")]
+        unsafe impl bytemuck::Pod for $v6 {}
+        #[cfg(feature = "user")]
+        unsafe impl aya::Pod for $v6 {}
+    };
+}
+
 /// Every pinned map with the version of its layout (key and value types, map type). A version
 /// changes whenever its layout does (a capacity is not a layout: a pinned map of another size
 /// is adopted with its size, which the controller reads and reports); the controller records the versions
@@ -195,18 +273,20 @@ pub const DISPOSABLE_MAPS: [&str; 6] = [
 pub const LAYOUT_MAP: &str = "lb_layout";
 pub const LAYOUT_MAP_SLOTS: u32 = 64;
 
-map_layout! {
+family_layout! {
+    VipKey = 4, VipKey6 = 16,
     /// Key of the VIP map: the address every port of which the service answers on.
-    pub struct VipKey {
-        pub addr: u32,
+    pub struct VipKeyOf<A> {
+        pub addr: A,
     }
 }
 
-map_layout! {
+family_layout! {
+    PortKey = 8, PortKey6 = 20,
     /// Key of the published-port map. `addr` is the port's `host_ip`, or 0 for "any address of
     /// this node" (the programs check the local-address set before they look up with 0).
-    pub struct PortKey {
-        pub addr: u32,
+    pub struct PortKeyOf<A> {
+        pub addr: A,
         pub port: u16,
         pub proto: u8,
         pub _pad: u8,
@@ -243,10 +323,11 @@ map_layout! {
     }
 }
 
-map_layout! {
+family_layout! {
+    Backend = 12, Backend6 = 24,
     /// Value of the backend-slot map.
-    pub struct Backend {
-        pub addr: u32,
+    pub struct BackendOf<A> {
+        pub addr: A,
         /// Destination port to rewrite to, or 0 to keep the packet's (VIPs are port-agnostic).
         pub port: u16,
         pub _pad: u16,
@@ -255,12 +336,13 @@ map_layout! {
     }
 }
 
-map_layout! {
+family_layout! {
+    FlowKey = 16, FlowKey6 = 40,
     /// One direction of a tracked flow at one hook, as the packet carries it when it gets
     /// there (before translation).
-    pub struct FlowKey {
-        pub saddr: u32,
-        pub daddr: u32,
+    pub struct FlowKeyOf<A> {
+        pub saddr: A,
+        pub daddr: A,
         pub sport: u16,
         pub dport: u16,
         pub proto: u8,
@@ -268,28 +350,16 @@ map_layout! {
     }
 }
 
-map_layout! {
-    /// [`FlowKey`] of an IPv6 packet: the IPv6 maps are twins of the IPv4 ones (see
-    /// `docs/dual-stack.md`), so IPv4 keys keep their 16 bytes.
-    pub struct FlowKey6 {
-        pub saddr: Addr6,
-        pub daddr: Addr6,
-        pub sport: u16,
-        pub dport: u16,
-        pub proto: u8,
-        pub _pad: [u8; 3],
-    }
-}
-
-map_layout! {
+family_layout! {
+    Flow = 40, Flow6 = 64,
     /// Value of the flow table: what a packet of this direction becomes, and the state of the
     /// flow it belongs to. [`flow`] holds the rules (which packets open a flow, transitions,
     /// timeouts) and why every entry carries the state rather than one entry for the flow.
-    pub struct Flow {
+    pub struct FlowOf<A> {
         /// The tuple the packet leaves with (addresses and ports rewritten to these). Reversed,
         /// it is the key of this entry's partner (see [`flow`]).
-        pub saddr: u32,
-        pub daddr: u32,
+        pub saddr: A,
+        pub daddr: A,
         pub sport: u16,
         pub dport: u16,
         /// `FLOW_*` bits: which hook, which direction, which pair.
@@ -411,11 +481,12 @@ map_layout! {
     }
 }
 
-map_layout! {
+family_layout! {
+    Iface = 8, Iface6 = 20,
     /// Value of the interface map (keyed by ifindex): the address a masqueraded flow leaving by
     /// this interface takes as its source.
-    pub struct Iface {
-        pub addr: u32,
+    pub struct IfaceOf<A> {
+        pub addr: A,
         pub flags: u32,
     }
 }
