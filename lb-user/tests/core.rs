@@ -75,7 +75,7 @@ fn nat(services: Vec<Service>) -> Network {
 
 /// The key of an IPv4 service's port (what `PortConfig::key` was).
 fn key_of(p: &PortConfig) -> PortKey {
-    p.keys(vec![Family::V4]).next().unwrap()
+    p.keys(&[Family::V4]).next().unwrap()
 }
 
 fn pk(s: &str) -> PortKey {

@@ -122,7 +122,7 @@ nat-service-vip fd99::10 . 32768-65535 : fd20::3
 
 /// What is refused, and why: a second VIP of one family, a VIP or `host_ip` of a family no
 /// backend has (no NAT46/64; kubelet's "IP family mismatch"), addresses that are not one
-/// host's (`::1`, link-local, multicast, unspecified, IPv4-mapped).
+/// host's (`::1`, link-local, multicast, unspecified, IPv4-mapped), and `::1` as a `host_ip`.
 #[test]
 fn validation_refuses_what_crosses_or_cannot_be_a_family() {
     let refused = |services: serde_json::Value| state(services).unwrap_err();
@@ -154,6 +154,18 @@ fn validation_refuses_what_crosses_or_cannot_be_a_family() {
             "{addr}: {e}"
         );
     }
+    // `[::1]:port` cannot be DNATed anywhere (IPv6 has no route_localnet), unlike
+    // `127.0.0.1:port`.
+    let e = refused(
+        serde_json::json!([{"id": "a", "backends": [{"ip": "fd20::2"}],
+        "ports": [{"proto": "tcp", "published": 80, "host_ip": "::1"}]}]),
+    );
+    assert!(e.contains("host_ip ::1 cannot be published"), "{e}");
+    state(
+        serde_json::json!([{"id": "a", "backends": [{"ip": "10.20.0.2"}],
+        "ports": [{"proto": "tcp", "published": 80, "host_ip": "127.0.0.1"}]}]),
+    )
+    .unwrap();
     // A scaled-to-zero service keeps its VIPs, whatever their family.
     state(serde_json::json!([{"id": "a", "vips": ["10.99.0.10", "fd99::10"], "backends": []}]))
         .unwrap();

@@ -6,7 +6,8 @@ use super::{
     error::{CniError, code},
 };
 use crate::core::model::{
-    Backend, DEFAULT_GENERATION, Family, MAX_SERVICE_NAME, PortConfig, Proto, Service, parse_ip,
+    Backend, DEFAULT_GENERATION, Family, MAX_SERVICE_NAME, PortConfig, Proto, Service,
+    parse_host_ip,
 };
 
 pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
@@ -62,26 +63,25 @@ fn port(m: &PortMapping, ips: &[IpAddr]) -> Result<PortConfig, CniError> {
     let invalid = |msg: String| CniError::new(code::INVALID_CONFIG, msg);
     let proto: Proto = (m.protocol.to_ascii_lowercase().parse())
         .map_err(|e| invalid(format!("portMappings: protocol {:?}: {e}", m.protocol)))?;
+    // `0.0.0.0` and `::` are every address, as no hostIP is.
     let host_ip = match m.host_ip.as_str() {
         "" => None,
-        ip => {
-            let ip = parse_ip(ip).map_err(|_| {
-                invalid(format!("portMappings: hostIP {ip:?} is not an IP address"))
-            })?;
-            // kubelet's hostport manager refuses a hostIP of a family the pod has no address
-            // of ("HostPortManager IP family mismatch"): nothing could be sent on.
-            if !ip.is_unspecified() && !ips.iter().any(|c| Family::of(*c) == Family::of(ip)) {
-                return Err(invalid(format!(
-                    "portMappings: hostIP {ip} is {}, and none of the container's addresses lb publishes ({}) is: an IP family mismatch",
-                    Family::of(ip),
-                    (ips.iter().map(IpAddr::to_string))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-            Some(ip).filter(|ip| !ip.is_unspecified())
-        }
+        ip => parse_host_ip(ip)
+            .map_err(|_| invalid(format!("portMappings: hostIP {ip:?} is not an IP address")))?,
     };
+    // kubelet's hostport manager refuses a hostIP of a family the pod has no address of
+    // ("HostPortManager IP family mismatch"): nothing could be sent on.
+    if let Some(ip) = host_ip
+        && !ips.iter().any(|c| Family::of(*c) == Family::of(ip))
+    {
+        return Err(invalid(format!(
+            "portMappings: hostIP {ip} is {}, and none of the container's addresses lb publishes ({}) is: an IP family mismatch",
+            Family::of(ip),
+            (ips.iter().map(IpAddr::to_string))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
     Ok(PortConfig {
         proto,
         published: m.host_port,

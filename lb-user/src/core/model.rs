@@ -537,17 +537,19 @@ impl Service {
     /// included, so that draining the last backend of a family does not unpublish it), and
     /// IPv4 for a service that has neither (a port-only service with no backend yet). A port
     /// on every address is published on each of them.
-    pub fn families(&self) -> Vec<Family> {
-        let mut families: Vec<Family> =
-            (self.vips.iter().chain(self.backends.iter().map(|b| &b.ip)))
-                .map(|ip| Family::of(*ip))
-                .collect();
-        families.sort_unstable();
-        families.dedup();
-        if families.is_empty() {
-            families.push(Family::V4);
+    pub fn families(&self) -> &'static [Family] {
+        let (mut v4, mut v6) = (false, false);
+        for ip in self.vips.iter().chain(self.backends.iter().map(|b| &b.ip)) {
+            match Family::of(*ip) {
+                Family::V4 => v4 = true,
+                Family::V6 => v6 = true,
+            }
         }
-        families
+        match (v4, v6) {
+            (true, true) => Family::ALL,
+            (false, true) => &[Family::V6],
+            _ => &[Family::V4],
+        }
     }
 
     /// The VIP of `family`, if the service has one.
@@ -558,7 +560,7 @@ impl Service {
     /// Every port key the service publishes, per family (see [`PortConfig::keys`]).
     pub fn port_keys(&self) -> impl Iterator<Item = (PortKey, &PortConfig)> + '_ {
         let families = self.families();
-        (self.ports.iter()).flat_map(move |p| p.keys(families.clone()).map(move |k| (k, p)))
+        (self.ports.iter()).flat_map(move |p| p.keys(families).map(move |k| (k, p)))
     }
 }
 
@@ -598,14 +600,12 @@ impl PortConfig {
     /// The keys the port is published under for a service of `families`: its `host_ip`'s
     /// (whatever the service's families: validation refuses a mismatch), or one per family on
     /// every address.
-    pub fn keys(&self, families: Vec<Family>) -> impl Iterator<Item = PortKey> + use<> {
+    pub fn keys(&self, families: &'static [Family]) -> impl Iterator<Item = PortKey> + use<> {
         let (host_ip, proto, port) = (self.host_ip, self.proto, self.published);
         let one = host_ip.map(|ip| PortKey::new(Some(ip), Family::of(ip), proto, port));
-        let every = host_ip.is_none().then(move || {
-            families
-                .into_iter()
-                .map(move |f| PortKey::new(None, f, proto, port))
-        });
+        let every = host_ip
+            .is_none()
+            .then(move || (families.iter()).map(move |&f| PortKey::new(None, f, proto, port)));
         one.into_iter().chain(every.into_iter().flatten())
     }
 }

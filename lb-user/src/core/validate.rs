@@ -89,6 +89,10 @@ pub enum Invalid {
     BackendTwice(IpAddr),
     #[error("host_ip {0} means any address; leave host_ip unset (null) instead")]
     HostIpUnspecified(IpAddr),
+    #[error(
+        "host_ip ::1 cannot be published: IPv6 has no route_localnet, so a connection from ::1 never leaves the node for a backend; node-local clients use the node's own IPv6 address"
+    )]
+    HostIpLoopback6,
     #[error("has two {0} VIPs ({1} and {2}); a service has at most one VIP per address family")]
     VipFamilyTwice(Family, IpAddr, IpAddr),
     #[error(
@@ -378,7 +382,9 @@ impl PortConfig {
         }
         match self.host_ip {
             Some(ip) if ip.is_unspecified() => Err(Invalid::HostIpUnspecified(ip)),
-            // Loopback is a legitimate node address to publish on (local clients only).
+            Some(IpAddr::V6(ip)) if ip.is_loopback() => Err(Invalid::HostIpLoopback6),
+            // IPv4 loopback is a legitimate node address to publish on (local clients only):
+            // the kernel routes a 127/8 source out of an interface with route_localnet on.
             Some(ip) => check_unicast("host_ip", ip, true),
             None => Ok(()),
         }

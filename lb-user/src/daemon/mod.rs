@@ -33,7 +33,7 @@ use crate::{
         compose::ComposedNetwork,
         diff::diff,
         elements::{claims, network_elements},
-        model::{DesiredState, Family, Network, Proto, Service},
+        model::{DesiredState, Family, Network, PortKey, Proto, Service},
     },
     dataplane::{
         Dataplane, FlowState, SyncStats,
@@ -707,18 +707,14 @@ impl Daemon {
 /// of its family). Generations of one service share their frontends, so any of them names the
 /// service.
 fn frontend_owner(network: &Network, proto: Proto, frontend: SocketAddr) -> Option<&Service> {
-    let (addr, port) = (frontend.ip(), frontend.port());
+    let addr = frontend.ip();
+    // The packet's own destination, as a key bound to it: a published key matches it where
+    // one packet could match both.
+    let packet = PortKey::new(Some(addr), Family::of(addr), proto, frontend.port());
     (network.services.iter())
         .find(|s| s.vips.contains(&addr))
         .or_else(|| {
-            network.services.iter().find(|s| {
-                s.port_keys().any(|(k, _)| {
-                    k.proto == proto
-                        && k.port == port
-                        && k.family == Family::of(addr)
-                        && k.host_ip.is_none_or(|h| h == addr)
-                })
-            })
+            (network.services.iter()).find(|s| s.port_keys().any(|(k, _)| k.overlaps(&packet)))
         })
 }
 

@@ -64,9 +64,25 @@ impl NodeAddr {
         if self.prefix >= 31 {
             return None;
         }
-        let mask = u32::MAX << (32 - self.prefix);
-        let net = u32::from(addr) & mask;
-        Some((Ipv4Addr::from(net), Ipv4Addr::from(net | !mask)))
+        let IpAddr::V4(net) = network_of(addr.into(), self.prefix) else {
+            unreachable!("an IPv4 address's network is IPv4");
+        };
+        let broadcast = u32::from(net) | (u32::MAX >> self.prefix);
+        Some((net, Ipv4Addr::from(broadcast)))
+    }
+}
+
+/// The network address of `addr`'s subnet of length `prefix` (of either family).
+pub fn network_of(addr: IpAddr, prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
+        }
+        IpAddr::V6(a) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & mask))
+        }
     }
 }
 

@@ -119,20 +119,17 @@ pub fn update(
 ) -> Result<Update> {
     let changed = changed(previous.composed(), network.composed());
     let mut u = table_update(previous, network, Family::V4, &changed, subnets);
-    let mut declared = u.declared;
     match (has_ipv6(previous), has_ipv6(network)) {
-        (true, true) => {
-            let v6 = table_update(previous, network, Family::V6, &changed, subnets);
-            u.prepare += &v6.prepare;
-            u.script += &v6.script;
-            u.retire += &v6.retire;
-            (u.written, u.deleted) = (u.written + v6.written, u.deleted + v6.deleted);
-            declared |= v6.declared;
-            u.retired |= v6.retired;
-        }
+        (true, true) => u.merge(table_update(
+            previous,
+            network,
+            Family::V6,
+            &changed,
+            subnets,
+        )),
         (false, true) => {
             u.written += declare_table(&mut u.prepare, network, Family::V6, subnets);
-            declared = true;
+            u.declared = true;
         }
         (true, false) => delete_table(&mut u.script, &table(Family::V6, &network.name)),
         (false, false) => {}
@@ -140,7 +137,7 @@ pub fn update(
     let within = |k: &SetKey| changed.contains(k);
     let (dsr_written, dsr_deleted) = dsr::update(&mut u.script, network, previous, &within, dsr);
     Ok(Update {
-        prepare: declared.then_some(u.prepare),
+        prepare: u.declared.then_some(u.prepare),
         retire: u.retired.then_some(u.retire),
         script: u.script,
         written: u.written + dsr_written,
@@ -159,6 +156,19 @@ struct TableUpdate {
     retired: bool,
     written: usize,
     deleted: usize,
+}
+
+impl TableUpdate {
+    /// Adds another table's part: each transaction runs both.
+    fn merge(&mut self, other: TableUpdate) {
+        self.prepare += &other.prepare;
+        self.declared |= other.declared;
+        self.script += &other.script;
+        self.retire += &other.retire;
+        self.retired |= other.retired;
+        self.written += other.written;
+        self.deleted += other.deleted;
+    }
 }
 
 /// The difference of `network`'s table of `family` from `previous`'s, over the sets of

@@ -148,8 +148,7 @@ fn delete_elements(s: &mut String, t: &str, set: &str, items: impl IntoIterator<
 
 /// `add table` then `delete table`: the table goes whether or not it exists.
 pub fn delete_table(s: &mut String, network: &str) {
-    let t = table_name(network);
-    let _ = writeln!(s, "add table netdev {t}\ndelete table netdev {t}");
+    super::ruleset::delete_table(s, &format!("netdev {}", table_name(network)));
 }
 
 /// The sets and maps, declared if missing (`add` of an existing one changes nothing but a

@@ -171,3 +171,46 @@ pub fn restore(table: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::model::DesiredState;
+
+    /// A network with one service of `backends` publishing tcp/8080 on `host_ip` (JSON, or
+    /// `null` for every address).
+    fn network(backends: &[&str], host_ip: &str) -> Network {
+        let backends: Vec<String> = backends
+            .iter()
+            .map(|b| format!(r#"{{"ip":"{b}"}}"#))
+            .collect();
+        let json = format!(
+            r#"{{"networks":[{{"name":"n","interfaces":["lbc0"],"services":[{{"id":"a","backends":[{}],"ports":[{{"proto":"tcp","published":8080,"host_ip":{host_ip}}}]}}]}}]}}"#,
+            backends.join(",")
+        );
+        DesiredState::from_json(&json)
+            .expect("a valid state")
+            .networks[0]
+            .clone()
+    }
+
+    /// Only an IPv4 key answering on 127.0.0.1 turns `route_localnet` on: a port on every
+    /// address of an IPv6-only service, or one bound to another address, leaves it alone.
+    #[test]
+    fn only_ipv4_ports_on_loopback_need_route_localnet() {
+        for (backends, host_ip, serves) in [
+            (&["10.20.0.2"][..], "null", true),
+            (&["10.20.0.2", "fd20::2"], "null", true),
+            (&["10.20.0.2"], r#""127.0.0.1""#, true),
+            (&["fd20::2"], "null", false),
+            (&["10.20.0.2"], r#""10.0.0.1""#, false),
+            (&["fd20::2"], r#""fd00::1""#, false),
+        ] {
+            assert_eq!(
+                serves_loopback(&network(backends, host_ip)),
+                serves,
+                "{backends:?} on {host_ip}"
+            );
+        }
+    }
+}

@@ -30,6 +30,7 @@ use std::{
 use anyhow::Result;
 
 use super::dsr;
+use crate::node::netlink::network_of;
 
 use crate::core::{
     compose::ComposedNetwork,
@@ -476,20 +477,6 @@ fn base_rules(network: &Network, family: Family, subnets: &Subnets) -> BaseRules
         output: dispatch_rules(family, "", &local),
         postrouting,
         guard,
-    }
-}
-
-/// The network address of `addr`'s subnet of length `prefix`.
-fn network_of(addr: IpAddr, prefix: u8) -> IpAddr {
-    match addr {
-        IpAddr::V4(a) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
-        }
-        IpAddr::V6(a) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            IpAddr::V6(std::net::Ipv6Addr::from(u128::from(a) & mask))
-        }
     }
 }
 
