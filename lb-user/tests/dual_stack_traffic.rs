@@ -179,6 +179,61 @@ fn ipv6_the_dataplane_cannot_serve_is_refused_with_the_reason() {
     }
 }
 
+/// The node watcher follows IPv6 addresses as it does IPv4 ones: a subnet added to the
+/// backends' bridge after the network was applied gets its hairpin masquerade rule in the
+/// IPv6 table within seconds, and loses it with the address.
+#[test]
+fn an_ipv6_subnet_added_later_gets_its_hairpin_masquerade_on_nftables() {
+    if !require_root("an_ipv6_subnet_added_later_gets_its_hairpin_masquerade_on_nftables") {
+        return;
+    }
+    let topo = Topology::dual_stack(2).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    d.ok(&network_add(&topo, "web"));
+    d.ok(&dual_service(&topo));
+    let table = lb_user::dataplane::nft::table_name("web");
+    let masquerades = |subnet: &str| {
+        let rules = topo
+            .node
+            .exec(["nft", "list", "table", "ip6", &table])
+            .unwrap();
+        (rules.lines())
+            .any(|l| l.contains(&format!("ip6 saddr {subnet} ")) && l.contains("masquerade"))
+    };
+    // The bridge's subnet from the start (fd20::/64, see Topology::dual_stack).
+    assert!(masquerades("fd20::/64"), "the bridge's subnet");
+    assert!(!masquerades("fd21::/64"), "no such subnet yet");
+    let addr = [
+        "-6",
+        "addr",
+        "add",
+        "fd21::1/64",
+        "dev",
+        lb_tests::netns::NODE_BRIDGE,
+        "nodad",
+    ];
+    topo.node.ip(addr).unwrap();
+    let added = lb_tests::poll_until(Duration::from_secs(5), || masquerades("fd21::/64"));
+    assert!(
+        added.is_some(),
+        "the new subnet's hairpin masquerade: {}",
+        d.log()
+    );
+    topo.node
+        .ip([
+            "-6",
+            "addr",
+            "del",
+            "fd21::1/64",
+            "dev",
+            lb_tests::netns::NODE_BRIDGE,
+        ])
+        .unwrap();
+    let removed = lb_tests::poll_until(Duration::from_secs(5), || !masquerades("fd21::/64"));
+    assert!(removed.is_some(), "gone with the address: {}", d.log());
+}
+
 /// IPv6 twins of IPv4 behaviours on the nftables dataplane: a backend reaching its own VIP
 /// (hairpin) is masqueraded to the node's IPv6 address on the backends' link and answered;
 /// a port bound to an IPv6 `host_ip` answers there and not on the node's other IPv6 address;

@@ -92,15 +92,10 @@ pub fn names(json: &str, kind: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// `nft -j list table` of network `name`'s table of `family`; `None` when there is no such
-/// table (a network without IPv6 has no IPv6 table).
-pub fn list_table(family: Family, name: &str) -> Result<Option<String>> {
+/// `nft -j list table` of network `name`'s table of `family`. One run: the caller lists
+/// only a table the network has, so an absent one is an error (nft's), not an empty table.
+pub fn list_table(family: Family, name: &str) -> Result<String> {
     let (family, table) = (ruleset::nft_family(family), table_name(name));
-    // An absent table is told apart by listing the family's tables (nft's message is not a
-    // contract).
-    let tables = nft(&["-j", "list", "tables", family], None)?;
-    if !names(&tables, "table")?.contains(&table) {
-        return Ok(None);
-    }
-    nft(&["-j", "list", "table", family, &table], None).map(Some)
+    nft(&["-j", "list", "table", family, &table], None)
+        .with_context(|| format!("listing table {family} {table}"))
 }

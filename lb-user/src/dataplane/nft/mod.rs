@@ -85,15 +85,25 @@ pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name};
 pub struct NftDataplane;
 
 impl NftDataplane {
-    /// The elements of the network's tables with their counters: the NAT table's, and the
-    /// DSR table's `real-server` map where the network has one.
-    fn list(network: &Network) -> Result<Vec<Listed>> {
+    /// The elements of the network's tables with their counters: the NAT tables' (the IPv6
+    /// one only where the network has IPv6 sets: one `nft` run per table, none to look for
+    /// tables), and the DSR table's `real-server` map where the network has one. A table
+    /// that cannot be listed (deleted by hand, or by a sync that ran meanwhile: the metrics
+    /// read off the writer's path) leaves its counters out of this reading, never zeros: a
+    /// counter back at zero would read as a reset.
+    fn list(network: &ComposedNetwork) -> Result<Vec<Listed>> {
         let (name, dsr) = (network.name.clone(), has_dsr_table(network));
+        let families: Vec<Family> = (Family::ALL.iter().copied())
+            .filter(|&f| f == Family::V4 || ruleset::has_ipv6(network))
+            .collect();
         in_netns(network.netns.as_deref(), move || {
             let mut listed = Vec::new();
-            for &family in Family::ALL {
-                if let Some(json) = exec::list_table(family, &name)? {
-                    listed.extend(listed_elements(&json)?);
+            for family in families {
+                match exec::list_table(family, &name) {
+                    Ok(json) => listed.extend(listed_elements(&json)?),
+                    Err(e) => {
+                        tracing::debug!(network = %name, error = %format!("{e:#}"), "counters not read")
+                    }
                 }
             }
             if dsr {
