@@ -48,19 +48,36 @@ fn balanced(topo: &Topology, to: SocketAddr, n: usize) -> BTreeMap<String, usize
     counts
 }
 
-/// `lb service set web api` with both VIPs, every backend of both families and the published
-/// port.
-fn dual_service(topo: &Topology) -> Vec<String> {
-    let mut args: Vec<String> = ["service", "set", "web", "api", "--vip", VIP4, "--vip", VIP6]
-        .map(String::from)
-        .into();
-    args.extend(["--port".into(), format!("tcp/{PUBLISHED}:{PORT}")]);
-    let v4 = topo.backend_ips.iter().map(|b| IpAddr::V4(*b));
-    let v6 = topo.v6().backends.iter().map(|b| IpAddr::V6(*b));
-    for b in v4.chain(v6) {
+/// `lb service set web api` with `vips`, `ports` (`--port` specs) and `backends` (`--backend`
+/// specs).
+fn service_set<B: ToString>(
+    vips: &[&str],
+    ports: &[String],
+    backends: impl IntoIterator<Item = B>,
+) -> Vec<String> {
+    let mut args: Vec<String> = ["service", "set", "web", "api"].map(String::from).into();
+    for v in vips {
+        args.extend(["--vip".into(), v.to_string()]);
+    }
+    for p in ports {
+        args.extend(["--port".into(), p.clone()]);
+    }
+    for b in backends {
         args.extend(["--backend".into(), b.to_string()]);
     }
     args
+}
+
+/// `lb service set web api` with both VIPs, every backend of both families and the published
+/// port.
+fn dual_service(topo: &Topology) -> Vec<String> {
+    let v4 = topo.backend_ips.iter().map(|b| IpAddr::V4(*b));
+    let v6 = topo.v6().backends.iter().map(|b| IpAddr::V6(*b));
+    service_set(
+        &[VIP4, VIP6],
+        &[format!("tcp/{PUBLISHED}:{PORT}")],
+        v4.chain(v6),
+    )
 }
 
 fn nft_tables(topo: &Topology) -> String {
@@ -130,13 +147,7 @@ fn a_dual_stack_service_on_nftables_serves_each_family_from_its_own_backends() {
         .unwrap();
 
     // The IPv6 table goes with the network's last IPv6 set, and IPv4 is served on.
-    let mut args: Vec<String> = ["service", "set", "web", "api", "--vip", VIP4]
-        .map(String::from)
-        .into();
-    for b in &topo.backend_ips {
-        args.extend(["--backend".into(), b.to_string()]);
-    }
-    d.ok(&args);
+    d.ok(&service_set(&[VIP4], &[], &topo.backend_ips));
     assert!(!nft_tables(&topo).contains("ip6"), "{}", nft_tables(&topo));
     let (backend, _) = tcp_ask(&topo.client, SocketAddr::new(VIP4.parse().unwrap(), PORT));
     assert!(backend.starts_with('b'), "{backend}");
@@ -255,15 +266,15 @@ fn ipv6_on_nftables_hairpins_binds_its_host_ip_and_drains() {
     let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
     d.ok(&network_add(&topo, "web"));
     let set = |disabled: Option<usize>| {
-        let mut args: Vec<String> = ["service", "set", "web", "api", "--vip", VIP6, "--port"]
-            .map(String::from)
-            .into();
-        args.push(format!("tcp/{PUBLISHED}:{PORT}@{}", v6.node));
-        for (i, b) in v6.backends.iter().enumerate() {
+        let backends = (v6.backends.iter().enumerate()).map(|(i, b)| {
             let state = if disabled == Some(i) { ",disabled" } else { "" };
-            args.extend(["--backend".into(), format!("{b}{state}")]);
-        }
-        d.ok(&args);
+            format!("{b}{state}")
+        });
+        d.ok(&service_set(
+            &[VIP6],
+            &[format!("tcp/{PUBLISHED}:{PORT}@{}", v6.node)],
+            backends,
+        ));
     };
     set(None);
     let vip: SocketAddr = SocketAddr::new(VIP6.parse().unwrap(), PORT);
@@ -374,13 +385,7 @@ fn ipv6_fragments_and_packet_too_big_on_nftables() {
     let bpffs = Bpffs::new().unwrap();
     let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
     d.ok(&network_add(&topo, "web"));
-    let mut args: Vec<String> = ["service", "set", "web", "api", "--vip", VIP6]
-        .map(String::from)
-        .into();
-    for b in &topo.v6().backends {
-        args.extend(["--backend".into(), b.to_string()]);
-    }
-    d.ok(&args);
+    d.ok(&service_set(&[VIP6], &[], &topo.v6().backends));
     let vip = SocketAddr::new(VIP6.parse().unwrap(), UDP_PORT);
 
     // Fragments: 3000 bytes over a 1500-byte link, ten datagrams, every one whole.
@@ -446,13 +451,7 @@ fn ipv6_passes_the_ebpf_programs_untouched_on_both_attach_modes() {
         let mut add = network_add(&topo, "web");
         add.extend(["--attach".into(), attach.into()]);
         d.ok(&add);
-        let mut args: Vec<String> = ["service", "set", "web", "api", "--vip", VIP4]
-            .map(String::from)
-            .into();
-        for b in &topo.backend_ips {
-            args.extend(["--backend".into(), b.to_string()]);
-        }
-        d.ok(&args);
+        d.ok(&service_set(&[VIP4], &[], &topo.backend_ips));
 
         let (who, peer) = tcp_ask(&topo.client, SocketAddr::new(VIP4.parse().unwrap(), PORT));
         assert_eq!(peer.ip(), IpAddr::V4(topo.client_ip), "{attach}: {who}");
