@@ -452,26 +452,26 @@ mod tests {
         pseudo.extend(&p[12..20]);
         pseudo.extend([0, proto]);
         pseudo.extend(((p.len() - 20) as u16).to_be_bytes());
-        let mut seg = p[20..].to_vec();
-        let at = usize::from(l4_off(proto)) - 20;
+        segment_sum(&pseudo, &p[20..], usize::from(l4_off(proto)) - 20, proto)
+    }
+
+    /// The L4 checksum over `pseudo` and `seg`, with the checksum field at `at` of `seg` read
+    /// as zero (RFC 768/9293; UDP's 0 is sent as 0xffff).
+    fn segment_sum(pseudo: &[u8], seg: &[u8], at: usize, proto: u8) -> u16 {
+        let mut seg = seg.to_vec();
         seg[at] = 0;
         seg[at + 1] = 0;
-        let c = !fold(sum(&pseudo) + sum(&seg));
+        let c = !fold(sum(pseudo) + sum(&seg));
         if proto == UDP && c == 0 { 0xffff } else { c }
     }
 
-    fn seed(p: &[u8]) -> u16 {
-        let addr = |o: usize| u32::from_ne_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
-        pseudo_seed(addr(12), addr(16), p[9], (p.len() - 20) as u16)
-    }
-
-    fn skb(proto: u8, summed: Summed, payload: usize) -> Skb {
-        let mut p = packet(proto, payload);
-        let at = usize::from(l4_off(proto));
+    /// `p` as an skb in state `summed`, its L4 checksum at `at` filled as a sender in that
+    /// state leaves it: the pseudo-header seed for Partial (`seed`), the full sum otherwise.
+    fn summed_skb(mut p: Vec<u8>, at: usize, summed: Summed, seed: u16, full: u16) -> Skb {
         let c = if summed == Summed::Partial {
-            seed(&p)
+            seed
         } else {
-            full_l4(&p)
+            full
         };
         p[at..at + 2].copy_from_slice(&c.to_ne_bytes());
         let csum = sum(&p);
@@ -480,6 +480,17 @@ mod tests {
             summed,
             csum: core::cell::Cell::new(csum),
         }
+    }
+
+    fn seed(p: &[u8]) -> u16 {
+        let addr = |o: usize| u32::from_ne_bytes([p[o], p[o + 1], p[o + 2], p[o + 3]]);
+        pseudo_seed(addr(12), addr(16), p[9], (p.len() - 20) as u16)
+    }
+
+    fn skb(proto: u8, summed: Summed, payload: usize) -> Skb {
+        let p = packet(proto, payload);
+        let (seed, full) = (seed(&p), full_l4(&p));
+        summed_skb(p, usize::from(l4_off(proto)), summed, seed, full)
     }
 
     /// A DNAT and a SNAT as the programs do them: destination address and port, then source
@@ -602,19 +613,8 @@ mod tests {
         for (i, b) in p[40 + hdr..].iter_mut().enumerate() {
             *b = (i * 7 + 3) as u8;
         }
-        let at = l4_off6(proto);
-        let c = if summed == Summed::Partial {
-            seed6(&p)
-        } else {
-            full_l4_6(&p)
-        };
-        p[at..at + 2].copy_from_slice(&c.to_ne_bytes());
-        let csum = sum(&p);
-        Skb {
-            data: core::cell::RefCell::new(p),
-            summed,
-            csum: core::cell::Cell::new(csum),
-        }
+        let (seed, full) = (seed6(&p), full_l4_6(&p));
+        summed_skb(p, l4_off6(proto), summed, seed, full)
     }
 
     fn l4_off6(proto: u8) -> usize {
@@ -640,12 +640,7 @@ mod tests {
         pseudo.extend(&p[8..40]);
         pseudo.extend(((p.len() - 40) as u32).to_be_bytes());
         pseudo.extend([0, 0, 0, proto]);
-        let mut seg = p[40..].to_vec();
-        let at = l4_off6(proto) - 40;
-        seg[at] = 0;
-        seg[at + 1] = 0;
-        let c = !fold(sum(&pseudo) + sum(&seg));
-        if proto == UDP && c == 0 { 0xffff } else { c }
+        segment_sum(&pseudo, &p[40..], l4_off6(proto) - 40, proto)
     }
 
     #[test]

@@ -93,10 +93,10 @@ pub type Addr6 = [u32; 4];
 /// [`hash::flow_hash`], [`csum::set_addr`]) are written once over it, for a twin of each
 /// IPv4 map with IPv6 addresses (docs/dual-stack.md, "v4/v6 map pairs").
 pub trait Addr: Copy + Default + PartialEq + Eq + core::fmt::Debug + 'static {
-    /// Whether this is IPv4's (whose header has a checksum of its own).
-    const V4: bool;
     /// The address's 32-bit words (1 or 4).
     const WORDS: usize;
+    /// Whether this is IPv4's (whose header has a checksum of its own).
+    const V4: bool = Self::WORDS == 1;
     /// Word `i` (< [`Addr::WORDS`]) as it stands in the packet.
     fn word(&self, i: usize) -> u32;
     /// One word standing for the address in a hash: IPv4's own, so that IPv4 flow hashes are
@@ -105,7 +105,6 @@ pub trait Addr: Copy + Default + PartialEq + Eq + core::fmt::Debug + 'static {
 }
 
 impl Addr for u32 {
-    const V4: bool = true;
     const WORDS: usize = 1;
     #[inline(always)]
     fn word(&self, _i: usize) -> u32 {
@@ -118,7 +117,6 @@ impl Addr for u32 {
 }
 
 impl Addr for Addr6 {
-    const V4: bool = false;
     const WORDS: usize = 4;
     #[inline(always)]
     fn word(&self, i: usize) -> u32 {
@@ -196,6 +194,16 @@ macro_rules! map_layout {
 /// IPv4, whose layouts are those of an lb before dual stack, and `$v6`), each checked to have
 /// the size `$s4` / `$s6` its explicit padding gives.
 macro_rules! family_layout {
+    (@pod $t:ty) => {
+        // SAFETY: repr(C), every field is an integer or an array of them, padding is explicit
+        // (the sizes are asserted where the aliases are declared).
+        #[cfg(feature = "user")]
+        unsafe impl bytemuck::Zeroable for $t {}
+        #[cfg(feature = "user")]
+        unsafe impl bytemuck::Pod for $t {}
+        #[cfg(feature = "user")]
+        unsafe impl aya::Pod for $t {}
+    };
     ($v4:ident = $s4:literal, $v6:ident = $s6:literal,
      $(#[$m:meta])* pub struct $name:ident<A> { $($(#[$fm:meta])* pub $f:ident : $t:ty),* $(,)? }) => {
         $(#[$m])*
@@ -210,20 +218,8 @@ macro_rules! family_layout {
         const _: () = assert!(core::mem::size_of::<$v4>() == $s4);
         const _: () = assert!(core::mem::size_of::<$v6>() == $s6);
 
-        #[cfg(feature = "user")]
-        // SAFETY (all six): repr(C), every field is an integer or an array of them, padding
-        // is explicit (the sizes are asserted above).
-        unsafe impl bytemuck::Zeroable for $v4 {}
-        #[cfg(feature = "user")]
-        unsafe impl bytemuck::Pod for $v4 {}
-        #[cfg(feature = "user")]
-        unsafe impl aya::Pod for $v4 {}
-        #[cfg(feature = "user")]
-        unsafe impl bytemuck::Zeroable for $v6 {}
-        #[cfg(feature = "user")]
-        unsafe impl bytemuck::Pod for $v6 {}
-        #[cfg(feature = "user")]
-        unsafe impl aya::Pod for $v6 {}
+        family_layout!(@pod $v4);
+        family_layout!(@pod $v6);
     };
 }
 
