@@ -102,6 +102,10 @@ pub trait Addr: Copy + Default + PartialEq + Eq + core::fmt::Debug + 'static {
     /// One word standing for the address in a hash: IPv4's own, so that IPv4 flow hashes are
     /// those of an lb before dual stack (a restart or upgrade moves no flow).
     fn hash_word(&self) -> u32;
+    /// The unspecified address (every byte 0).
+    fn is_zero(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl Addr for u32 {
@@ -231,7 +235,7 @@ macro_rules! family_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]; `lb_config`, converted) or asked, so a program never
 /// reads a map written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 15] = [
+pub const MAP_LAYOUTS: [(&str, u32); 26] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -247,17 +251,38 @@ pub const MAP_LAYOUTS: [(&str, u32); 15] = [
     ("lb_dsr_backends", 1),
     ("lb_sock", 1),
     ("lb_sock_rev", 1),
+    // The IPv6 twins of the maps that hold addresses (docs/dual-stack.md).
+    ("lb_vips6", 1),
+    ("lb_ports6", 1),
+    ("lb_backends6", 1),
+    ("lb_flows6", 1),
+    ("lb_frags6", 1),
+    ("lb_local_addrs6", 1),
+    ("lb_ifaces6", 1),
+    // Where each hook's IPv4 program finds its IPv6 twin, and the paths' working memory:
+    // pinned so that programs left attached by a stopped controller keep both (a program
+    // array no process holds is emptied by the kernel), and so that a restarted controller's
+    // programs use the maps those attached use (`attach`: a hook is left alone then).
+    ("lb_jump6_xdp", 1),
+    ("lb_jump6_tc", 1),
+    ("lb_slots", 1),
+    ("lb_slots6", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
-/// ports of fragments in flight) or what the controller rewrites whole from the node at every
+/// ports of fragments in flight), what the controller rewrites whole from the node at every
 /// apply (the local endpoints, the DSR backends' MACs, the namespace the socket programs
-/// serve): one pinned in another layout is
+/// serve) or at every load (the IPv6 programs' slots), or a run's working memory: one pinned in another layout is
 /// replaced without asking, since losing it costs no connection. Every other map of another
 /// layout is refused unless the operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 6] = [
+pub const DISPOSABLE_MAPS: [&str; 11] = [
     "lb_counters",
     "lb_frags",
+    "lb_frags6",
+    "lb_jump6_xdp",
+    "lb_jump6_tc",
+    "lb_slots",
+    "lb_slots6",
     "lb_reasons",
     "lb_endpoints",
     "lb_dsr_backends",
@@ -405,6 +430,17 @@ map_layout! {
         pub id: u16,
         pub proto: u8,
         pub _pad: u8,
+    }
+}
+
+map_layout! {
+    /// [`FragKey`] of IPv6: its identification is 32 bits (the fragment header's).
+    pub struct FragKey6 {
+        pub saddr: Addr6,
+        pub daddr: Addr6,
+        pub id: u32,
+        pub proto: u8,
+        pub _pad: [u8; 3],
     }
 }
 

@@ -6,11 +6,11 @@ use aya_ebpf::{
     helpers::bpf_ktime_get_ns,
 };
 use lb_common::{
-    Config, Flow, FlowKey, Reason,
+    Config, FlowKeyOf, FlowOf, Reason,
     flow::{self, expired, is_partner, partner, partner_key},
 };
 
-use crate::{maps::FLOWS, stats};
+use crate::{family::Room, maps::FamilyMaps, stats};
 
 #[inline(always)]
 pub fn now() -> u64 {
@@ -19,16 +19,16 @@ pub fn now() -> u64 {
 }
 
 /// What the table holds for a key at this moment.
-pub enum Found {
+pub enum Found<A> {
     /// A live entry (a pointer into the map: updates are in place).
-    Live(*mut Flow),
+    Live(*mut FlowOf<A>),
     /// Nothing, or an entry past its expiry (absent, for every purpose).
     Absent,
 }
 
 #[inline(always)]
-pub fn find(key: &FlowKey, now: u64, hook: u32) -> Found {
-    match FLOWS.get_ptr_mut(key) {
+pub fn find<A: FamilyMaps>(key: &FlowKeyOf<A>, now: u64, hook: u32) -> Found<A> {
+    match A::flows().get_ptr_mut(key) {
         // SAFETY: the map owns the value; concurrent byte-wise updates are benign (see
         // lb_common::flow, "State").
         Some(e) if !expired(unsafe { &*e }, now) => Found::Live(e),
@@ -45,25 +45,37 @@ pub fn find(key: &FlowKey, now: u64, hook: u32) -> Found {
 /// missing partner back. Only the fields that change are written: a concurrent writer's state
 /// bytes are never overwritten with an older copy.
 #[inline(always)]
-pub fn update(hook: u32, key: &FlowKey, e: *mut Flow, tcp_flags: u8, cfg: &Config, now: u64) {
+pub fn update<A: FamilyMaps>(
+    hook: u32,
+    key: &FlowKeyOf<A>,
+    e: *mut FlowOf<A>,
+    tcp_flags: u8,
+    cfg: &Config,
+    now: u64,
+    room: &mut Room<A>,
+) {
+    let next = &mut room.next;
     // SAFETY: `e` points into the map (see `find`).
-    let mut next = unsafe { *e };
-    let changed = flow::observe(&mut next, key.proto, tcp_flags);
-    let timeout = flow::timeout_secs(&next, key.proto, &cfg.timeouts);
-    let Some(expires) = flow::next_expiry(&next, now, timeout, changed) else {
+    *next = unsafe { *e };
+    let changed = flow::observe(next, key.proto, tcp_flags);
+    let timeout = flow::timeout_secs(next, key.proto, &cfg.timeouts);
+    let Some(expires) = flow::next_expiry(next, now, timeout, changed) else {
         return;
     };
     next.expires_ns = expires;
     // SAFETY: as above.
-    unsafe { write_state(e, &next) };
-    let pk = partner_key(&next, key.proto);
-    match FLOWS.get_ptr_mut(&pk) {
+    unsafe { write_state(e, next) };
+    room.other_key = partner_key(next, key.proto);
+    match A::flows().get_ptr_mut(&room.other_key) {
         // SAFETY: as above.
-        Some(p) if is_partner(unsafe { &*p }, key) => unsafe { write_state(p, &next) },
+        Some(p) if is_partner(unsafe { &*p }, key) => unsafe { write_state(p, &room.next) },
         Some(_) => {}
         None => {
-            let (pk, p) = partner(key, &next);
-            if FLOWS.insert(&pk, &p, BPF_NOEXIST as u64).is_ok() {
+            (room.other_key, room.other) = partner(key, &room.next);
+            if A::flows()
+                .insert(&room.other_key, &room.other, BPF_NOEXIST as u64)
+                .is_ok()
+            {
                 stats::reason(hook, Reason::EntryRestored);
             }
         }
@@ -75,7 +87,7 @@ pub fn update(hook: u32, key: &FlowKey, e: *mut Flow, tcp_flags: u8, cfg: &Confi
 /// # Safety
 /// `e` must point into the flow map.
 #[inline(always)]
-unsafe fn write_state(e: *mut Flow, next: &Flow) {
+unsafe fn write_state<A>(e: *mut FlowOf<A>, next: &FlowOf<A>) {
     unsafe {
         if next.replied != 0 && (*e).replied == 0 {
             (*e).replied = 1;
@@ -106,24 +118,30 @@ unsafe fn write_state(e: *mut Flow, next: &Flow) {
 /// then re-created, see `lb_common::flow`). That takes two new flows hashing to the same port
 /// of the same backend within the same microsecond as an expiry.
 #[inline(always)]
-pub fn claim(key: &FlowKey, value: &Flow, owner: &FlowKey, now: u64) -> bool {
-    if FLOWS.insert(key, value, BPF_NOEXIST as u64).is_ok() {
+pub fn claim<A: FamilyMaps>(
+    key: &FlowKeyOf<A>,
+    value: &FlowOf<A>,
+    owner: &FlowKeyOf<A>,
+    now: u64,
+) -> bool {
+    let flows = A::flows();
+    if flows.insert(key, value, BPF_NOEXIST as u64).is_ok() {
         return true;
     }
-    match FLOWS.get_ptr(key) {
+    match flows.get_ptr(key) {
         // SAFETY: map value read in place.
         Some(e) if expired(unsafe { &*e }, now) || is_partner(unsafe { &*e }, owner) => {
-            FLOWS.insert(key, value, BPF_ANY as u64).is_ok()
+            flows.insert(key, value, BPF_ANY as u64).is_ok()
         }
         Some(_) => false,
         // Evicted or collected between the two calls: take it.
-        None => FLOWS.insert(key, value, BPF_NOEXIST as u64).is_ok(),
+        None => flows.insert(key, value, BPF_NOEXIST as u64).is_ok(),
     }
 }
 
 /// Writes an entry whose key is the flow's own (F or S): a previous entry there is this
 /// tuple's previous connection, replaced.
 #[inline(always)]
-pub fn put(key: &FlowKey, value: &Flow) -> bool {
-    FLOWS.insert(key, value, BPF_ANY as u64).is_ok()
+pub fn put<A: FamilyMaps>(key: &FlowKeyOf<A>, value: &FlowOf<A>) -> bool {
+    A::flows().insert(key, value, BPF_ANY as u64).is_ok()
 }

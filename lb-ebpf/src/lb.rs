@@ -1,14 +1,12 @@
 //! Service lookup and backend choice: which service a packet without a flow is for, whether it
 //! may open a flow, which backend the flow hash gives it, and the flow's two entries.
-use core::mem::size_of;
-
 use aya_ebpf::{
     bindings::{BPF_F_CURRENT_NETNS, BPF_TCP_LISTEN, bpf_sock, bpf_sock_tuple},
     helpers::{bpf_get_prandom_u32, bpf_sk_lookup_tcp, bpf_sk_lookup_udp, bpf_sk_release},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Flow, FlowKey, IPPROTO_TCP, IPPROTO_UDP, MASQ_PORT_MAX,
-    MASQ_PORT_MIN, PortKey, Reason, Service, VipKey, flow,
+    BackendKey, BackendOf, Config, FlowKeyOf, FlowOf, IPPROTO_TCP, IPPROTO_UDP, MASQ_PORT_MAX,
+    MASQ_PORT_MIN, PortKeyOf, Reason, Service, VipKeyOf, flow,
     flow::{NS_PER_SEC, Opener},
     hash::{self, CLASH_PROBES, PortRange, RANDOM_CLASH_PROBES},
     slot_for_bucket,
@@ -16,7 +14,7 @@ use lb_common::{
 
 use crate::{
     conntrack,
-    maps::{BACKENDS, LOCAL_ADDRS, PORTS, VIPS},
+    family::{Inet, Room},
     parse::{Frame, Packet},
     stats,
 };
@@ -24,41 +22,41 @@ use crate::{
 /// The service a flow's first packet is for: a VIP (any port), a published port on its
 /// `host_ip`, or a published port on any of the node's own addresses.
 #[inline(always)]
-pub fn service_for(key: &FlowKey) -> Option<Service> {
+pub fn service_for<A: Inet>(key: &FlowKeyOf<A>) -> Option<Service> {
     // SAFETY (all three): map values are plain data copied out at once.
-    if let Some(s) = unsafe { VIPS.get(&VipKey { addr: key.daddr }) } {
+    if let Some(s) = unsafe { A::vips().get(&VipKeyOf { addr: key.daddr }) } {
         return Some(*s);
     }
-    let mut port = PortKey {
+    let mut port = PortKeyOf {
         addr: key.daddr,
         port: key.dport,
         proto: key.proto,
         _pad: 0,
     };
-    if let Some(s) = unsafe { PORTS.get(&port) } {
+    if let Some(s) = unsafe { A::ports().get(&port) } {
         return Some(*s);
     }
-    unsafe { LOCAL_ADDRS.get(&key.daddr) }?;
-    port.addr = 0;
-    unsafe { PORTS.get(&port) }.copied()
+    unsafe { A::local_addrs().get(&key.daddr) }?;
+    port.addr = A::default();
+    unsafe { A::ports().get(&port) }.copied()
 }
 
 /// Whether `addr:port` is a published port of this network (on any address, or on `addr`):
 /// a masquerade port there would capture new connections to the service.
 #[inline(always)]
-pub fn is_published(addr: u32, port: u16, proto: u8) -> bool {
-    let mut k = PortKey {
+pub fn is_published<A: Inet>(addr: A, port: u16, proto: u8) -> bool {
+    let mut k = PortKeyOf {
         addr,
         port,
         proto,
         _pad: 0,
     };
     // SAFETY: presence checks only.
-    if unsafe { PORTS.get(&k) }.is_some() {
+    if unsafe { A::ports().get(&k) }.is_some() {
         return true;
     }
-    k.addr = 0;
-    unsafe { PORTS.get(&k) }.is_some()
+    k.addr = A::default();
+    unsafe { A::ports().get(&k) }.is_some()
 }
 
 /// Which sockets of the node a lookup is about.
@@ -75,14 +73,10 @@ pub enum Sockets {
 /// Whether a socket of the node (in the network's namespace: the one the packet's device is
 /// in) would take a packet with tuple `key`, per `which`. SCTP has no lookup helper: never.
 #[inline(always)]
-pub fn node_socket(f: &impl Frame, key: &FlowKey, which: Sockets) -> bool {
+pub fn node_socket<A: Inet>(f: &impl Frame, key: &FlowKeyOf<A>, which: Sockets) -> bool {
     // SAFETY: an all-zero tuple is a valid bpf_sock_tuple.
     let mut tuple: bpf_sock_tuple = unsafe { core::mem::zeroed() };
-    tuple.__bindgen_anon_1.ipv4.saddr = key.saddr;
-    tuple.__bindgen_anon_1.ipv4.daddr = key.daddr;
-    tuple.__bindgen_anon_1.ipv4.sport = key.sport;
-    tuple.__bindgen_anon_1.ipv4.dport = key.dport;
-    let size = (size_of::<u32>() * 2 + size_of::<u16>() * 2) as u32;
+    let size = A::sock_tuple(key, &mut tuple);
     let netns = BPF_F_CURRENT_NETNS as u64;
     // SAFETY: ctx is the program's context and the tuple lives on the stack for the call; a
     // returned socket is released on every path below.
@@ -127,7 +121,11 @@ const CLASH_PORTS: PortRange = PortRange {
 /// partition is what either sends. `None` for an empty set (or a slot the controller is
 /// rewriting, which a sync never leaves behind).
 #[inline(always)]
-pub fn pick(key: &FlowKey, svc: &Service, cfg: &Config) -> Option<(u32, Backend)> {
+pub fn pick<A: Inet>(
+    key: &FlowKeyOf<A>,
+    svc: &Service,
+    cfg: &Config,
+) -> Option<(u32, BackendOf<A>)> {
     let hash = hash::flow_hash(key, cfg.hash_key);
     Some((hash, backend_for(hash, svc)?))
 }
@@ -135,11 +133,11 @@ pub fn pick(key: &FlowKey, svc: &Service, cfg: &Config) -> Option<(u32, Backend)
 /// The backend of `svc`'s set whose bucket `hash` falls in: the flow hash's ([`pick`]) or a
 /// socket's (`sock`).
 #[inline(always)]
-pub fn backend_for(hash: u32, svc: &Service) -> Option<Backend> {
+pub fn backend_for<A: Inet>(hash: u32, svc: &Service) -> Option<BackendOf<A>> {
     let slot = slot_for_bucket(hash::bucket(hash), svc.count)?;
     // SAFETY: plain data copied out.
     unsafe {
-        BACKENDS.get(&BackendKey {
+        A::backends().get(&BackendKey {
             set_id: svc.set_id,
             slot,
         })
@@ -150,18 +148,19 @@ pub fn backend_for(hash: u32, svc: &Service) -> Option<Backend> {
 /// Opens a flow for `p`, which has no live entry (`reopen`: its tuple's previous connection
 /// is closing), to its service `svc` (`service_for`): checks that the packet may open a flow
 /// and is not the node's own, picks the backend by the flow hash, claims a reply tuple no
-/// other flow holds and writes both entries. Returns the original-direction entry (F), or
-/// why the packet passes (or, when no reply tuple is free, is dropped: `Err(NatFailed)`).
+/// other flow holds and writes both entries. Leaves the original-direction entry (F) in
+/// `room.entry`; otherwise says why the packet passes (or, when no reply tuple is free, is dropped: `Err(NatFailed)`).
 #[inline(always)]
-pub fn new_flow(
+pub fn new_flow<A: Inet>(
     f: &impl Frame,
     hook: u32,
-    p: &Packet,
+    p: &Packet<FlowKeyOf<A>>,
     svc: &Service,
     cfg: &Config,
     now: u64,
     reopen: bool,
-) -> Result<Flow, Reason> {
+    room: &mut Room<A>,
+) -> Result<(), Reason> {
     let opener = flow::opener(p.key.proto, p.tcp_flags).ok_or(Reason::NoFlowOpener)?;
     if svc.count == 0 {
         return Err(Reason::NoBackend);
@@ -177,7 +176,7 @@ pub fn new_flow(
     } else {
         p.key.dport
     };
-    let mut fwd = Flow {
+    room.entry = FlowOf {
         saddr: p.key.saddr,
         daddr: backend.addr,
         sport: p.key.sport,
@@ -187,8 +186,9 @@ pub fn new_flow(
         counter: backend.counter,
         ..Default::default()
     };
+    let fwd = &mut room.entry;
     fwd.expires_ns =
-        now + u64::from(flow::timeout_secs(&fwd, p.key.proto, &cfg.timeouts)) * NS_PER_SEC;
+        now + u64::from(flow::timeout_secs(fwd, p.key.proto, &cfg.timeouts)) * NS_PER_SEC;
     // The client's own port first (what the backend would see without lb); another only when
     // another flow (live, or closed within tcp_time_wait) already has this backend:port and
     // client:port: first those the flow hash gives, then, for a flow's first packet, random
@@ -213,8 +213,8 @@ pub fn new_flow(
                 .ok_or(Reason::NatFailed)?
                 .to_be();
         }
-        let (rk, rep) = flow::partner(&p.key, &fwd);
-        if conntrack::claim(&rk, &rep, &p.key, now) {
+        (room.key, room.other) = flow::partner(&p.key, fwd);
+        if conntrack::claim(&room.key, &room.other, &p.key, now) {
             claimed = true;
             break;
         }
@@ -225,7 +225,7 @@ pub fn new_flow(
     if fwd.sport != p.key.sport {
         stats::reason(hook, Reason::PortClash);
     }
-    if !conntrack::put(&p.key, &fwd) {
+    if !conntrack::put(&p.key, &room.entry) {
         return Err(Reason::NatFailed);
     }
     stats::reason(
@@ -236,5 +236,5 @@ pub fn new_flow(
             _ => Reason::FlowNew,
         },
     );
-    Ok(fwd)
+    Ok(())
 }

@@ -13,16 +13,19 @@
 //! types, so `bpftool map dump` shows each field by name. A map pinned by an lb of before the
 //! BTF maps (legacy `maps` section) is adopted as it is when its type, sizes and flags match:
 //! the programs read it the same, and it shows bytes until it is created again.
+use crate::family::Slot;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
     macros::btf_map,
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, DsrSession, Endpoint, Flow, FlowKey, FragKey, FragPorts,
-    HOOKS, Iface, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS,
+    Addr, Addr6, Backend, Backend6, BackendKey, BackendOf, Config, Counters, DsrSession, Endpoint,
+    Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, HOOKS, Iface,
+    Iface6, IfaceOf, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS,
     MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS,
-    MAX_SERVICES, MAX_SOCK_REV, PortKey, REASONS, Service, SockConfig, SockRev, SockRevKey, VipKey,
+    MAX_SERVICES, MAX_SOCK_REV, PortKey, PortKey6, PortKeyOf, REASONS, Service, SockConfig,
+    SockRev, SockRevKey, VipKey, VipKey6, VipKeyOf,
 };
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
@@ -116,3 +119,114 @@ pub static SOCK: Array<SockConfig, 1> = Array::new();
 /// address again).
 #[btf_map(name = "lb_sock_rev")]
 pub static SOCK_REV: LruHashMap<SockRevKey, SockRev, { MAX_SOCK_REV as usize }> = LruHashMap::new();
+
+// The IPv6 twins of the maps that hold addresses (docs/dual-stack.md): the same roles, keys
+// and values with IPv6 addresses, written and read by the same code built for IPv6
+// ([`FamilyMaps`]). Set ids, counter ids and the config are shared with IPv4.
+
+#[btf_map(name = "lb_vips6")]
+pub static VIPS6: HashMap<VipKey6, Service, { MAX_SERVICES as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+#[btf_map(name = "lb_ports6")]
+pub static PORTS6: HashMap<PortKey6, Service, { MAX_SERVICES as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+#[btf_map(name = "lb_backends6")]
+pub static BACKENDS6: HashMap<BackendKey, Backend6, { MAX_BACKEND_SLOTS as usize }, NO_PREALLOC> =
+    HashMap::new();
+
+#[btf_map(name = "lb_flows6")]
+pub static FLOWS6: LruHashMap<FlowKey6, Flow6, { MAX_FLOWS as usize }> = LruHashMap::new();
+
+#[btf_map(name = "lb_frags6")]
+pub static FRAGS6: LruHashMap<FragKey6, FragPorts, { MAX_FRAGS as usize }> = LruHashMap::new();
+
+#[btf_map(name = "lb_local_addrs6")]
+pub static LOCAL_ADDRS6: HashMap<Addr6, u32, { MAX_LOCAL_ADDRS as usize }> = HashMap::new();
+
+#[btf_map(name = "lb_ifaces6")]
+pub static IFACES6: HashMap<u32, Iface6, { MAX_IFACES as usize }> = HashMap::new();
+
+/// The maps of one address family: what the paths written once over [`Addr`] look up.
+pub trait FamilyMaps: Addr {
+    fn vips() -> &'static HashMap<VipKeyOf<Self>, Service, { MAX_SERVICES as usize }, NO_PREALLOC>;
+    fn ports() -> &'static HashMap<PortKeyOf<Self>, Service, { MAX_SERVICES as usize }, NO_PREALLOC>;
+    fn backends()
+    -> &'static HashMap<BackendKey, BackendOf<Self>, { MAX_BACKEND_SLOTS as usize }, NO_PREALLOC>;
+    fn flows() -> &'static LruHashMap<FlowKeyOf<Self>, FlowOf<Self>, { MAX_FLOWS as usize }>;
+    fn local_addrs() -> &'static HashMap<Self, u32, { MAX_LOCAL_ADDRS as usize }>;
+    fn ifaces() -> &'static HashMap<u32, IfaceOf<Self>, { MAX_IFACES as usize }>;
+}
+
+/// Implements [`FamilyMaps`] for `$a` by the maps named.
+macro_rules! family_maps {
+    ($a:ty, $vips:ident, $ports:ident, $backends:ident, $flows:ident, $local:ident, $ifaces:ident) => {
+        impl FamilyMaps for $a {
+            #[inline(always)]
+            fn vips()
+            -> &'static HashMap<VipKeyOf<Self>, Service, { MAX_SERVICES as usize }, NO_PREALLOC>
+            {
+                &$vips
+            }
+            #[inline(always)]
+            fn ports()
+            -> &'static HashMap<PortKeyOf<Self>, Service, { MAX_SERVICES as usize }, NO_PREALLOC>
+            {
+                &$ports
+            }
+            #[inline(always)]
+            fn backends() -> &'static HashMap<
+                BackendKey,
+                BackendOf<Self>,
+                { MAX_BACKEND_SLOTS as usize },
+                NO_PREALLOC,
+            > {
+                &$backends
+            }
+            #[inline(always)]
+            fn flows() -> &'static LruHashMap<FlowKeyOf<Self>, FlowOf<Self>, { MAX_FLOWS as usize }>
+            {
+                &$flows
+            }
+            #[inline(always)]
+            fn local_addrs() -> &'static HashMap<Self, u32, { MAX_LOCAL_ADDRS as usize }> {
+                &$local
+            }
+            #[inline(always)]
+            fn ifaces() -> &'static HashMap<u32, IfaceOf<Self>, { MAX_IFACES as usize }> {
+                &$ifaces
+            }
+        }
+    };
+}
+
+family_maps!(u32, VIPS, PORTS, BACKENDS, FLOWS, LOCAL_ADDRS, IFACES);
+family_maps!(
+    Addr6,
+    VIPS6,
+    PORTS6,
+    BACKENDS6,
+    FLOWS6,
+    LOCAL_ADDRS6,
+    IFACES6
+);
+
+/// The working memory of the paths, a slot per hook (`family::Slot`): never persisted, never
+/// read by the controller.
+#[btf_map(name = "lb_slots")]
+pub static SLOTS: PerCpuArray<Slot<u32>, { HOOKS.len() }> = PerCpuArray::new();
+
+#[btf_map(name = "lb_slots6")]
+pub static SLOTS6: PerCpuArray<Slot<Addr6>, { HOOKS.len() }> = PerCpuArray::new();
+
+/// The IPv6 paths, each a program of its own that the IPv4 program of its hook tail-calls
+/// for an IPv6 frame, at slot `hook` (`lb_common::HOOK_*`): a tail call starts a fresh stack,
+/// and an IPv6 path's own does not fit in the 512 bytes of one beside IPv4's. One map per
+/// program type (the kernel lets a program array serve one type): XDP's and TC's. Written
+/// only by the controller, when it loads the programs; an empty slot passes IPv6 untouched.
+#[btf_map(name = "lb_jump6_xdp")]
+pub static JUMP6_XDP: ProgramArray<{ HOOKS.len() }> = ProgramArray::new();
+
+#[btf_map(name = "lb_jump6_tc")]
+pub static JUMP6_TC: ProgramArray<{ HOOKS.len() }> = ProgramArray::new();

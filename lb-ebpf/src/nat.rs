@@ -10,16 +10,17 @@
 //! dropped as martian when it is routed on input.
 use aya_ebpf::helpers::bpf_xdp_adjust_meta;
 use lb_common::{
-    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, Reason, SERVICE_DSR,
-    csum::{IP_DADDR, IP_SADDR, L4Sum, Rewrite, set_addr, set_ports},
+    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKeyOf, FlowOf, Reason, SERVICE_DSR,
+    csum::{L4Sum, Rewrite, set_addr, set_ports},
     flow,
 };
 
 use crate::{
     conntrack::{self, Found},
-    dsr, frag, icmp, lb,
+    family::{Inet, Room},
+    frag, lb,
     maps::CONFIG,
-    parse::{self, Family, Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
+    parse::{self, Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
     redirect::{self, Towards},
     snat, stats,
 };
@@ -55,18 +56,6 @@ impl Verdict {
 pub trait Ctx: Frame + Rewrite {}
 impl<T: Frame + Rewrite> Ctx for T {}
 
-/// Parses an IPv4 frame for the paths below. An IPv6 one ends here, parsed (so that what it
-/// is gets counted) but for no service: the controller refuses IPv6 services on this
-/// dataplane before saving them (`dataplane::ipv4_only`), and the programs have no IPv6 maps
-/// yet.
-#[inline(always)]
-fn parse4(f: &impl Frame) -> Result<Parsed, Reason> {
-    match parse::family(f)? {
-        Family::V4 => parse::packet4(f),
-        Family::V6 => Err(parse::packet6(f).map_or_else(|r| r, |_| Reason::NotService)),
-    }
-}
-
 #[inline(always)]
 fn config() -> Option<&'static Config> {
     CONFIG.get(0)
@@ -79,115 +68,167 @@ fn config() -> Option<&'static Config> {
 /// XDP, which the kernel's helpers let see the truth. Fragments are never partial (the stack
 /// computes checksums before it fragments). SCTP and ICMP carry no inet L4 sum to get wrong.
 #[inline(always)]
-pub fn xdp_can_rewrite(p: &Packet) -> bool {
+pub fn xdp_can_rewrite<K>(p: &Packet<K>) -> bool {
     match p.l4 {
         L4Sum::Tcp(_) | L4Sum::Udp(_) => p.frag != Frag::Whole || p.check != p.seed,
         L4Sum::Sctp { .. } | L4Sum::None => true,
     }
 }
 
-pub fn ingress<C: Ctx>(ctx: &C, hook: u32, xdp: bool) -> Verdict {
+/// The ingress path of a frame of family `A` (`main` tells the family and runs each
+/// family's path in a program of its own).
+#[inline(always)]
+pub fn ingress<C: Ctx, A: Inet>(ctx: &C, hook: u32, xdp: bool) -> Verdict {
     let Some(cfg) = config() else {
         return Verdict::Pass(Reason::NotService);
     };
-    let mut p = match parse4(ctx) {
-        Ok(Parsed::Flow(p)) => p,
-        Ok(Parsed::IcmpError(e)) => return icmp::translate(ctx, hook, &e, false),
-        Err(r) => return Verdict::Pass(r),
+    let Some(slot) = A::slot(hook) else {
+        return Verdict::Pass(Reason::NotService);
     };
-    if xdp && !xdp_can_rewrite(&p) {
+    if let Err(r) = A::parse(ctx, &mut slot.parsed) {
+        return Verdict::Pass(r);
+    }
+    match &mut slot.parsed {
+        Parsed::Flow(p) => ingress_flow(ctx, hook, xdp, p, cfg, &mut slot.room),
+        Parsed::IcmpError(e) => A::icmp_error(ctx, hook, e, false),
+    }
+}
+
+#[inline(always)]
+fn ingress_flow<C: Ctx, A: Inet>(
+    ctx: &C,
+    hook: u32,
+    xdp: bool,
+    p: &mut Packet<FlowKeyOf<A>>,
+    cfg: &Config,
+    room: &mut Room<A>,
+) -> Verdict {
+    if xdp && !xdp_can_rewrite(p) {
         return Verdict::Pass(Reason::XdpDeferred);
     }
-    if !frag::follow(&mut p) {
+    if !frag::follow(p) {
         return Verdict::Pass(Reason::FragUnknown);
     }
-    match ingress_entry(ctx, hook, &p, cfg) {
-        Ok(e) => apply(ctx, &p, &e),
+    match ingress_entry(ctx, hook, p, cfg, room) {
+        Ok(()) => apply(ctx, p, &room.entry),
         Err(v) => v,
     }
 }
 
-/// The entry an ingress packet is rewritten by: its live entry, or a new flow's; otherwise
-/// the run's verdict (not ours, dropped, or sent on by DSR).
+/// The entry an ingress packet is rewritten by, left in `room.entry`: its live entry, or a
+/// new flow's; otherwise the run's verdict (not ours, dropped, or sent on by DSR).
 ///
 /// A DSR VIP's packet is taken where a packet without a live flow finds its service, since
 /// DSR packets never have flow entries: a NAT network's packets pay no lookup for DSR (one
 /// test of the service's flags, on a flow's first packet only).
 #[inline(always)]
-fn ingress_entry<C: Ctx>(ctx: &C, hook: u32, p: &Packet, cfg: &Config) -> Result<Flow, Verdict> {
+fn ingress_entry<C: Ctx, A: Inet>(
+    ctx: &C,
+    hook: u32,
+    p: &Packet<FlowKeyOf<A>>,
+    cfg: &Config,
+    room: &mut Room<A>,
+) -> Result<(), Verdict> {
     let now = conntrack::now();
     let mut reopen = false;
     if let Found::Live(e) = conntrack::find(&p.key, now, hook) {
+        let entry = &mut room.entry;
         // SAFETY: map value copied out (updates go through `e`).
-        let entry = unsafe { *e };
+        *entry = unsafe { *e };
         if entry.flags & FLOW_EGRESS != 0 {
             return Err(Verdict::Pass(Reason::NotService));
         }
-        if entry.flags & FLOW_REPLY == 0 && flow::reopens(&entry, p.key.proto, p.tcp_flags) {
+        if entry.flags & FLOW_REPLY == 0 && flow::reopens(entry, p.key.proto, p.tcp_flags) {
             reopen = true;
         } else {
-            conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now);
-            return Ok(entry);
+            conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
+            return Ok(());
         }
     }
     let svc = lb::service_for(&p.key);
     if let Some(svc) = &svc
         && svc.flags & SERVICE_DSR != 0
     {
-        return Err(dsr::send(ctx, hook, p, svc, cfg, now));
+        return Err(A::dsr(ctx, hook, p, svc, cfg, now));
     }
     if let Frag::Later(_) = p.frag {
         return Err(Verdict::Pass(Reason::FragUnknown));
     }
     let svc = svc.ok_or(Verdict::Pass(Reason::NotService))?;
-    lb::new_flow(ctx, hook, p, &svc, cfg, now, reopen).map_err(|r| match r {
+    lb::new_flow(ctx, hook, p, &svc, cfg, now, reopen, room).map_err(|r| match r {
         Reason::NatFailed => Verdict::Drop(r),
         r => Verdict::Pass(r),
     })
 }
 
-pub fn egress(ctx: &Skb, hook: u32) -> Verdict {
+/// The egress path of a frame of family `A` (see [`ingress`]).
+#[inline(always)]
+pub fn egress<A: Inet>(ctx: &Skb, hook: u32) -> Verdict {
     let Some(cfg) = config() else {
         return Verdict::Pass(Reason::NotService);
     };
-    let mut p = match parse4(ctx) {
-        Ok(Parsed::Flow(p)) => p,
-        Ok(Parsed::IcmpError(e)) => return icmp::translate(ctx, hook, &e, true),
-        Err(r) => return Verdict::Pass(r),
+    let Some(slot) = A::slot(hook) else {
+        return Verdict::Pass(Reason::NotService);
     };
-    if !frag::follow(&mut p) {
+    if let Err(r) = A::parse(ctx, &mut slot.parsed) {
+        return Verdict::Pass(r);
+    }
+    match &mut slot.parsed {
+        Parsed::Flow(p) => egress_flow(ctx, hook, p, cfg, &mut slot.room),
+        Parsed::IcmpError(e) => A::icmp_error(ctx, hook, e, true),
+    }
+}
+
+#[inline(always)]
+fn egress_flow<A: Inet>(
+    ctx: &Skb,
+    hook: u32,
+    p: &mut Packet<FlowKeyOf<A>>,
+    cfg: &Config,
+    room: &mut Room<A>,
+) -> Verdict {
+    if !frag::follow(p) {
         return Verdict::Pass(Reason::FragUnknown);
     }
-    match egress_entry(ctx, hook, &p, cfg) {
-        Ok(e) => apply(ctx, &p, &e),
+    match egress_entry(ctx, hook, p, cfg, room) {
+        Ok(()) => apply(ctx, p, &room.entry),
         Err(v) => v,
     }
 }
 
-/// The entry an egress packet is rewritten by: its live entry, or a new masquerade's.
+/// The entry an egress packet is rewritten by, left in `room.entry`: its live entry, or a
+/// new masquerade's.
 #[inline(always)]
-fn egress_entry(ctx: &Skb, hook: u32, p: &Packet, cfg: &Config) -> Result<Flow, Verdict> {
+fn egress_entry<A: Inet>(
+    ctx: &Skb,
+    hook: u32,
+    p: &Packet<FlowKeyOf<A>>,
+    cfg: &Config,
+    room: &mut Room<A>,
+) -> Result<(), Verdict> {
     let now = conntrack::now();
     if let Found::Live(e) = conntrack::find(&p.key, now, hook) {
+        let entry = &mut room.entry;
         // SAFETY: map value copied out (updates go through `e`).
-        let entry = unsafe { *e };
+        *entry = unsafe { *e };
         if entry.flags & FLOW_EGRESS == 0 {
             return Err(Verdict::Pass(Reason::NotService));
         }
         // A SYN on a closing masquerade entry is a new connection on a reused tuple: F was
         // re-created on ingress; the claim is made again (and is found to be its own).
         let reopen =
-            entry.flags & FLOW_REPLY == 0 && flow::reopens(&entry, p.key.proto, p.tcp_flags);
+            entry.flags & FLOW_REPLY == 0 && flow::reopens(entry, p.key.proto, p.tcp_flags);
         if !reopen {
-            conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now);
-            return Ok(entry);
+            conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
+            return Ok(());
         }
     }
-    snat::masquerade(ctx, hook, p, cfg, now)
+    snat::masquerade(ctx, hook, p, cfg, now, room)
 }
 
-/// The fast path for a packet TC ingress (or XDP before it) translated towards a backend: the
-/// TC action that hands it over, or `None` to give it to the stack.
+/// The fast path for an IPv4 packet TC ingress (or XDP before it) translated towards a
+/// backend: the TC action that hands it over, or `None` to give it to the stack (every IPv6
+/// packet, so far: `redirect` is IPv4's).
 #[inline(always)]
 pub fn forward(ctx: &Skb) -> Option<i32> {
     let cfg = config()?;
@@ -195,7 +236,8 @@ pub fn forward(ctx: &Skb) -> Option<i32> {
     Some(redirect::send(ctx, &ep))
 }
 
-/// The reply fast path, at TC ingress of the node's end of a local backend's veth: a reply
+/// The reply fast path for an IPv4 frame (IPv6 replies take the stack so far: `redirect` is
+/// IPv4's), at TC ingress of the node's end of a local backend's veth: a reply
 /// whose client the fast path can reach is translated here (what TC egress would have done
 /// where it leaves the node) and handed to the client. Everything else passes untouched,
 /// checked before anything is written, and is translated on its way out as without the fast
@@ -204,11 +246,20 @@ pub fn reply(ctx: &Skb, hook: u32) -> Verdict {
     let Some(cfg) = config() else {
         return Verdict::Pass(Reason::NotService);
     };
-    let p = match parse4(ctx) {
-        Ok(Parsed::Flow(p)) if p.frag == Frag::Whole => p,
-        Ok(_) => return Verdict::Pass(Reason::NotRedirected),
-        Err(r) => return Verdict::Pass(r),
+    let Some(slot) = u32::slot(hook) else {
+        return Verdict::Pass(Reason::NotService);
     };
+    if let Err(r) = u32::parse(ctx, &mut slot.parsed) {
+        return Verdict::Pass(r);
+    }
+    match &mut slot.parsed {
+        Parsed::Flow(p) if p.frag == Frag::Whole => reply_flow(ctx, hook, p, cfg, &mut slot.room),
+        _ => Verdict::Pass(Reason::NotRedirected),
+    }
+}
+
+#[inline(always)]
+fn reply_flow(ctx: &Skb, hook: u32, p: &mut Packet, cfg: &Config, room: &mut Room<u32>) -> Verdict {
     let now = conntrack::now();
     let Found::Live(e) = conntrack::find(&p.key, now, hook) else {
         return Verdict::Pass(Reason::NotService);
@@ -221,8 +272,8 @@ pub fn reply(ctx: &Skb, hook: u32) -> Verdict {
     let Some(ep) = redirect::target(ctx, entry.daddr, Towards::Client, cfg) else {
         return Verdict::Pass(Reason::NotRedirected);
     };
-    conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now);
-    match apply(ctx, &p, &entry) {
+    conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
+    match apply(ctx, p, &entry) {
         Verdict::Translated => Verdict::Redirect(redirect::send(ctx, &ep)),
         v => v,
     }
@@ -230,7 +281,7 @@ pub fn reply(ctx: &Skb, hook: u32) -> Verdict {
 
 /// Rewrites `p` to the tuple entry `e` gives, counts it, and records a first fragment.
 #[inline(always)]
-fn apply<C: Ctx>(ctx: &C, p: &Packet, e: &Flow) -> Verdict {
+fn apply<C: Ctx, A: Inet>(ctx: &C, p: &Packet<FlowKeyOf<A>>, e: &FlowOf<A>) -> Verdict {
     let ports_change = p.key.sport != e.sport || p.key.dport != e.dport;
     if p.frag != Frag::Whole && ports_change && matches!(p.l4, L4Sum::Sctp { .. }) {
         return Verdict::Pass(Reason::SctpFragment);
@@ -250,10 +301,10 @@ fn apply<C: Ctx>(ctx: &C, p: &Packet, e: &Flow) -> Verdict {
 }
 
 #[inline(always)]
-fn rewrite<C: Ctx>(ctx: &C, p: &Packet, e: &Flow) -> Option<()> {
+fn rewrite<C: Ctx, A: Inet>(ctx: &C, p: &Packet<FlowKeyOf<A>>, e: &FlowOf<A>) -> Option<()> {
     let k = &p.key;
-    set_addr(ctx, L3_OFF, p.l4, L3_OFF + IP_SADDR, k.saddr, e.saddr)?;
-    set_addr(ctx, L3_OFF, p.l4, L3_OFF + IP_DADDR, k.daddr, e.daddr)?;
+    set_addr(ctx, L3_OFF, p.l4, L3_OFF + A::SADDR, k.saddr, e.saddr)?;
+    set_addr(ctx, L3_OFF, p.l4, L3_OFF + A::DADDR, k.daddr, e.daddr)?;
     set_ports(ctx, p.l4_off, p.l4, (k.sport, k.dport), (e.sport, e.dport))
 }
 

@@ -319,7 +319,9 @@ pub fn packet4(f: &impl Frame) -> Result<Parsed, Reason> {
     let l4_len = usize::from(len) - ihl;
     f.ensure(l4_off + L4_MAX);
     if proto != IPPROTO_ICMP {
-        return transport(f, p, l4_len).map(Parsed::Flow);
+        let mut p = p;
+        transport(f, &mut p, l4_len)?;
+        return Ok(Parsed::Flow(p));
     }
     let icmp: [u8; 8] = read(f, l4_off).ok_or(Reason::Malformed)?;
     if !matches!(
@@ -359,34 +361,44 @@ pub fn packet4(f: &impl Frame) -> Result<Parsed, Reason> {
 }
 
 /// Parses `f`, an IPv6 frame ([`family`]), as IPv6 + extension headers + (TCP | UDP | SCTP |
-/// ICMPv6 error), [`packet4`]'s twin; an extension chain it does not walk is refused too.
+/// ICMPv6 error) into `out`, [`packet4`]'s twin; an extension chain it does not walk is
+/// refused too. The headers are walked first and the addresses read last, straight into
+/// `out` (the run's slot): read first, their eight words would live across every pull of
+/// the walk, each spilled to a stack slot of its own.
 #[inline(always)]
-pub fn packet6(f: &impl Frame) -> Result<Parsed<FlowKey6>, Reason> {
+pub fn packet6(f: &impl Frame, out: &mut Parsed<FlowKey6>) -> Result<(), Reason> {
     f.ensure(L3_OFF + Ipv6Hdr::LEN);
-    let (payload, next, key) = ipv6_header(f, L3_OFF)?;
+    let (payload, next) = ipv6_header(f, L3_OFF)?;
     let l3_end = L3_OFF + Ipv6Hdr::LEN + payload;
     if l3_end > f.len() {
         return Err(Reason::Malformed);
     }
     let (l4_off, proto, frag) = extensions(f, L3_OFF + Ipv6Hdr::LEN, next, l3_end)?;
-    let p = Packet {
-        key: FlowKey6 { proto, ..key },
-        l4_off,
-        l4: L4Sum::None,
-        len: (Ipv6Hdr::LEN + payload) as u32,
-        tcp_flags: 0,
-        frag,
-        check: 0,
-        seed: 0,
-    };
     let l4_len = l3_end - l4_off;
+    let packet = |f: &_| -> Result<Packet<FlowKey6>, Reason> {
+        Ok(Packet {
+            key: ipv6_key(f, L3_OFF, proto)?,
+            l4_off,
+            l4: L4Sum::None,
+            len: (Ipv6Hdr::LEN + payload) as u32,
+            tcp_flags: 0,
+            frag,
+            check: 0,
+            seed: 0,
+        })
+    };
     match proto {
         IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP => {
-            if let Frag::Later(_) = frag {
-                return Ok(Parsed::Flow(p));
+            if !matches!(frag, Frag::Later(_)) {
+                f.ensure(l4_off + L4_MAX);
             }
-            f.ensure(l4_off + L4_MAX);
-            transport(f, p, l4_len).map(Parsed::Flow)
+            *out = Parsed::Flow(packet(f)?);
+            if let Parsed::Flow(p) = out
+                && !matches!(frag, Frag::Later(_))
+            {
+                transport(f, p, l4_len)?;
+            }
+            Ok(())
         }
         IPPROTO_ICMPV6 if !matches!(frag, Frag::Later(_)) => {
             // The ICMPv6 checksum (at `l4_off + 2`) covers the pseudo-header, unlike ICMP's:
@@ -400,7 +412,7 @@ pub fn packet6(f: &impl Frame) -> Result<Parsed<FlowKey6>, Reason> {
             }
             let inner_l3_off = l4_off + ICMP_HDR;
             f.ensure(inner_l3_off + Ipv6Hdr::LEN + 8);
-            let (_, inner_next, inner) = ipv6_header(f, inner_l3_off)?;
+            let (_, inner_next) = ipv6_header(f, inner_l3_off)?;
             // The quote is cut short (its payload length claims more than it holds): its
             // headers are walked within the error's own datagram.
             let (inner_l4_off, inner_proto, inner_frag) =
@@ -415,17 +427,17 @@ pub fn packet6(f: &impl Frame) -> Result<Parsed<FlowKey6>, Reason> {
             }
             f.ensure(inner_l4_off + 4);
             let ports: [u16; 2] = read(f, inner_l4_off).ok_or(Reason::Ipv6Extension)?;
-            Ok(Parsed::IcmpError(IcmpError {
-                outer: p,
+            *out = Parsed::IcmpError(IcmpError {
+                outer: packet(f)?,
                 inner_l3_off,
                 inner_l4_off,
                 inner: FlowKey6 {
                     sport: ports[0],
                     dport: ports[1],
-                    proto: inner_proto,
-                    ..inner
+                    ..ipv6_key(f, inner_l3_off, inner_proto)?
                 },
-            }))
+            });
+            Ok(())
         }
         _ => Err(Reason::NotL4),
     }
@@ -502,7 +514,7 @@ fn walked(next: u8) -> bool {
 /// TCP, UDP or SCTP at `p.l4_off`, of which `l4_len` bytes are in the datagram: its ports,
 /// its flags and the checksum a rewrite must update.
 #[inline(always)]
-fn transport<K: Key>(f: &impl Frame, mut p: Packet<K>, l4_len: usize) -> Result<Packet<K>, Reason> {
+fn transport<K: Key>(f: &impl Frame, p: &mut Packet<K>, l4_len: usize) -> Result<(), Reason> {
     let proto = p.key.proto();
     let hdr = match proto {
         IPPROTO_TCP => 20,
@@ -530,27 +542,29 @@ fn transport<K: Key>(f: &impl Frame, mut p: Packet<K>, l4_len: usize) -> Result<
         p.check = read(f, off.into()).ok_or(Reason::Malformed)?;
         p.seed = p.key.seed(l4_len);
     }
-    Ok(p)
+    Ok(())
 }
 
-/// The IPv6 header at `off`: its payload length, its next header and its addresses (read as
-/// they stand into a key, so that no copy of the header takes stack space).
+/// The IPv6 header at `off`: its payload length and its next header.
 #[inline(always)]
-fn ipv6_header(f: &impl Frame, off: usize) -> Result<(usize, u8, FlowKey6), Reason> {
+fn ipv6_header(f: &impl Frame, off: usize) -> Result<(usize, u8), Reason> {
     let head: [u8; 8] = read(f, off).ok_or(Reason::Malformed)?;
     if head[0] >> 4 != 6 {
         return Err(Reason::Malformed);
     }
-    let key = FlowKey6 {
+    Ok((usize::from(u16::from_be_bytes([head[4], head[5]])), head[6]))
+}
+
+/// The addresses of the IPv6 header at `off`, as they stand, in a key of protocol `proto`
+/// (ports 0).
+#[inline(always)]
+fn ipv6_key(f: &impl Frame, off: usize, proto: u8) -> Result<FlowKey6, Reason> {
+    Ok(FlowKey6 {
         saddr: read::<Addr6>(f, off + 8).ok_or(Reason::Malformed)?,
         daddr: read::<Addr6>(f, off + 24).ok_or(Reason::Malformed)?,
+        proto,
         ..Default::default()
-    };
-    Ok((
-        usize::from(u16::from_be_bytes([head[4], head[5]])),
-        head[6],
-        key,
-    ))
+    })
 }
 
 #[inline(always)]

@@ -11,32 +11,33 @@
 //! the service) and ports any socket of the node holds towards the backend. The range ([`lb_common::Config`]) leaves out the node's
 //! ephemeral range, where its own connections pick ports after lb has claimed them.
 use lb_common::{
-    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow, FlowKey, MASQ_AUTO, MASQ_NEVER, Reason,
+    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKeyOf, MASQ_AUTO, MASQ_NEVER, Reason,
     flow::{self, reversed},
     hash::{self, PORT_PROBES, PortRange},
 };
 
 use crate::{
     conntrack::{self, Found},
+    family::{Inet, Room},
     lb::{self, Sockets},
-    maps::IFACES,
     nat::Verdict,
     parse::{Frag, Packet, Skb},
     stats,
 };
 
 /// Masquerades `p` (no live S entry) if it is the original direction of a load-balanced flow
-/// and the network asks for it; returns the S entry to rewrite it by. A flow whose port search
+/// and the network asks for it; leaves the S entry to rewrite it by in `room.entry`. A flow whose port search
 /// fails is dropped, as the kernel's NAT drops what it cannot map: passed unmasqueraded, the
 /// backend would answer the client directly and the connection would fail anyway.
 #[inline(always)]
-pub fn masquerade(
+pub fn masquerade<A: Inet>(
     ctx: &Skb,
     hook: u32,
-    p: &Packet,
+    p: &Packet<FlowKeyOf<A>>,
     cfg: &Config,
     now: u64,
-) -> Result<Flow, Verdict> {
+    room: &mut Room<A>,
+) -> Result<(), Verdict> {
     let not_ours = Err(Verdict::Pass(Reason::NotService));
     // SAFETY: the skb pointer is valid for the program run.
     let (ifindex, ingress_ifindex) =
@@ -50,17 +51,16 @@ pub fn masquerade(
         return not_ours;
     }
     // The flow's reply entry (R) is keyed by this packet's tuple reversed.
-    let rk = reversed(&p.key);
-    let rep = match conntrack::find(&rk, now, hook) {
-        // SAFETY: map value copied out.
-        Found::Live(r) => unsafe { *r },
-        Found::Absent => return not_ours,
+    room.key = reversed(&p.key);
+    let Found::Live(rep) = conntrack::find(&room.key, now, hook) else {
+        return not_ours;
     };
-    if rep.flags != FLOW_EGRESS | FLOW_REPLY {
+    // SAFETY: a map value, read in place.
+    if unsafe { (*rep).flags } != FLOW_EGRESS | FLOW_REPLY {
         return not_ours;
     }
     // SAFETY: plain data copied out.
-    let Some(iface) = (unsafe { IFACES.get(&ifindex) }).copied() else {
+    let Some(iface) = (unsafe { A::ifaces().get(&ifindex) }).copied() else {
         return not_ours;
     };
     let range = PortRange {
@@ -69,15 +69,17 @@ pub fn masquerade(
         hole_min: cfg.masq_hole_min,
         hole_max: cfg.masq_hole_max,
     };
-    let mut claim = Flow {
-        // The claim rewrites the backend's reply back to this packet's source.
-        saddr: p.key.daddr,
-        daddr: p.key.saddr,
-        sport: p.key.dport,
-        dport: p.key.sport,
-        flags: FLOW_MASQ | FLOW_REPLY,
-        ..rep
-    };
+    // The claim rewrites the backend's reply back to this packet's source; the rest (state,
+    // hash, counter, expiry) is the reply entry's. Copied whole and then changed, so the
+    // entry is not taken apart field by field.
+    let claim = &mut room.next;
+    // SAFETY: a map value, copied out.
+    *claim = unsafe { *rep };
+    claim.saddr = p.key.daddr;
+    claim.daddr = p.key.saddr;
+    claim.sport = p.key.dport;
+    claim.dport = p.key.sport;
+    claim.flags = FLOW_MASQ | FLOW_REPLY;
     let (base, index) = hash::masq_start(&p.key, cfg.hash_key);
     for attempt in 0..PORT_PROBES {
         let Some(port) = range.probe(base, index + attempt) else {
@@ -87,7 +89,7 @@ pub fn masquerade(
         if lb::is_published(iface.addr, port, p.key.proto) {
             continue;
         }
-        let ck = FlowKey {
+        room.key = FlowKeyOf {
             saddr: p.key.daddr,
             daddr: iface.addr,
             sport: p.key.dport,
@@ -95,17 +97,16 @@ pub fn masquerade(
             proto: p.key.proto,
             _pad: [0; 3],
         };
-        if lb::node_socket(ctx, &ck, Sockets::Any) {
+        if lb::node_socket(ctx, &room.key, Sockets::Any) {
             continue;
         }
-        claim.expires_ns = rep.expires_ns;
-        if conntrack::claim(&ck, &claim, &p.key, now) {
-            let (sk, snat) = flow::partner(&ck, &claim);
-            if !conntrack::put(&sk, &snat) {
+        if conntrack::claim(&room.key, &room.next, &p.key, now) {
+            (room.other_key, room.entry) = flow::partner(&room.key, &room.next);
+            if !conntrack::put(&room.other_key, &room.entry) {
                 break;
             }
             stats::reason(hook, Reason::MasqNew);
-            return Ok(snat);
+            return Ok(());
         }
     }
     Err(Verdict::Drop(Reason::MasqFailed))

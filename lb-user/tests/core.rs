@@ -1261,7 +1261,9 @@ fn golden_nft_ruleset_dsr() {
 
 mod capacity {
     use super::*;
-    use lb_user::dataplane::ebpf::{Held, MapSizes, Need, ServiceKey, need, plan};
+    use lb_user::dataplane::ebpf::{
+        Held, MapAddr, MapSizes, Need, ServiceKey, SetBackend, need, plan,
+    };
 
     /// What the maps would hold after a sync of `net` from nothing (ids as a sync gives them).
     fn held_of(net: &Network) -> Held {
@@ -1280,10 +1282,9 @@ mod capacity {
                     flags: 0,
                 };
                 let backends = (set.into_iter())
-                    .map(|(addr, port)| lb_common::Backend {
+                    .map(|(addr, port)| SetBackend {
                         addr,
                         port,
-                        _pad: 0,
                         counter: next(),
                     })
                     .collect();
@@ -1325,6 +1326,7 @@ mod capacity {
             backend_slots: 12,
             counters: 12,
             ifaces: 1,
+            ..Need::default()
         };
         assert_eq!(n, want);
         // What the maps hold afterwards is exactly that.
@@ -1360,7 +1362,28 @@ mod capacity {
         let n = need_of(&other, &held);
         assert_eq!((n.vips, n.ports), (2, 1));
         assert_eq!(n.backend_slots, 12 + 1, "b's sets stay until the next sync");
-        assert!(held.contains_key(&ServiceKey::Vip(u32::from_ne_bytes([10, 99, 0, 2]))));
+        assert!(held.contains_key(&ServiceKey::Vip(MapAddr::of(ip("10.99.0.2")))));
+    }
+
+    #[test]
+    fn ipv6_entries_and_slots_count_against_their_own_maps() {
+        let mut svc = service(
+            "a",
+            "1",
+            "10.99.0.1",
+            "10.0.0.1 fd00::1 fd00::2",
+            "tcp/8080:80",
+        );
+        svc.vips.push(ip("fd99::1"));
+        let n = need_of(&nat(vec![svc]), &Held::new());
+        // Each family's VIP and published port, each balanced over its own family's
+        // backends only.
+        assert_eq!((n.vips, n.vips6, n.ports, n.ports6), (1, 1, 1, 1));
+        assert_eq!((n.backend_slots, n.backend_slots6), (2, 4));
+        assert_eq!(n.counters, 6);
+        let sizes = MapSizes::new(4, 3, 1024);
+        let err = n.check("web", &sizes, &sizes).unwrap_err().to_string();
+        assert!(err.contains("lb_backends6 holds 3"), "{err}");
     }
 
     #[test]

@@ -694,8 +694,17 @@ fn bad_input_is_refused_with_a_reason_and_changes_nothing() {
             vec!["service", "set", "bad", "s2", "--vip", "vip"],
         ),
         (
-            "IPv6 VIP",
-            vec!["service", "set", "bad", "s2", "--vip", "fd00::1"],
+            "IPv6 VIP with IPv4 backends only",
+            vec![
+                "service",
+                "set",
+                "bad",
+                "s2",
+                "--vip",
+                "fd00::1",
+                "--backend",
+                "10.20.0.5",
+            ],
         ),
         (
             "bad backend address",

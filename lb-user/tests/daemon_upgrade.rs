@@ -743,10 +743,16 @@ map update pinned {p} key 0 0 0 0 value {}
 /// Replaces every map pinned in `dir` by one as an lb of before the BTF maps (aya-ebpf's
 /// legacy `maps` section) pinned it: the same type, key and value sizes, capacity, flags and
 /// name, and no BTF; what the map held is copied over (per-CPU statistics excepted: they
-/// start at zero, as a replaced statistics map does). Returns the new maps' ids by name.
+/// start at zero, as a replaced statistics map does). The maps that lb had none of then (those
+/// of dual stack, from `lb_vips6` on) are unpinned. Returns the new maps' ids by name.
 fn pin_without_btf(dir: &Path) -> BTreeMap<String, u32> {
+    const BEFORE_DUAL_STACK: usize = 15;
+    for (map, _) in &lb_common::MAP_LAYOUTS[BEFORE_DUAL_STACK..] {
+        std::fs::remove_file(dir.join(map)).unwrap();
+    }
     let mut ids = BTreeMap::new();
-    for (map, _) in lb_common::MAP_LAYOUTS.iter().chain([&(LAYOUT_MAP, 0)]) {
+    let legacy = &lb_common::MAP_LAYOUTS[..BEFORE_DUAL_STACK];
+    for (map, _) in legacy.iter().chain([&(LAYOUT_MAP, 0)]) {
         let pin = dir.join(map);
         let show = bpftool::map_show(&pin).unwrap();
         assert!(show["btf_id"].is_u64(), "{map}: lb pins BTF maps: {show}");

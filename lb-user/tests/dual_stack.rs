@@ -1,8 +1,8 @@
 //! Dual stack in the desired state, without root: how a service says it has a VIP per family
 //! and backends of both, what composition makes of it (one backend set per family, a flow never
 //! crossing families), the elements both dataplanes print for it, what validation refuses and
-//! in which words, and that a dataplane that serves IPv4 only refuses an IPv6 network before
-//! anything is saved.
+//! in which words, and that what the dataplanes do not serve yet (DSR of an IPv6 VIP) is
+//! refused before anything is saved.
 use std::net::{IpAddr, Ipv4Addr};
 
 use lb_user::{
@@ -16,7 +16,7 @@ use lb_user::{
         },
     },
     daemon::Daemon,
-    dataplane::{Kind, ipv4_only, record::Recording},
+    dataplane::{Kind, dsr_ipv4_only, record::Recording},
 };
 
 fn ip(s: &str) -> IpAddr {
@@ -209,22 +209,27 @@ fn port_ownership_is_per_family() {
     );
 }
 
-/// A dataplane that serves IPv4 only refuses an IPv6 network with the address and the reason;
-/// an IPv4 one passes.
+/// DSR of an IPv6 VIP is refused by both dataplanes with the VIP and the way out; the same
+/// services in a `nat` network, and IPv4 VIPs in a `dsr` one, pass.
 #[test]
-fn an_ipv4_only_dataplane_names_the_first_ipv6_address() {
-    let s = state(dual()).unwrap();
-    let e = ipv4_only(Kind::Ebpf, &s.networks[0])
-        .unwrap_err()
-        .to_string();
-    assert_eq!(
-        e,
-        "network web: service api generation 1: VIP fd99::10 is IPv6, and the ebpf dataplane serves IPv4 only so far"
-    );
-    let v4 = state(serde_json::json!([{"id": "a", "vip": "10.99.0.10",
-        "backends": [{"ip": "10.20.0.2"}]}]))
+fn dsr_of_an_ipv6_vip_is_refused_with_the_way_out() {
+    let mut s = state(dual()).unwrap();
+    dsr_ipv4_only(Kind::Ebpf, &s.networks[0]).unwrap();
+    s.networks[0].mode = lb_user::core::model::Mode::Dsr;
+    for kind in [Kind::Ebpf, Kind::Nftables] {
+        let e = dsr_ipv4_only(kind, &s.networks[0]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "network web: VIP fd99::10 is IPv6, and the {kind} dataplane serves DSR for IPv4 VIPs only so far: serve it from a nat network"
+            )
+        );
+    }
+    let mut v4 = state(serde_json::json!([{"id": "a", "vip": "10.99.0.10",
+        "backends": [{"ip": "10.20.0.2"}, {"ip": "fd20::2"}]}]))
     .unwrap();
-    ipv4_only(Kind::Nftables, &v4.networks[0]).unwrap();
+    v4.networks[0].mode = lb_user::core::model::Mode::Dsr;
+    dsr_ipv4_only(Kind::Ebpf, &v4.networks[0]).unwrap();
 }
 
 /// The daemon takes a dual-stack service through its whole change path (validation, node

@@ -4,10 +4,10 @@
 //! own family, balanced; its published port answers on the node's address of each family;
 //! `lb elements` and `lb conntrack` show IPv6 as nft and `[addr]:port` write it; the IPv6
 //! table comes and goes with the network's IPv6 sets; neighbour discovery still works with lb
-//! attached; IPv6 twins of hairpin, `host_ip`, drain, fragments and Packet Too Big. What
-//! cannot be served yet is refused before it is saved, with the reason: IPv6 on the eBPF
-//! dataplane, DSR of an IPv6 VIP on nftables; and the eBPF programs, serving IPv4 on a
-//! dual-stack node, leave IPv6 untouched on both attach modes. Root only.
+//! attached; IPv6 twins of hairpin, `host_ip`, drain, fragments and Packet Too Big. The eBPF
+//! dataplane serves the same dual-stack service on both attach modes. What cannot be served
+//! yet is refused before it is saved, with the reason: DSR of an IPv6 VIP; and the eBPF
+//! programs, serving IPv4 on a dual-stack node, leave IPv6 untouched. Root only.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr, UdpSocket},
@@ -78,6 +78,27 @@ fn dual_service(topo: &Topology) -> Vec<String> {
         &[format!("tcp/{PUBLISHED}:{PORT}")],
         v4.chain(v6),
     )
+}
+
+/// A daemon of the eBPF dataplane with metrics on, network `web` of `topo` attached by
+/// `attach`, and a server on every backend: what must outlive the daemon, its metrics
+/// address and the daemon, in the order that drops the daemon first when bound in it.
+fn ebpf_network(topo: &Topology, attach: &str) -> (Bpffs, Vec<DualServer>, String, LbDaemon) {
+    let servers = (topo.backends.iter().enumerate())
+        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
+        .collect();
+    let metrics = free_metrics_addr().unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(
+        lb(),
+        bpffs.path(),
+        &["--dataplane", "ebpf", "--metrics", &metrics],
+    )
+    .unwrap();
+    let mut add = network_add(topo, "web");
+    add.extend(["--attach".into(), attach.into()]);
+    d.ok(&add);
+    (bpffs, servers, metrics, d)
 }
 
 fn nft_tables(topo: &Topology) -> String {
@@ -167,8 +188,8 @@ fn ipv6_the_dataplane_cannot_serve_is_refused_with_the_reason() {
     for (dataplane, mode, said) in [
         (
             "ebpf",
-            "nat",
-            "VIP fd99::10 is IPv6, and the ebpf dataplane serves IPv4 only so far",
+            "dsr",
+            "VIP fd99::10 is IPv6, and the ebpf dataplane serves DSR for IPv4 VIPs only so far",
         ),
         (
             "nftables",
@@ -424,6 +445,46 @@ fn ipv6_fragments_and_packet_too_big_on_nftables() {
     assert!(answer.ends_with(" 1400"), "arrived whole: {answer}");
 }
 
+/// The eBPF dataplane serves a dual-stack service on both attach modes as the nftables one
+/// does: each family from its own backends (checked per answer, no masquerade), balanced over
+/// all four, on its VIP and on the node's published port; `lb conntrack` shows the IPv6 flows
+/// as `[addr]:port`; neighbour discovery on the node still works with the programs attached.
+#[test]
+fn a_dual_stack_service_on_ebpf_serves_each_family_from_its_own_backends() {
+    if !require_root("a_dual_stack_service_on_ebpf_serves_each_family_from_its_own_backends") {
+        return;
+    }
+    for attach in ["tc", "xdp"] {
+        let topo = Topology::dual_stack(4).unwrap();
+        let (_bpffs, _servers, metrics, d) = ebpf_network(&topo, attach);
+        d.ok(&dual_service(&topo));
+        let v6 = topo.v6().clone();
+        for to in [
+            SocketAddr::new(VIP6.parse().unwrap(), PORT),
+            SocketAddr::new(IpAddr::V6(v6.node), PUBLISHED),
+            SocketAddr::new(VIP4.parse().unwrap(), PORT),
+            SocketAddr::new(IpAddr::V4(topo.node_ip), PUBLISHED),
+        ] {
+            let what = format!("{attach}: {to}");
+            assert_uniform_over_4(&balanced(&topo, to, 200), &what);
+        }
+        let flows = d.ok(&["conntrack", "web"]);
+        assert!(
+            flows.contains(&format!("[{}]:", v6.client))
+                && flows.contains(&format!("[{VIP6}]:{PORT}")),
+            "{attach}: {flows}"
+        );
+        topo.client
+            .exec(["ping", "-6", "-c", "1", "-W", "3", &v6.node.to_string()])
+            .unwrap_or_else(|e| panic!("{attach}: ping -6 {}: {e:#}", v6.node));
+        let text = scrape(&metrics).unwrap();
+        let translated: u64 = (["xdp", "tc_ingress"].iter())
+            .map(|hook| datapath(&text, "web", hook, "translated"))
+            .sum();
+        assert!(translated >= 800, "{attach}: every connection translated");
+    }
+}
+
 /// The eBPF dataplane on a dual-stack node, serving IPv4: IPv6 passes its programs
 /// untouched on both attach modes — neighbour discovery (pings to the node and through it),
 /// TCP to a backend's own IPv6 address (routed, unNATed: the backend sees the client) — while
@@ -436,21 +497,8 @@ fn ipv6_passes_the_ebpf_programs_untouched_on_both_attach_modes() {
     }
     for attach in ["tc", "xdp"] {
         let topo = Topology::dual_stack(2).unwrap();
-        let _servers: Vec<DualServer> = (topo.backends.iter().enumerate())
-            .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
-            .collect();
+        let (_bpffs, _servers, metrics, d) = ebpf_network(&topo, attach);
         let v6 = topo.v6().clone();
-        let metrics = free_metrics_addr().unwrap();
-        let bpffs = Bpffs::new().unwrap();
-        let d = LbDaemon::start(
-            lb(),
-            bpffs.path(),
-            &["--dataplane", "ebpf", "--metrics", &metrics],
-        )
-        .unwrap();
-        let mut add = network_add(&topo, "web");
-        add.extend(["--attach".into(), attach.into()]);
-        d.ok(&add);
         d.ok(&service_set(&[VIP4], &[], &topo.backend_ips));
 
         let (who, peer) = tcp_ask(&topo.client, SocketAddr::new(VIP4.parse().unwrap(), PORT));

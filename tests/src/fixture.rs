@@ -151,7 +151,8 @@ pub struct Run {
     pub meta: Option<u32>,
 }
 
-/// One private instance of the object (unpinned maps) with its three programs loaded.
+/// One private instance of the object (unpinned maps) with its three programs (and their
+/// IPv6 twins) loaded.
 pub struct Fixture {
     pub dp: EbpfNetwork,
     pub net: Network,
@@ -166,14 +167,10 @@ impl Fixture {
     /// gives a new network), so that a seeded run picks the same backends and ports each time.
     pub fn with_network(net: Network, hash_key: Option<u32>) -> Self {
         let mut dp = EbpfNetwork::unpinned().expect("load the object");
+        // The three programs and the IPv6 twins they tail-call, as attaching loads them.
+        dp.load_ipv6_twins()
+            .unwrap_or_else(|e| panic!("verifier accepts the programs: {e:?}"));
         let ebpf = dp.ebpf_mut();
-        let xdp: &mut Xdp = ebpf.program_mut(PROG_XDP).unwrap().try_into().unwrap();
-        xdp.load().expect("verifier accepts lb_xdp");
-        for name in [PROG_TC_INGRESS, PROG_TC_EGRESS] {
-            let tc: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
-            tc.load()
-                .unwrap_or_else(|e| panic!("verifier accepts {name}: {e}"));
-        }
         if let Some(key) = hash_key {
             // `sync` keeps a nonzero key it finds, as it does across restarts.
             assert_ne!(key, 0, "0 means no key yet");
@@ -198,16 +195,12 @@ impl Fixture {
         let composed = compose(&self.net);
         let plan = ebpf::plan(&self.net, &composed);
         let node = NodeAddrs {
-            local: vec![NODE, HOST_IP],
-            ifaces: vec![(1, NODE)],
+            local: vec![NODE.into(), HOST_IP.into()],
+            ifaces: vec![(1, NODE.into())],
             ephemeral: None,
         };
-        let keep: BTreeSet<Ipv4Addr> = (self.net.services.iter())
-            .flat_map(|s| s.backends.iter())
-            .filter_map(|b| match b.ip {
-                std::net::IpAddr::V4(a) => Some(a),
-                std::net::IpAddr::V6(_) => None,
-            })
+        let keep: BTreeSet<std::net::IpAddr> = (self.net.services.iter())
+            .flat_map(|s| s.backends.iter().map(|b| b.ip))
             .collect();
         self.dp.sync(&plan, &node, &keep).expect("sync");
     }

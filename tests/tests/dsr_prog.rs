@@ -32,7 +32,7 @@ use lb_user::{
         elements::{Interval, REAL_SERVER, dsr_elements},
         model::{Masquerade, Mode, Network},
     },
-    dataplane::ebpf::{ServiceKey, be4, gc::monotonic_ns},
+    dataplane::ebpf::{MapAddr, ServiceKey, be4, gc::monotonic_ns},
 };
 
 const XDP_TX: u32 = 3;
@@ -149,8 +149,8 @@ fn hashed_backend(f: &Fixture, p: &Ipv4Packet) -> Ipv4Addr {
 /// The counter id `sync` gave backend `ip` in VIP `vip`'s set.
 fn counter_of(f: &Fixture, vip: Ipv4Addr, ip: Ipv4Addr) -> u32 {
     let held = f.dp.current_services().unwrap();
-    let (_, set) = &held[&ServiceKey::Vip(be4(vip))];
-    (set.iter().find(|b| b.addr == be4(ip)))
+    let (_, set) = &held[&ServiceKey::Vip(MapAddr::V4(be4(vip)))];
+    (set.iter().find(|b| b.addr == MapAddr::V4(be4(ip))))
         .unwrap_or_else(|| panic!("{ip} is in {vip}'s set"))
         .counter
 }
@@ -216,7 +216,7 @@ fn count(f: &Fixture, prog: Prog, reason: Reason) -> u64 {
 #[test]
 fn a_new_session_goes_to_the_hashed_backend_by_mac_with_l3_l4_untouched() {
     let Some(mut f) = fixture() else { return };
-    let (svc, _) = f.dp.current_services().unwrap()[&ServiceKey::Vip(be4(VIP))];
+    let (svc, _) = f.dp.current_services().unwrap()[&ServiceKey::Vip(MapAddr::V4(be4(VIP)))];
     assert_eq!(
         (svc.flags & SERVICE_DSR, svc.session_timeout),
         (SERVICE_DSR, TIMEOUT),
@@ -312,7 +312,7 @@ fn a_live_session_keeps_its_backend_after_the_set_changes() {
     }
     let counted = f.dp.counters().unwrap();
     let total =
-        f.dp.service_total(&ServiceKey::Vip(be4(VIP)), &counted)
+        f.dp.service_total(&ServiceKey::Vip(MapAddr::V4(be4(VIP))), &counted)
             .unwrap();
     assert_eq!(total.packets, 33, "the VIP's total: its backends' sum");
 }
@@ -458,7 +458,7 @@ fn a_nat_network_vip_is_translated_as_before() {
     let Some(mut f) = fixture() else { return };
     let mut f2 = Fixture::new(Masquerade::Never);
     resolve(&mut f2, WEB[0], RUN_IFINDEX);
-    let (svc, _) = f2.dp.current_services().unwrap()[&ServiceKey::Vip(be4(VIP))];
+    let (svc, _) = f2.dp.current_services().unwrap()[&ServiceKey::Vip(MapAddr::V4(be4(VIP)))];
     assert_eq!(svc.flags & SERVICE_DSR, 0, "a NAT VIP");
     for (prog, sport) in [(Prog::Xdp, 40800), (Prog::TcIngress, 40801)] {
         let p = Ipv4Packet::tcp(CLIENT, sport, VIP, 443);

@@ -2,11 +2,11 @@
 //! every kind and length, fragments, TCP/UDP/SCTP, ICMPv6 errors quoting such packets and
 //! informational messages, other protocols; then truncated, lying about their lengths,
 //! flipped) run through all three programs under BPF_PROG_TEST_RUN against the fixture's
-//! network. The eBPF dataplane serves no IPv6 service yet, so what must hold for every frame:
+//! network, which has no IPv6 service, so what must hold for every frame:
 //!
 //! 1. It leaves byte-identical with a passing verdict, or the kernel refuses it for its length.
 //! 2. Each run counts exactly one outcome, and only one an IPv6 packet may have (`not_service`,
-//!    `not_l4`, `ipv6_extension`, `malformed`), checked per round of packets.
+//!    `frag_unknown`, `not_l4`, `ipv6_extension`, `malformed`), checked per round of packets.
 //! 3. No flow or fragment entry is written.
 //!
 //! A run of at least `COVERAGE_FROM` packets must have reached every one of those outcomes
@@ -28,9 +28,13 @@ const DEFAULT_PACKETS: usize = 100_000;
 const ROUND: usize = 500;
 const COVERAGE_FROM: usize = 20_000;
 
-/// What an IPv6 frame may end as while no IPv6 service exists.
-const IPV6_OUTCOMES: [Reason; 4] = [
+/// What an IPv6 frame may end as while no IPv6 service exists (`frag_unknown`: a later
+/// fragment of a datagram no flow translated; `xdp_deferred`: XDP leaves a checksum it
+/// cannot tell full from partial to TC before it looks anything up).
+const IPV6_OUTCOMES: [Reason; 6] = [
     Reason::NotService,
+    Reason::FragUnknown,
+    Reason::XdpDeferred,
     Reason::NotL4,
     Reason::Ipv6Extension,
     Reason::Malformed,
@@ -265,6 +269,10 @@ fn ipv6_frames_pass_every_program_byte_identical() {
     if packets >= COVERAGE_FROM {
         for prog in Prog::ALL {
             for r in IPV6_OUTCOMES {
+                // A chance outcome (a checksum that happens to equal its seed), XDP's only.
+                if r == Reason::XdpDeferred {
+                    continue;
+                }
                 assert!(
                     totals.get(&(prog, r as usize)).is_some_and(|n| *n > 0),
                     "{prog:?} never ended as {r:?}: the generator misses a path"

@@ -25,7 +25,7 @@ use lb_tests::{
 };
 use lb_user::{
     core::model::Masquerade,
-    dataplane::ebpf::{ServiceKey, be4, gc::monotonic_ns},
+    dataplane::ebpf::{MapAddr, ServiceKey, be4, gc::monotonic_ns},
 };
 
 /// Destination address and port of an output frame (IPv4 without options unless `l4_off`).
@@ -674,7 +674,7 @@ fn counters_count_packets_and_bytes_per_backend_and_service() {
 /// A VIP's packets and bytes as the controller totals them (its backends' counters).
 fn service_total(f: &mut Fixture, vip: Ipv4Addr) -> lb_common::Counters {
     let counted = f.dp.counters().unwrap();
-    f.dp.service_total(&ServiceKey::Vip(be4(vip)), &counted)
+    f.dp.service_total(&ServiceKey::Vip(MapAddr::of(vip.into())), &counted)
         .unwrap()
 }
 

@@ -1,6 +1,6 @@
 //! The commands: each turns the invocation into requests to the daemon, and the daemon's
 //! answers into a CNI result or error.
-use std::{collections::BTreeSet, net::IpAddr};
+use std::collections::BTreeSet;
 
 use hyper::StatusCode;
 
@@ -12,7 +12,6 @@ use super::{
 use crate::{
     api::{Client, Done, NetworkSummary, Refused, Request, ServiceEntry, Status},
     core::model::{DesiredState, Network, Service},
-    dataplane::Kind,
 };
 
 pub fn run(env: &Env, stdin: &[u8]) -> Result<String, CniError> {
@@ -73,7 +72,7 @@ fn is_not_found(e: &anyhow::Error) -> bool {
 }
 
 /// The attachment's service as the config and `prevResult` ask for it.
-fn wanted(env: &Env, conf: &Conf, client: &Client) -> Result<(Prev, Service), CniError> {
+fn wanted(env: &Env, conf: &Conf) -> Result<(Prev, Service), CniError> {
     let (container, ifname) = env.attachment()?;
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
         CniError::new(
@@ -82,46 +81,17 @@ fn wanted(env: &Env, conf: &Conf, client: &Client) -> Result<(Prev, Service), Cn
         )
     })?;
     let prev = Prev::read(prev)?;
-    let ips = published_ips(&prev.ips, client)?;
+    // Every address of the container: a dual-stack one is published on both families.
     let service = service::build(
         &service_id(container, ifname),
-        &ips,
+        &prev.ips,
         &conf.runtime_config.port_mappings,
     )?;
     Ok((prev, service))
 }
 
-/// The container's addresses lb publishes its ports on: all of them (a dual-stack container
-/// on both families) where the daemon's dataplane serves IPv6 (the nftables one), its IPv4
-/// address elsewhere (the eBPF dataplane serves IPv4 only so far), where a container without
-/// one is refused. The daemon is asked only about a container that has an IPv6 address.
-fn published_ips(ips: &[IpAddr], client: &Client) -> Result<Vec<IpAddr>, CniError> {
-    if ips.iter().all(IpAddr::is_ipv4) {
-        return Ok(ips.to_vec());
-    }
-    let dataplane = (client.call::<Status>(&Request::Status))
-        .map_err(|e| daemon_error("asking the lb daemon which families it serves", e))?
-        .dataplane;
-    if dataplane == Kind::Nftables.as_str() {
-        return Ok(ips.to_vec());
-    }
-    let v4: Vec<IpAddr> = ips.iter().copied().filter(IpAddr::is_ipv4).collect();
-    if v4.is_empty() {
-        return Err(CniError::new(
-            code::INVALID_CONFIG,
-            format!(
-                "prevResult gives the container no IPv4 address ({}), and the lb daemon's {dataplane} dataplane serves IPv4 only so far",
-                (ips.iter().map(IpAddr::to_string))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        ));
-    }
-    Ok(v4)
-}
-
 fn add(env: &Env, conf: &Conf, client: &Client) -> Result<String, CniError> {
-    let (prev, service) = wanted(env, conf, client)?;
+    let (prev, service) = wanted(env, conf)?;
     let result = pass_on(conf);
     if service.ports.is_empty() {
         // Nothing to publish (lb takes no service without a VIP or a port); a previous ADD of
@@ -293,7 +263,7 @@ fn del(env: &Env, conf: &Conf, client: &Client) -> Result<(), CniError> {
 }
 
 fn check(env: &Env, conf: &Conf, client: &Client) -> Result<(), CniError> {
-    let (_, want) = wanted(env, conf, client)?;
+    let (_, want) = wanted(env, conf)?;
     let entries: Vec<ServiceEntry> = client
         .call(&Request::ServiceList {
             network: Some(conf.network.clone()),

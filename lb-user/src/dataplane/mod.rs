@@ -138,35 +138,19 @@ impl std::fmt::Display for Kind {
     }
 }
 
-/// Refuses `network` if it has an IPv6 address (a VIP, a backend, a `host_ip`), for a
-/// dataplane that serves IPv4 only so far: the desired state can say dual stack, and what
-/// cannot serve it says so before anything is saved, naming the first such address.
-pub fn ipv4_only(kind: Kind, network: &Network) -> Result<()> {
-    let first = (network.services.iter()).find_map(|s| {
-        let vip = s
-            .vips
-            .iter()
-            .find(|v| v.is_ipv6())
-            .map(|v| format!("VIP {v}"));
-        let backend =
-            || (s.backends.iter().find(|b| b.ip.is_ipv6())).map(|b| format!("backend {}", b.ip));
-        let host = || {
-            (s.ports
-                .iter()
-                .find(|p| p.host_ip.is_some_and(|h| h.is_ipv6())))
-            .map(|p| format!("port {p}"))
-        };
-        vip.or_else(backend).or_else(host).map(|what| (s, what))
-    });
-    match first {
-        None => Ok(()),
-        Some((s, what)) => anyhow::bail!(
-            "network {}: service {} generation {}: {what} is IPv6, and the {kind} dataplane serves IPv4 only so far",
-            network.name,
-            s.id,
-            s.generation
-        ),
+/// Refuses a `dsr` network with an IPv6 VIP, naming it: both dataplanes serve DSR for IPv4
+/// VIPs only so far (an IPv6 service is served from a `nat` network). Checked before
+/// anything is saved.
+pub fn dsr_ipv4_only(kind: Kind, network: &Network) -> Result<()> {
+    if network.mode == crate::core::model::Mode::Dsr
+        && let Some(vip) = network.vips().into_iter().find(std::net::IpAddr::is_ipv6)
+    {
+        anyhow::bail!(
+            "network {}: VIP {vip} is IPv6, and the {kind} dataplane serves DSR for IPv4 VIPs only so far: serve it from a nat network",
+            network.name
+        );
     }
+    Ok(())
 }
 
 /// Packets and bytes of one service frontend or one of its backends, summed over CPUs.
@@ -225,6 +209,19 @@ impl FlowStats {
             by_state,
             ..Default::default()
         }
+    }
+
+    /// Adds `other`'s counts (another flow table of the same network: IPv6's).
+    pub fn add(&mut self, other: &FlowStats) {
+        for (a, b) in self.by_state.iter_mut().zip(other.by_state) {
+            *a += b;
+        }
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        self.entries = sum(self.entries, other.entries);
+        self.expired_total = sum(self.expired_total, other.expired_total);
     }
 }
 

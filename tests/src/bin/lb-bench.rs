@@ -375,30 +375,18 @@ fn control_plane(lb: &std::path::Path, dataplanes: &[String], sizes: &[u32]) -> 
 /// The micro-benchmarks; their table (also printed).
 fn packets(rounds: usize) -> Result<String> {
     let mut dp = EbpfNetwork::unpinned().context("loading the eBPF object")?;
-    {
-        let ebpf = dp.ebpf_mut();
-        let xdp: &mut Xdp = ebpf.program_mut(PROG_XDP).context("lb_xdp")?.try_into()?;
-        xdp.load().context("loading lb_xdp")?;
-        let tc: &mut SchedClassifier = ebpf
-            .program_mut(PROG_TC_INGRESS)
-            .context("lb_tc_ingress")?
-            .try_into()?;
-        tc.load().context("loading lb_tc_ingress")?;
-    }
+    dp.load_ipv6_twins()
+        .context("loading the programs (and the IPv6 twins they tail-call)")?;
     let net = network();
     let composed = compose(&net);
     let plan = ebpf::plan(&net, &composed);
     let node = NodeAddrs {
-        local: vec![NODE],
-        ifaces: vec![(1, NODE)],
+        local: vec![NODE.into()],
+        ifaces: vec![(1, NODE.into())],
         ephemeral: None,
     };
-    let keep: BTreeSet<Ipv4Addr> = (net.services.iter())
-        .flat_map(|s| s.backends.iter())
-        .filter_map(|b| match b.ip {
-            std::net::IpAddr::V4(a) => Some(a),
-            std::net::IpAddr::V6(_) => None,
-        })
+    let keep: BTreeSet<std::net::IpAddr> = (net.services.iter())
+        .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
     dp.sync(&plan, &node, &keep).context("filling the maps")?;
 

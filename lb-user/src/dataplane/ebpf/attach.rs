@@ -26,8 +26,9 @@ use std::{collections::BTreeSet, path::Path};
 use anyhow::{Context as _, Result};
 use aya::{
     Ebpf,
+    maps::ProgramArray,
     programs::{
-        CgroupAttachMode, CgroupSockAddr, Link as _, Program, ProgramError, ProgramInfo,
+        CgroupAttachMode, CgroupSockAddr, Link as _, Program, ProgramError, ProgramFd, ProgramInfo,
         SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
         loaded_programs,
@@ -40,6 +41,7 @@ use super::{
     EbpfNetwork, PROG_SOCK, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_REPLY, PROG_XDP, TcMode,
 };
 use crate::{core::model::Attach, node::Netlink};
+use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_XDP};
 
 /// Prefix of link pin names.
 const LINK_PREFIX: &str = "link_";
@@ -147,6 +149,7 @@ impl Identity {
 /// object (an attach or a replacement reuses the loaded program).
 trait Loadable {
     fn load_once(&mut self) -> Result<(), ProgramError>;
+    fn program_fd(&self) -> Result<&ProgramFd, ProgramError>;
 }
 
 macro_rules! loadable {
@@ -157,6 +160,9 @@ macro_rules! loadable {
                     self.load()?;
                 }
                 Ok(())
+            }
+            fn program_fd(&self) -> Result<&ProgramFd, ProgramError> {
+                self.fd()
             }
         }
     )*};
@@ -175,17 +181,62 @@ where
     Ok(p)
 }
 
+/// The IPv6 program each IPv4 one tail-calls for an IPv6 frame (lb-ebpf's `main.rs`): the
+/// IPv4 program, its twin, the program array and the slot (the hook's number).
+const IPV6_TWINS: [(&str, &str, &str, u32); 3] = [
+    (PROG_XDP, "lb_xdp6", "lb_jump6_xdp", HOOK_XDP),
+    (
+        PROG_TC_INGRESS,
+        "lb_tc_ingress6",
+        "lb_jump6_tc",
+        HOOK_TC_INGRESS,
+    ),
+    (
+        PROG_TC_EGRESS,
+        "lb_tc_egress6",
+        "lb_jump6_tc",
+        HOOK_TC_EGRESS,
+    ),
+];
+
+/// Program `prog` of `ebpf` loaded as a `T`, with its IPv6 twin (if it has one) loaded and in
+/// its slot first: a program is never attached while its twin's slot is empty or holds
+/// another object's twin.
+fn loaded_with_twin<'a, T: Loadable>(ebpf: &'a mut Ebpf, prog: &str) -> Result<&'a mut T>
+where
+    for<'b> &'b mut T: TryFrom<&'b mut Program, Error = ProgramError>,
+{
+    if let Some(&(_, twin, jump, slot)) = IPV6_TWINS.iter().find(|t| t.0 == prog) {
+        let fd = loaded::<T>(ebpf, twin)?.program_fd()?.try_clone()?;
+        let map =
+            (ebpf.map_mut(jump)).with_context(|| format!("map {jump} missing from the object"))?;
+        ProgramArray::try_from(map)?
+            .set(slot, &fd, 0)
+            .with_context(|| format!("putting {twin} in {jump}"))?;
+    }
+    loaded(ebpf, prog)
+}
+
 impl EbpfNetwork {
+    /// Loads the IPv6 twins of the TC and XDP programs into their slots (what attaching
+    /// does): for runs of the programs that attach nothing (program-level tests).
+    pub fn load_ipv6_twins(&mut self) -> Result<()> {
+        loaded_with_twin::<Xdp>(&mut self.ebpf, PROG_XDP)?;
+        loaded_with_twin::<SchedClassifier>(&mut self.ebpf, PROG_TC_INGRESS)?;
+        loaded_with_twin::<SchedClassifier>(&mut self.ebpf, PROG_TC_EGRESS)?;
+        Ok(())
+    }
+
     fn link_path(&self, ifname: &str, hook: &str) -> std::path::PathBuf {
         self.dir.join(hook_name(ifname, hook))
     }
 
     fn tc_program(&mut self, prog: &str) -> Result<&mut SchedClassifier> {
-        loaded(&mut self.ebpf, prog)
+        loaded_with_twin(&mut self.ebpf, prog)
     }
 
     fn xdp_program(&mut self) -> Result<&mut Xdp> {
-        loaded(&mut self.ebpf, PROG_XDP)
+        loaded_with_twin(&mut self.ebpf, PROG_XDP)
     }
 
     /// Attaches the programs to `ifname` (in the calling thread's network namespace), or

@@ -12,7 +12,7 @@
 //! hooks and aliases are in another namespace, which the new one's apply cannot reach.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr},
+    net::IpAddr,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -21,7 +21,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     self as ebpf, EbpfNetwork, Held, MapSizes, NodeAddrs, OnIncompatible, ServiceKey, TcMode,
-    attach::Wanted, gc, ip,
+    attach::Wanted, gc,
 };
 use crate::{
     core::compose::{ComposedNetwork, PortKey},
@@ -150,12 +150,15 @@ fn apply_in_netns(
     let mut ifaces = Vec::new();
     let mut indexes = Vec::new();
     for (name, index) in nl.present(&network.interfaces)? {
-        // A masqueraded flow leaving by this interface takes its primary IPv4 address.
-        if let Some(a) = netlink::on_interface(&addrs, index).find_map(|a| match a.addr {
-            IpAddr::V4(v4) => Some(v4),
-            IpAddr::V6(_) => None,
-        }) {
-            ifaces.push((index, a));
+        // A masqueraded flow leaving by this interface takes its primary address of the
+        // flow's family (IPv6: not a link-local one, which a backend elsewhere cannot answer).
+        for v6 in [false, true] {
+            let primary = netlink::on_interface(&addrs, index)
+                .map(|a| a.addr)
+                .find(|a| a.is_ipv6() == v6 && !is_link_local(*a));
+            if let Some(a) = primary {
+                ifaces.push((index, a));
+            }
         }
         indexes.push(index);
         dp.attach(&nl, name, network.attach, tc_mode)
@@ -185,23 +188,12 @@ fn apply_in_netns(
         vips.extend(&p.vips);
     }
     let node = NodeAddrs {
-        // (IPv4 only: the programs' local-address map holds IPv4.)
-        local: (netlink::node_addrs(&addrs, &vips).into_iter())
-            .filter_map(|a| match a {
-                IpAddr::V4(a) => Some(a),
-                IpAddr::V6(_) => None,
-            })
-            .collect(),
+        local: netlink::node_addrs(&addrs, &vips).into_iter().collect(),
         ifaces,
         ephemeral: NodeAddrs::read_ephemeral(),
     };
-    let keep: BTreeSet<Ipv4Addr> = (network.services.iter())
-        .flat_map(|s| {
-            s.backends.iter().filter_map(|b| match b.ip {
-                IpAddr::V4(a) => Some(a),
-                IpAddr::V6(_) => None,
-            })
-        })
+    let keep: BTreeSet<IpAddr> = (network.services.iter())
+        .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
     aliases::around(&nl, &addrs, network, previous.aliases.as_ref(), || {
         dp.sync(&plan, &node, &keep).context("writing maps")
@@ -253,7 +245,7 @@ impl Dataplane for EbpfDataplane {
     }
 
     fn supports(&self, network: &Network) -> Result<()> {
-        crate::dataplane::ipv4_only(Kind::Ebpf, network)
+        crate::dataplane::dsr_ipv4_only(Kind::Ebpf, network)
     }
 
     /// The plan's need against what the network's maps hold and their real sizes; a network
@@ -432,6 +424,7 @@ impl Dataplane for EbpfDataplane {
         let dp = self.net(&network.name)?;
         let now = gc::monotonic_ns();
         let mut flows = gc::live_flows(&dp.flow_entries(), now);
+        flows.extend(gc::live_flows(&dp.flow_entries6(), now));
         if network.mode == Mode::Dsr {
             flows.extend(dp.dsr_flows(network.timeouts.dsr_secs(), now));
         }
@@ -526,11 +519,15 @@ impl Dataplane for EbpfDataplane {
             out.push(Count::new(&ids, set, None, c.packets, c.bytes));
             for b in backends {
                 let c = of(b.counter);
-                out.push(Count::new(&ids, set, Some(ip(b.addr)), c.packets, c.bytes));
+                out.push(Count::new(&ids, set, Some(b.addr.ip()), c.packets, c.bytes));
             }
         }
         Ok(out)
     }
+}
+
+fn is_link_local(a: IpAddr) -> bool {
+    matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local())
 }
 
 /// For a `dsr` network attached by XDP: the veths among its interfaces whose peer would lose
@@ -570,11 +567,12 @@ fn xdp_tx_peers(network: &Network) -> Result<Vec<String>> {
 /// The composed set a service entry holds; `None` for a protocol lb does not publish.
 fn set_key(key: &ServiceKey) -> Option<SetKey> {
     match *key {
-        ServiceKey::Vip(a) => Some(SetKey::Vip(ip(a))),
+        ServiceKey::Vip(a) => Some(SetKey::Vip(a.ip())),
         ServiceKey::Port { addr, port, proto } => Proto::from_number(proto).map(|proto| {
+            let ip = addr.ip();
             SetKey::Port(PortKey::new(
-                (addr != 0).then(|| ip(addr)),
-                Family::V4,
+                (!ip.is_unspecified()).then_some(ip),
+                Family::of(ip),
                 proto,
                 u16::from_be(port),
             ))

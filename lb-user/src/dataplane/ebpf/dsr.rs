@@ -26,7 +26,7 @@ use lb_common::{
     DsrSession, Endpoint, FlowKey, SERVICE_DSR, Service, VipKey, dsr, flow::NS_PER_SEC,
 };
 
-use super::{EbpfNetwork, Plan, ServiceKey, be4, ip, ip4, sync::write_exactly};
+use super::{EbpfNetwork, MapAddr, Plan, ServiceKey, be4, ip, ip4, sync::write_exactly};
 use crate::{
     core::model::Proto,
     dataplane::{Flow, FlowState},
@@ -111,11 +111,16 @@ fn same_subnet(a: Ipv4Addr, b: Ipv4Addr, prefix: u8) -> bool {
     u32::from(a) & mask == u32::from(b) & mask
 }
 
-/// The backends of a plan's DSR VIPs (enabled ones: what new sessions may pick).
+/// The backends of a plan's DSR VIPs (enabled ones: what new sessions may pick). DSR is
+/// IPv4's (`supports` refuses an IPv6 VIP in a `dsr` network).
 fn vip_backends(plan: &Plan) -> BTreeSet<Ipv4Addr> {
     (plan.services.iter())
-        .filter(|(k, _)| matches!(k, ServiceKey::Vip(_)))
-        .flat_map(|(_, set)| set.iter().map(|(addr, _)| ip4(*addr)))
+        .filter(|(k, _)| matches!(k, ServiceKey::Vip(MapAddr::V4(_))))
+        .flat_map(|(_, set)| set.iter())
+        .filter_map(|(addr, _)| match addr {
+            MapAddr::V4(a) => Some(ip4(*a)),
+            MapAddr::V6(_) => None,
+        })
         .collect()
 }
 
@@ -173,8 +178,11 @@ impl EbpfNetwork {
             "lb_dsr_backends",
         )?;
         for (key, set) in plan.services.iter_mut() {
-            if matches!(key, ServiceKey::Vip(_)) {
-                set.retain(|(addr, _)| res.endpoints.contains_key(addr));
+            if matches!(key, ServiceKey::Vip(MapAddr::V4(_))) {
+                set.retain(|(addr, _)| match addr {
+                    MapAddr::V4(a) => res.endpoints.contains_key(a),
+                    MapAddr::V6(_) => false,
+                });
             }
         }
         if res.unresolved != self.dsr_unresolved {

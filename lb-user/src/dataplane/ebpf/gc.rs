@@ -17,11 +17,11 @@ use std::{
 use anyhow::{Context as _, Result};
 use aya::maps::{HashMap, Map, MapData};
 use lb_common::{
-    FLOW_MASQ, FLOW_REPLY, Flow, FlowKey,
+    FLOW_MASQ, FLOW_REPLY, FlowKeyOf, FlowOf,
     flow::{NS_PER_SEC, expired},
 };
 
-use super::ip;
+use super::MapIp;
 use crate::core::model::Proto;
 use crate::dataplane::{FlowState, FlowStats};
 
@@ -38,7 +38,7 @@ pub enum Entry {
     MasqReply,
 }
 
-pub fn entry_kind(e: &Flow) -> Entry {
+pub fn entry_kind<A>(e: &FlowOf<A>) -> Entry {
     match (e.flags & FLOW_MASQ != 0, e.flags & FLOW_REPLY != 0) {
         (false, false) => Entry::Forward,
         (false, true) => Entry::Reply,
@@ -48,7 +48,7 @@ pub fn entry_kind(e: &Flow) -> Entry {
 }
 
 /// The backend an entry is about, whichever kind it is.
-pub fn backend_of(k: &FlowKey, e: &Flow) -> u32 {
+pub fn backend_of<A: Copy>(k: &FlowKeyOf<A>, e: &FlowOf<A>) -> A {
     match entry_kind(e) {
         Entry::Forward => e.daddr,
         Entry::Reply | Entry::MasqReply => k.saddr,
@@ -57,7 +57,7 @@ pub fn backend_of(k: &FlowKey, e: &Flow) -> u32 {
 }
 
 /// A flow's state as `lb conntrack` and the metrics name it.
-pub fn flow_state(k: &FlowKey, e: &Flow) -> FlowState {
+pub fn flow_state<A>(k: &FlowKeyOf<A>, e: &FlowOf<A>) -> FlowState {
     if k.proto == lb_common::IPPROTO_TCP && e.closing_orig != 0 && e.closing_reply != 0 {
         FlowState::Closing
     } else if e.replied != 0 {
@@ -80,7 +80,10 @@ pub fn monotonic_ns() -> u64 {
 
 /// The live flows among `entries`, as `lb conntrack` lists them (one per flow: its forward
 /// entry), sorted by service and client.
-pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane::Flow> {
+pub fn live_flows<A: MapIp>(
+    entries: &[(FlowKeyOf<A>, FlowOf<A>)],
+    now: u64,
+) -> Vec<crate::dataplane::Flow> {
     let mut flows: Vec<_> = entries
         .iter()
         .filter(|(_, e)| entry_kind(e) == Entry::Forward && !expired(e, now))
@@ -88,10 +91,10 @@ pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane
         .filter_map(|(k, e)| Some((k, e, Proto::from_number(k.proto)?)))
         .map(|(k, e, proto)| crate::dataplane::Flow {
             proto,
-            client: SocketAddr::new(ip(k.saddr), u16::from_be(k.sport)),
-            frontend: SocketAddr::new(ip(k.daddr), u16::from_be(k.dport)),
+            client: SocketAddr::new(k.saddr.ip(), u16::from_be(k.sport)),
+            frontend: SocketAddr::new(k.daddr.ip(), u16::from_be(k.dport)),
             service: None,
-            backend: SocketAddr::new(ip(e.daddr), u16::from_be(e.dport)),
+            backend: SocketAddr::new(e.daddr.ip(), u16::from_be(e.dport)),
             state: flow_state(k, e),
             expires_secs: Some(e.expires_ns.saturating_sub(now).div_ceil(NS_PER_SEC)),
             idle_secs: None,
@@ -107,8 +110,15 @@ pub fn live_flows(entries: &[(FlowKey, Flow)], now: u64) -> Vec<crate::dataplane
 /// deleted key has no next). An entry the programs refreshed or re-created between the read
 /// and its delete is re-read and kept; one re-created in the instant between that re-read and
 /// the delete is lost, and its flow is re-created by its next packet (`lb_common::flow`).
-pub fn collect(flows: &mut HashMap<MapData, FlowKey, Flow>, now: u64) -> FlowStats {
-    let entries: Vec<(FlowKey, Flow)> = flows.iter().filter_map(|e| e.ok()).collect();
+pub fn collect<A: MapIp>(
+    flows: &mut HashMap<MapData, FlowKeyOf<A>, FlowOf<A>>,
+    now: u64,
+) -> FlowStats
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowOf<A>: aya::Pod,
+{
+    let entries: Vec<(FlowKeyOf<A>, FlowOf<A>)> = flows.iter().filter_map(|e| e.ok()).collect();
     let mut stats = FlowStats {
         entries: Some(entries.len() as u64),
         ..Default::default()
@@ -181,6 +191,18 @@ fn collect_dsr(dir: &Path, now: u64) -> Result<(u64, u64)> {
     Ok(super::dsr::collect(&mut sessions, &vips, now))
 }
 
+/// [`collect`] of the flow map pinned as `name` in `dir`.
+fn collect_pinned<A: MapIp>(dir: &Path, name: &str, now: u64) -> Result<FlowStats>
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowOf<A>: aya::Pod,
+{
+    let pin: PathBuf = dir.join(name);
+    let map = MapData::from_pin(&pin).with_context(|| format!("opening {}", pin.display()))?;
+    let mut map = HashMap::<_, FlowKeyOf<A>, FlowOf<A>>::try_from(Map::LruHashMap(map))?;
+    Ok(collect(&mut map, now))
+}
+
 fn run_once(bpffs: &Path, out: &Shared) {
     let Ok(dirs) = std::fs::read_dir(bpffs) else {
         return;
@@ -188,23 +210,27 @@ fn run_once(bpffs: &Path, out: &Shared) {
     let mut seen = Vec::new();
     for d in dirs.flatten() {
         let name = d.file_name().to_string_lossy().into_owned();
-        let pin: PathBuf = d.path().join("lb_flows");
         // A network refused for its layouts is left as it is, entries included.
-        if !pin.exists() || !super::layouts_compatible(&d.path()) {
+        if !d.path().join("lb_flows").exists() || !super::layouts_compatible(&d.path()) {
             continue;
         }
-        let result = MapData::from_pin(&pin)
-            .map_err(anyhow::Error::from)
-            .and_then(|m| Ok(HashMap::<_, FlowKey, Flow>::try_from(Map::LruHashMap(m))?));
-        let mut map = match result {
-            Ok(m) => m,
+        let now = monotonic_ns();
+        let mut stats = match collect_pinned::<u32>(&d.path(), "lb_flows", now) {
+            Ok(s) => s,
             Err(e) => {
-                tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: opening lb_flows");
+                tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: lb_flows");
                 continue;
             }
         };
-        let now = monotonic_ns();
-        let mut stats = collect(&mut map, now);
+        // A network pinned by an lb before dual stack has no IPv6 flow map until it loads.
+        if d.path().join("lb_flows6").exists() {
+            match collect_pinned::<lb_common::Addr6>(&d.path(), "lb_flows6", now) {
+                Ok(s6) => stats.add(&s6),
+                Err(e) => {
+                    tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: lb_flows6")
+                }
+            }
+        }
         match collect_dsr(&d.path(), now) {
             Ok((live, deleted)) => {
                 stats.by_state[FlowState::Dsr.index()] = live;

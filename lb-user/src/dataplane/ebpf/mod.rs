@@ -44,9 +44,9 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
-    Backend, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession, Endpoint, Flow, FlowKey,
-    Iface, LAYOUT_MAP, MAP_LAYOUTS, PortKey, REASONS, Reason, Service, SockConfig, Timeouts,
-    VipKey,
+    Addr6, Backend, Backend6, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession, Endpoint,
+    Flow, Flow6, FlowKey, FlowKey6, Iface, Iface6, LAYOUT_MAP, MAP_LAYOUTS, PortKey, PortKey6,
+    REASONS, Reason, Service, SockConfig, Timeouts, VipKey, VipKey6,
 };
 
 mod attach;
@@ -58,7 +58,10 @@ mod plan;
 mod sync;
 
 pub use attach::detach_all;
-pub use plan::{Held, MapSizes, Need, NodeAddrs, Plan, ServiceKey, be, be4, ip, ip4, need, plan};
+pub use plan::{
+    Held, MapAddr, MapIp, MapSizes, Need, NodeAddrs, Plan, ServiceKey, SetBackend, be, be4, be6,
+    ip, ip4, ip6, need, plan,
+};
 
 /// Names of the programs in the object, as `bpftool prog show` lists them.
 pub const PROG_XDP: &str = "lb_xdp";
@@ -139,6 +142,13 @@ pub struct EbpfNetwork {
     flows: HashMap<MapData, FlowKey, Flow>,
     local: HashMap<MapData, u32, u32>,
     ifaces: HashMap<MapData, u32, Iface>,
+    // The IPv6 twins (docs/dual-stack.md, "v4/v6 map pairs"); set and counter ids are shared.
+    vips6: HashMap<MapData, VipKey6, Service>,
+    ports6: HashMap<MapData, PortKey6, Service>,
+    backends6: HashMap<MapData, BackendKey, Backend6>,
+    flows6: HashMap<MapData, FlowKey6, Flow6>,
+    local6: HashMap<MapData, Addr6, u32>,
+    ifaces6: HashMap<MapData, u32, Iface6>,
     config: Array<MapData, Config>,
     counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
@@ -345,6 +355,10 @@ impl EbpfNetwork {
             ("lb_ports", sizes.services),
             ("lb_backends", sizes.backends),
             ("lb_flows", sizes.flows),
+            ("lb_vips6", sizes.services),
+            ("lb_ports6", sizes.services),
+            ("lb_backends6", sizes.backends),
+            ("lb_flows6", sizes.flows),
             ("lb_counters", sizes.counters),
         ] {
             loader.map_max_entries(map, n);
@@ -401,6 +415,12 @@ impl EbpfNetwork {
             flows: HashMap::try_from(flows)?,
             local: HashMap::try_from(take(&mut ebpf, "lb_local_addrs")?)?,
             ifaces: HashMap::try_from(take(&mut ebpf, "lb_ifaces")?)?,
+            vips6: HashMap::try_from(take(&mut ebpf, "lb_vips6")?)?,
+            ports6: HashMap::try_from(take(&mut ebpf, "lb_ports6")?)?,
+            backends6: HashMap::try_from(take(&mut ebpf, "lb_backends6")?)?,
+            flows6: HashMap::try_from(take(&mut ebpf, "lb_flows6")?)?,
+            local6: HashMap::try_from(take(&mut ebpf, "lb_local_addrs6")?)?,
+            ifaces6: HashMap::try_from(take(&mut ebpf, "lb_ifaces6")?)?,
             config: Array::try_from(take(&mut ebpf, "lb_config")?)?,
             counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
@@ -449,6 +469,11 @@ impl EbpfNetwork {
         self.flows.iter().filter_map(|e| e.ok()).collect()
     }
 
+    /// Every IPv6 flow entry, as [`EbpfNetwork::flow_entries`].
+    pub fn flow_entries6(&self) -> Vec<(FlowKey6, Flow6)> {
+        self.flows6.iter().filter_map(|e| e.ok()).collect()
+    }
+
     /// Every DSR session, idle ones past their timeout included.
     pub fn dsr_sessions(&self) -> Vec<(FlowKey, DsrSession)> {
         self.dsr_sessions.iter().filter_map(|e| e.ok()).collect()
@@ -467,6 +492,11 @@ impl EbpfNetwork {
     /// The flow map, for tests that take entries away as LRU eviction would.
     pub fn flows_mut(&mut self) -> &mut HashMap<MapData, FlowKey, Flow> {
         &mut self.flows
+    }
+
+    /// The IPv6 flow map, as [`EbpfNetwork::flows_mut`].
+    pub fn flows6_mut(&mut self) -> &mut HashMap<MapData, FlowKey6, Flow6> {
+        &mut self.flows6
     }
 
     /// Makes the socket programs serve the sockets of the namespace whose cookie is `netns`

@@ -1,32 +1,87 @@
 //! What one network's maps must hold, computed from the composed state alone (pure).
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, Ipv4Addr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use anyhow::{Result, bail};
-use lb_common::{Backend, MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_IFACES, Service, Timeouts};
+use lb_common::{Addr6, MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_IFACES, Service, Timeouts};
 
 use crate::{
     core::compose::Composed,
     core::model::{Family, Masquerade, Mode, Network},
 };
 
-/// A service map key: the VIP map's or the published-port map's.
+/// An address as the maps hold it (network byte order in memory): the key of the IPv4 maps
+/// (`u32`) or of their IPv6 twins ([`Addr6`]). Which maps an entry goes to follows from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum MapAddr {
+    V4(u32),
+    V6(Addr6),
+}
+
+impl MapAddr {
+    pub fn of(ip: IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(a) => MapAddr::V4(be4(a)),
+            IpAddr::V6(a) => MapAddr::V6(be6(a)),
+        }
+    }
+
+    /// "Any address of the node" of `family` in a published-port key.
+    pub fn any(family: Family) -> Self {
+        match family {
+            Family::V4 => MapAddr::V4(0),
+            Family::V6 => MapAddr::V6([0; 4]),
+        }
+    }
+
+    pub fn ip(self) -> IpAddr {
+        match self {
+            MapAddr::V4(a) => ip(a),
+            MapAddr::V6(a) => IpAddr::V6(ip6(a)),
+        }
+    }
+
+    pub fn is_v6(self) -> bool {
+        matches!(self, MapAddr::V6(_))
+    }
+}
+
+/// A service map key: the VIP map's or the published-port map's, of either family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ServiceKey {
-    Vip(u32),
-    Port { addr: u32, port: u16, proto: u8 },
+    Vip(MapAddr),
+    Port { addr: MapAddr, port: u16, proto: u8 },
+}
+
+impl ServiceKey {
+    /// The key's address: which family's maps hold it.
+    pub fn addr(&self) -> MapAddr {
+        match self {
+            ServiceKey::Vip(a) | ServiceKey::Port { addr: a, .. } => *a,
+        }
+    }
+}
+
+/// A backend of a set as the maps hold it: address, destination port to rewrite to or 0 to
+/// keep (network byte order) and its counter id. Its family is its service key's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SetBackend {
+    pub addr: MapAddr,
+    pub port: u16,
+    pub counter: u32,
 }
 
 /// What one network's maps must hold: every service key with its backend set in slot order
 /// (address, destination port to rewrite to or 0 to keep; network byte order), the
-/// masquerade mode and the flow timeouts.
+/// masquerade mode and the flow timeouts. A flow is balanced over backends of its own family
+/// only, so a key's set holds addresses of the key's family.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub masquerade: u32,
     pub timeouts: Timeouts,
-    pub services: BTreeMap<ServiceKey, Vec<(u32, u16)>>,
+    pub services: BTreeMap<ServiceKey, Vec<(MapAddr, u16)>>,
     /// A `dsr` network's session timeout in seconds (`None` for a `nat` network): its VIPs
     /// are DSR VIPs (`SERVICE_DSR`), its published ports NAT as any.
     pub dsr_timeout: Option<u32>,
@@ -43,22 +98,18 @@ impl Plan {
 }
 
 pub fn plan(network: &Network, composed: &Composed) -> Plan {
-    // The maps hold IPv4 sets only: `supports` refuses a network with an IPv6 one, so the
-    // filters below drop nothing of a network this dataplane serves.
+    // Composition gives each key the backends of its own family.
     let mut services = BTreeMap::new();
-    for (vip, backends) in (composed.vips.iter()).filter(|(v, _)| v.is_ipv4()) {
-        let set = backends
-            .iter()
-            .filter_map(|ip| Some((be(*ip)?, 0)))
-            .collect();
-        services.insert(ServiceKey::Vip(be(*vip).unwrap_or(0)), set);
+    for (vip, backends) in &composed.vips {
+        let set = backends.iter().map(|ip| (MapAddr::of(*ip), 0)).collect();
+        services.insert(ServiceKey::Vip(MapAddr::of(*vip)), set);
     }
-    for (key, backends) in (composed.ports.iter()).filter(|(k, _)| k.family == Family::V4) {
+    for (key, backends) in &composed.ports {
         let set = backends
             .iter()
-            .filter_map(|(ip, port)| Some((be(*ip)?, port.to_be())))
+            .map(|(ip, port)| (MapAddr::of(*ip), port.to_be()))
             .collect();
-        let addr = key.host_ip.and_then(be).unwrap_or(0);
+        let addr = key.host_ip.map_or(MapAddr::any(key.family), MapAddr::of);
         services.insert(
             ServiceKey::Port {
                 addr,
@@ -81,8 +132,8 @@ pub fn plan(network: &Network, composed: &Composed) -> Plan {
     }
 }
 
-/// An IPv4 address as the maps hold it (network byte order in memory); `None` for IPv6,
-/// which they do not hold.
+/// An IPv4 address as the IPv4 maps hold it (network byte order in memory); `None` for
+/// IPv6 (see [`MapAddr`]).
 pub fn be(ip: IpAddr) -> Option<u32> {
     match ip {
         IpAddr::V4(v4) => Some(be4(v4)),
@@ -102,14 +153,42 @@ pub fn ip4(addr: u32) -> Ipv4Addr {
     Ipv4Addr::from(addr.to_ne_bytes())
 }
 
+/// An IPv6 address as the IPv6 maps hold it (its 16 bytes as they stand in a packet).
+pub fn be6(ip: Ipv6Addr) -> Addr6 {
+    bytemuck::cast(ip.octets())
+}
+
+pub fn ip6(addr: Addr6) -> Ipv6Addr {
+    Ipv6Addr::from(bytemuck::cast::<Addr6, [u8; 16]>(addr))
+}
+
+/// An address type of the maps (`u32`, [`Addr6`]) as an [`IpAddr`]: what the readers of the
+/// flow tables (`gc`) are written once over.
+pub trait MapIp: lb_common::Addr + aya::Pod {
+    fn ip(self) -> IpAddr;
+}
+
+impl MapIp for u32 {
+    fn ip(self) -> IpAddr {
+        ip(self)
+    }
+}
+
+impl MapIp for Addr6 {
+    fn ip(self) -> IpAddr {
+        IpAddr::V6(ip6(self))
+    }
+}
+
 /// The node facts a sync needs besides the plan, read by the caller in the network's
 /// namespace.
 #[derive(Clone, Debug, Default)]
 pub struct NodeAddrs {
-    /// Every IPv4 address of the node (its namespace): what published ports answer on.
-    pub local: Vec<Ipv4Addr>,
-    /// ifindex → masquerade address, for each of the network's interfaces.
-    pub ifaces: Vec<(u32, Ipv4Addr)>,
+    /// Every address of the node (its namespace): what published ports answer on.
+    pub local: Vec<IpAddr>,
+    /// ifindex → masquerade address, for each of the network's interfaces and each family
+    /// the interface has an address of (IPv6: not link-local).
+    pub ifaces: Vec<(u32, IpAddr)>,
     /// The namespace's ephemeral port range (`net.ipv4.ip_local_port_range`), where its own
     /// sockets pick local ports: masquerade ports stay out of it. `None`: unknown, the
     /// kernel's default 32768-60999 is assumed.
@@ -127,7 +206,7 @@ impl NodeAddrs {
 
 /// What one network's service maps hold: every service entry with its backend set in slot
 /// order.
-pub type Held = BTreeMap<ServiceKey, (Service, Vec<Backend>)>;
+pub type Held = BTreeMap<ServiceKey, (Service, Vec<SetBackend>)>;
 
 /// The capacities of one network's maps that depend on the state (entries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -197,6 +276,10 @@ pub struct Need {
     pub vips: usize,
     pub ports: usize,
     pub backend_slots: usize,
+    /// The IPv6 twins' (`lb_vips6`, ...: the same sizes as IPv4's).
+    pub vips6: usize,
+    pub ports6: usize,
+    pub backend_slots6: usize,
     pub counters: usize,
     pub ifaces: usize,
 }
@@ -204,25 +287,30 @@ pub struct Need {
 pub fn need(plan: &Plan, held: &Held, ifaces: usize) -> Need {
     let mut n = Need {
         ifaces,
-        backend_slots: held.values().map(|(_, set)| set.len()).sum(),
         counters: held.values().map(|(_, set)| set.len()).sum(),
         ..Need::default()
     };
+    for (key, (_, set)) in held {
+        *n.slots(key) += set.len();
+    }
     for (key, want) in &plan.services {
-        match key {
-            ServiceKey::Vip(_) => n.vips += 1,
-            ServiceKey::Port { .. } => n.ports += 1,
+        let v6 = key.addr().is_v6();
+        match (key, v6) {
+            (ServiceKey::Vip(_), false) => n.vips += 1,
+            (ServiceKey::Vip(_), true) => n.vips6 += 1,
+            (ServiceKey::Port { .. }, false) => n.ports += 1,
+            (ServiceKey::Port { .. }, true) => n.ports6 += 1,
         }
         match held.get(key) {
             Some((_, have)) if same_set(have, want) => {}
             Some((_, have)) => {
-                n.backend_slots += want.len();
+                *n.slots(key) += want.len();
                 n.counters += matching_backends(have, want)
                     .filter(Option::is_none)
                     .count();
             }
             None => {
-                n.backend_slots += want.len();
+                *n.slots(key) += want.len();
                 n.counters += want.len();
             }
         }
@@ -231,7 +319,7 @@ pub fn need(plan: &Plan, held: &Held, ifaces: usize) -> Need {
 }
 
 /// Whether a held backend set is the wanted one, slot for slot.
-pub fn same_set(have: &[Backend], want: &[(u32, u16)]) -> bool {
+pub fn same_set(have: &[SetBackend], want: &[(MapAddr, u16)]) -> bool {
     have.iter()
         .map(|b| (b.addr, b.port))
         .eq(want.iter().copied())
@@ -240,9 +328,9 @@ pub fn same_set(have: &[Backend], want: &[(u32, u16)]) -> bool {
 /// For each wanted backend, the held backend of the same address whose counter it keeps (each
 /// held backend matched once), or `None`: it takes a fresh counter.
 pub fn matching_backends<'a>(
-    have: &'a [Backend],
-    want: &'a [(u32, u16)],
-) -> impl Iterator<Item = Option<&'a Backend>> + 'a {
+    have: &'a [SetBackend],
+    want: &'a [(MapAddr, u16)],
+) -> impl Iterator<Item = Option<&'a SetBackend>> + 'a {
     let mut taken = vec![false; have.len()];
     want.iter().map(move |(addr, _)| {
         let i = (0..have.len()).find(|&i| !taken[i] && have[i].addr == *addr)?;
@@ -252,6 +340,15 @@ pub fn matching_backends<'a>(
 }
 
 impl Need {
+    /// The backend slots of `key`'s family.
+    fn slots(&mut self, key: &ServiceKey) -> &mut usize {
+        if key.addr().is_v6() {
+            &mut self.backend_slots6
+        } else {
+            &mut self.backend_slots
+        }
+    }
+
     /// Refuses a need that does not fit `sizes`, naming the map, its size and the flag that
     /// sets it. `configured` is what the daemon would create a network's maps with now: when
     /// the network's maps were created with other sizes, the message says so, since a flag
@@ -278,6 +375,30 @@ impl Need {
                 "backend slots (every backend of every VIP and published port; a set being replaced counts twice)",
                 "lb_backends",
                 self.backend_slots,
+                sizes.backends,
+                configured.backends,
+                "--max-backends",
+            ),
+            (
+                "IPv6 VIP entries",
+                "lb_vips6",
+                self.vips6,
+                sizes.services,
+                configured.services,
+                "--max-services",
+            ),
+            (
+                "IPv6 published-port entries",
+                "lb_ports6",
+                self.ports6,
+                sizes.services,
+                configured.services,
+                "--max-services",
+            ),
+            (
+                "IPv6 backend slots (as IPv4's)",
+                "lb_backends6",
+                self.backend_slots6,
                 sizes.backends,
                 configured.backends,
                 "--max-backends",

@@ -7,18 +7,18 @@
 //! reads no map, so a one-backend change costs a handful of syscalls at any size.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::Ipv4Addr,
+    net::IpAddr,
 };
 
 use anyhow::{Context as _, Result, bail};
 use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
-    Backend, BackendKey, Config, Counters, IPPROTO_UDP, Iface, MASQ_PORT_MAX, MASQ_PORT_MIN,
-    MAX_LOCAL_ADDRS, PortKey, Service, VipKey,
+    Addr6, BackendKey, BackendOf, Config, Counters, FlowKeyOf, FlowOf, IPPROTO_UDP, Iface6,
+    IfaceOf, MASQ_PORT_MAX, MASQ_PORT_MIN, MAX_LOCAL_ADDRS, PortKeyOf, Service, VipKeyOf,
 };
 
 use super::{
-    EbpfNetwork, Held, NodeAddrs, Plan, ServiceKey, be4, gc, ip4,
+    EbpfNetwork, Held, MapAddr, MapIp, NodeAddrs, Plan, ServiceKey, SetBackend, gc, ip4,
     plan::{matching_backends, same_set},
 };
 use crate::dataplane::SyncStats;
@@ -46,14 +46,17 @@ fn random_key() -> Result<u32> {
 pub struct Mirror {
     config: Option<Config>,
     local: BTreeMap<u32, u32>,
-    ifaces: BTreeMap<u32, Iface>,
+    ifaces: BTreeMap<u32, IfaceOf<u32>>,
+    local6: BTreeMap<Addr6, u32>,
+    ifaces6: BTreeMap<u32, Iface6>,
     services: Held,
     /// Backend sets (id, slot count) and counters that no service entry names any more:
     /// deleted by the next sync, when no program run that read the entry before it changed can
     /// still be using them. After a read, everything in the maps that nothing names. A
     /// counter retired from a service that still exists names it: its count is folded into
-    /// the service's total when it is deleted.
-    retired_sets: Vec<(u32, u32)>,
+    /// the service's total when it is deleted. A set is in the backend map of its family
+    /// (`true`: IPv6's).
+    retired_sets: Vec<(u32, u32, bool)>,
     retired_counters: Vec<(Option<ServiceKey>, u32)>,
     /// What the deleted counters of a service's former backends had counted (see
     /// [`EbpfNetwork::service_total`]). Kept for the process's life: a restarted daemon's
@@ -64,7 +67,7 @@ pub struct Mirror {
     counter_ids: IdPool,
     /// The backends whose flows the last sync kept (`None`: not known, after a read): the flow
     /// table is walked only when one of them is gone.
-    kept: Option<BTreeSet<Ipv4Addr>>,
+    kept: Option<BTreeSet<IpAddr>>,
 }
 
 impl Mirror {
@@ -86,33 +89,47 @@ impl Mirror {
 
     /// Reads everything a sync compares with from the maps: each map walked once.
     fn read(net: &EbpfNetwork) -> Result<Self> {
-        let mut sets: BTreeMap<u32, BTreeMap<u32, Backend>> = BTreeMap::new();
+        // set id → (IPv6?, slot → backend).
+        let mut sets: BTreeMap<u32, (bool, BTreeMap<u32, SetBackend>)> = BTreeMap::new();
+        let mut add = |k: BackendKey, b: SetBackend| {
+            let set = sets.entry(k.set_id).or_default();
+            set.0 = b.addr.is_v6();
+            set.1.insert(k.slot, b);
+        };
         for e in net.backends.iter() {
             let (k, b) = e.context("reading lb_backends")?;
-            sets.entry(k.set_id).or_default().insert(k.slot, b);
+            add(k, held_backend(&b, MapAddr::V4(b.addr)));
+        }
+        for e in net.backends6.iter() {
+            let (k, b) = e.context("reading lb_backends6")?;
+            add(k, held_backend(&b, MapAddr::V6(b.addr)));
         }
         let mut entries = Vec::new();
         for e in net.vips.iter() {
             let (k, s) = e.context("reading lb_vips")?;
-            entries.push((ServiceKey::Vip(k.addr), s));
+            entries.push((ServiceKey::Vip(MapAddr::V4(k.addr)), s));
+        }
+        for e in net.vips6.iter() {
+            let (k, s) = e.context("reading lb_vips6")?;
+            entries.push((ServiceKey::Vip(MapAddr::V6(k.addr)), s));
         }
         for e in net.ports.iter() {
             let (k, s) = e.context("reading lb_ports")?;
-            let key = ServiceKey::Port {
-                addr: k.addr,
-                port: k.port,
-                proto: k.proto,
-            };
-            entries.push((key, s));
+            entries.push((port_key(MapAddr::V4(k.addr), &k), s));
+        }
+        for e in net.ports6.iter() {
+            let (k, s) = e.context("reading lb_ports6")?;
+            entries.push((port_key(MapAddr::V6(k.addr), &k), s));
         }
         let mut services = Held::new();
         let mut named_counters = BTreeSet::new();
         for (key, s) in entries {
-            let slots = sets.get(&s.set_id);
+            // A key's set is in its family's map; one found in the other is not its set.
+            let slots = (sets.get(&s.set_id)).filter(|(v6, _)| *v6 == key.addr().is_v6());
             let set = (0..s.count)
                 .map(|slot| {
                     slots
-                        .and_then(|m| m.get(&slot))
+                        .and_then(|(_, m)| m.get(&slot))
                         .copied()
                         .with_context(|| format!("backend set {} slot {slot} missing", s.set_id))
                 })
@@ -125,7 +142,7 @@ impl Mirror {
         let live: BTreeSet<u32> = services.values().map(|(s, _)| s.set_id).collect();
         let retired_sets = (sets.iter())
             .filter(|(id, _)| !live.contains(id))
-            .map(|(id, slots)| (*id, slots.keys().max().map_or(0, |m| m + 1)))
+            .map(|(id, (v6, slots))| (*id, slots.keys().max().map_or(0, |m| m + 1), *v6))
             .collect();
         let mut counters = BTreeSet::new();
         for k in net.counters.keys() {
@@ -136,16 +153,18 @@ impl Mirror {
             .collect();
         Ok(Self {
             config: net.config.get(&0, 0).ok(),
-            local: net
-                .local
-                .iter()
+            local: (net.local.iter())
                 .collect::<Result<_, _>>()
                 .context("reading lb_local_addrs")?,
-            ifaces: net
-                .ifaces
-                .iter()
+            ifaces: (net.ifaces.iter())
                 .collect::<Result<_, _>>()
                 .context("reading lb_ifaces")?,
+            local6: (net.local6.iter())
+                .collect::<Result<_, _>>()
+                .context("reading lb_local_addrs6")?,
+            ifaces6: (net.ifaces6.iter())
+                .collect::<Result<_, _>>()
+                .context("reading lb_ifaces6")?,
             // Set ids start at 1, so that a zeroed service entry never names a live set.
             set_ids: IdPool::new(sets.keys().copied(), 1, u32::MAX),
             // Counter ids start at 1: 0 is "no counter" in a service entry.
@@ -163,6 +182,22 @@ impl Mirror {
     }
 }
 
+fn held_backend<A>(b: &BackendOf<A>, addr: MapAddr) -> SetBackend {
+    SetBackend {
+        addr,
+        port: b.port,
+        counter: b.counter,
+    }
+}
+
+fn port_key<A>(addr: MapAddr, k: &PortKeyOf<A>) -> ServiceKey {
+    ServiceKey::Port {
+        addr,
+        port: k.port,
+        proto: k.proto,
+    }
+}
+
 impl EbpfNetwork {
     /// Writes `plan` and `node` into the maps, touching only what differs. `keep` is every
     /// backend of the network, enabled or disabled: flows to any other backend are flushed.
@@ -172,7 +207,7 @@ impl EbpfNetwork {
         &mut self,
         plan: &Plan,
         node: &NodeAddrs,
-        keep: &BTreeSet<Ipv4Addr>,
+        keep: &BTreeSet<IpAddr>,
     ) -> Result<SyncStats> {
         let mut m = match self.mirror.take() {
             Some(m) => m,
@@ -235,7 +270,7 @@ impl EbpfNetwork {
         m: &mut Mirror,
         plan: &Plan,
         node: &NodeAddrs,
-        keep: &BTreeSet<Ipv4Addr>,
+        keep: &BTreeSet<IpAddr>,
     ) -> Result<SyncStats> {
         let mut stats = SyncStats::default();
         let (hole_min, hole_max) = node.ephemeral.unwrap_or(DEFAULT_EPHEMERAL);
@@ -260,31 +295,44 @@ impl EbpfNetwork {
             m.config = Some(cfg);
             stats.written += 1;
         }
-        if node.local.len() > MAX_LOCAL_ADDRS as usize {
-            bail!(
-                "the node has {} IPv4 addresses, lb_local_addrs holds {MAX_LOCAL_ADDRS} (a fixed limit)",
-                node.local.len()
-            );
+        let (mut local, mut local6) = (BTreeMap::new(), BTreeMap::new());
+        for a in &node.local {
+            match MapAddr::of(*a) {
+                MapAddr::V4(a) => local.insert(a, 1),
+                MapAddr::V6(a) => local6.insert(a, 1),
+            };
         }
-        let local = node.local.iter().map(|a| (be4(*a), 1)).collect();
+        for (n, family) in [(local.len(), "IPv4"), (local6.len(), "IPv6")] {
+            if n > MAX_LOCAL_ADDRS as usize {
+                bail!(
+                    "the node has {n} {family} addresses, lb_local_addrs holds {MAX_LOCAL_ADDRS} (a fixed limit)"
+                );
+            }
+        }
         sync_set(&mut self.local, &mut m.local, local, &mut stats)
             .context("writing lb_local_addrs")?;
-        let ifaces = (node.ifaces.iter())
-            .map(|(i, a)| {
-                let iface = Iface {
-                    addr: be4(*a),
-                    flags: 0,
-                };
-                (*i, iface)
-            })
-            .collect();
+        sync_set(&mut self.local6, &mut m.local6, local6, &mut stats)
+            .context("writing lb_local_addrs6")?;
+        let (mut ifaces, mut ifaces6) = (BTreeMap::new(), BTreeMap::new());
+        for (i, a) in &node.ifaces {
+            match MapAddr::of(*a) {
+                MapAddr::V4(addr) => {
+                    ifaces.insert(*i, IfaceOf { addr, flags: 0 });
+                }
+                MapAddr::V6(addr) => {
+                    ifaces6.insert(*i, IfaceOf { addr, flags: 0 });
+                }
+            }
+        }
         sync_set(&mut self.ifaces, &mut m.ifaces, ifaces, &mut stats)
             .context("writing lb_ifaces")?;
+        sync_set(&mut self.ifaces6, &mut m.ifaces6, ifaces6, &mut stats)
+            .context("writing lb_ifaces6")?;
 
         // What the previous sync retired: no program run that read a service entry before it
         // switched can still be going.
-        for (set_id, count) in std::mem::take(&mut m.retired_sets) {
-            self.delete_set(set_id, count, &mut stats)?;
+        for (set_id, count, v6) in std::mem::take(&mut m.retired_sets) {
+            self.delete_set(set_id, count, v6, &mut stats)?;
             m.set_ids.release(set_id);
         }
         for (owner, id) in std::mem::take(&mut m.retired_counters) {
@@ -309,19 +357,10 @@ impl EbpfNetwork {
             .copied()
             .collect();
         for key in gone {
-            match key {
-                ServiceKey::Vip(addr) => self.vips.remove(&VipKey { addr }),
-                ServiceKey::Port { addr, port, proto } => self.ports.remove(&PortKey {
-                    addr,
-                    port,
-                    proto,
-                    _pad: 0,
-                }),
-            }
-            .context("deleting a service entry")?;
+            self.delete_service(&key)?;
             stats.deleted += 1;
             let (s, set) = m.services.remove(&key).expect("listed above");
-            m.retired_sets.push((s.set_id, s.count));
+            m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
             m.retired_counters
                 .extend(set.iter().map(|b| (None, b.counter)));
             m.folded.remove(&key);
@@ -349,7 +388,7 @@ impl EbpfNetwork {
             }
             let old = m.services.get(key);
             let set_id = m.set_ids.take().context("no free backend set id")?;
-            let have: &[Backend] = old.map_or(&[], |(_, have)| have);
+            let have: &[SetBackend] = old.map_or(&[], |(_, have)| have);
             let kept: Vec<Option<u32>> = matching_backends(have, want)
                 .map(|b| b.map(|b| b.counter))
                 .collect();
@@ -360,19 +399,16 @@ impl EbpfNetwork {
                     Some(c) => c,
                     None => self.new_counter(&mut m.counter_ids)?,
                 };
-                let b = Backend {
+                let b = SetBackend {
                     addr: *addr,
                     port: *port,
-                    _pad: 0,
                     counter,
                 };
                 let k = BackendKey {
                     set_id,
                     slot: slot as u32,
                 };
-                self.backends
-                    .insert(k, b, 0)
-                    .context("writing lb_backends")?;
+                self.put_backend(k, &b)?;
                 stats.written += 1;
                 set.push(b);
             }
@@ -385,7 +421,7 @@ impl EbpfNetwork {
             self.put_service(key, svc)?;
             stats.written += 1;
             if let Some((s, have)) = m.services.insert(*key, (svc, set)) {
-                m.retired_sets.push((s.set_id, s.count));
+                m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
                 let now: BTreeSet<u32> = (m.services[key].1.iter()).map(|b| b.counter).collect();
                 (m.retired_counters).extend(
                     (have.iter())
@@ -406,25 +442,55 @@ impl EbpfNetwork {
     }
 
     fn put_service(&mut self, key: &ServiceKey, svc: Service) -> Result<()> {
-        match key {
-            ServiceKey::Vip(addr) => self.vips.insert(VipKey { addr: *addr }, svc, 0),
-            ServiceKey::Port { addr, port, proto } => self.ports.insert(
-                PortKey {
-                    addr: *addr,
-                    port: *port,
-                    proto: *proto,
-                    _pad: 0,
-                },
-                svc,
-                0,
-            ),
+        match *key {
+            ServiceKey::Vip(MapAddr::V4(addr)) => self.vips.insert(VipKeyOf { addr }, svc, 0),
+            ServiceKey::Vip(MapAddr::V6(addr)) => self.vips6.insert(VipKeyOf { addr }, svc, 0),
+            ServiceKey::Port { addr, port, proto } => match addr {
+                MapAddr::V4(addr) => (self.ports).insert(ports_key(addr, port, proto), svc, 0),
+                MapAddr::V6(addr) => (self.ports6).insert(ports_key(addr, port, proto), svc, 0),
+            },
         }
         .context("writing a service entry")
     }
 
-    fn delete_set(&mut self, set_id: u32, count: u32, stats: &mut SyncStats) -> Result<()> {
+    fn delete_service(&mut self, key: &ServiceKey) -> Result<()> {
+        match *key {
+            ServiceKey::Vip(MapAddr::V4(addr)) => self.vips.remove(&VipKeyOf { addr }),
+            ServiceKey::Vip(MapAddr::V6(addr)) => self.vips6.remove(&VipKeyOf { addr }),
+            ServiceKey::Port { addr, port, proto } => match addr {
+                MapAddr::V4(addr) => self.ports.remove(&ports_key(addr, port, proto)),
+                MapAddr::V6(addr) => self.ports6.remove(&ports_key(addr, port, proto)),
+            },
+        }
+        .context("deleting a service entry")
+    }
+
+    fn put_backend(&mut self, k: BackendKey, b: &SetBackend) -> Result<()> {
+        match b.addr {
+            MapAddr::V4(addr) => {
+                (self.backends.insert(k, map_backend(addr, b), 0)).context("writing lb_backends")
+            }
+            MapAddr::V6(addr) => {
+                (self.backends6.insert(k, map_backend(addr, b), 0)).context("writing lb_backends6")
+            }
+        }
+    }
+
+    fn delete_set(
+        &mut self,
+        set_id: u32,
+        count: u32,
+        v6: bool,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
         for slot in 0..count {
-            match self.backends.remove(&BackendKey { set_id, slot }) {
+            let k = BackendKey { set_id, slot };
+            let removed = if v6 {
+                self.backends6.remove(&k)
+            } else {
+                self.backends.remove(&k)
+            };
+            match removed {
                 Ok(()) => stats.deleted += 1,
                 // An orphan set may have lost slots with the process that was writing it.
                 Err(e) if not_found(&e) => {}
@@ -445,10 +511,11 @@ impl EbpfNetwork {
         })
     }
 
-    /// The ids of every backend set in `lb_backends`, live or retired.
+    /// The ids of every backend set in `lb_backends` and `lb_backends6`, live or retired.
     pub fn backend_set_ids(&self) -> Result<BTreeSet<u32>> {
         (self.backends.keys())
-            .map(|k| Ok(k.context("reading lb_backends")?.set_id))
+            .chain(self.backends6.keys())
+            .map(|k| Ok(k.context("reading the backend maps")?.set_id))
             .collect()
     }
 
@@ -472,27 +539,55 @@ impl EbpfNetwork {
     /// rolling update's old generation) finishes its connections, and one that is gone resets
     /// them, which ends the flow; the collector then takes the entries. DSR sessions follow
     /// the same rule.
-    fn flush_flows(&mut self, keep: &BTreeSet<Ipv4Addr>) -> Result<usize> {
+    fn flush_flows(&mut self, keep: &BTreeSet<IpAddr>) -> Result<usize> {
         let sessions: Vec<_> = (self.dsr_sessions.iter())
             .filter_map(|e| e.ok())
-            .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&ip4(s.backend)))
+            .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&ip4(s.backend).into()))
             .map(|(k, _)| k)
             .collect();
         for k in &sessions {
             let _ = self.dsr_sessions.remove(k);
         }
-        let doomed: Vec<_> = self
-            .flows
-            .iter()
-            .filter_map(|e| e.ok())
-            .filter(|(k, e)| k.proto == IPPROTO_UDP && !keep.contains(&ip4(gc::backend_of(k, e))))
-            .map(|(k, _)| k)
-            .collect();
-        for k in &doomed {
-            // The LRU may have evicted it meanwhile: that is the same outcome.
-            let _ = self.flows.remove(k);
-        }
-        Ok(doomed.len() + sessions.len())
+        Ok(flush_udp(&mut self.flows, keep) + flush_udp(&mut self.flows6, keep) + sessions.len())
+    }
+}
+
+/// Deletes the entries of `flows` of UDP flows whose backend is not in `keep`.
+fn flush_udp<A: MapIp>(
+    flows: &mut HashMap<MapData, FlowKeyOf<A>, FlowOf<A>>,
+    keep: &BTreeSet<IpAddr>,
+) -> usize
+where
+    FlowKeyOf<A>: aya::Pod,
+    FlowOf<A>: aya::Pod,
+{
+    let doomed: Vec<_> = (flows.iter())
+        .filter_map(|e| e.ok())
+        .filter(|(k, e)| k.proto == IPPROTO_UDP && !keep.contains(&gc::backend_of(k, e).ip()))
+        .map(|(k, _)| k)
+        .collect();
+    for k in &doomed {
+        // The LRU may have evicted it meanwhile: that is the same outcome.
+        let _ = flows.remove(k);
+    }
+    doomed.len()
+}
+
+fn ports_key<A>(addr: A, port: u16, proto: u8) -> PortKeyOf<A> {
+    PortKeyOf {
+        addr,
+        port,
+        proto,
+        _pad: 0,
+    }
+}
+
+fn map_backend<A>(addr: A, b: &SetBackend) -> BackendOf<A> {
+    BackendOf {
+        addr,
+        port: b.port,
+        _pad: 0,
+        counter: b.counter,
     }
 }
 
@@ -539,13 +634,13 @@ pub(super) fn write_exactly<V: aya::Pod + PartialEq>(
 }
 
 /// Makes a small map (and its mirror `have`) hold exactly `want`.
-fn sync_set<V: aya::Pod + PartialEq>(
-    map: &mut HashMap<MapData, u32, V>,
-    have: &mut BTreeMap<u32, V>,
-    want: BTreeMap<u32, V>,
+fn sync_set<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
+    map: &mut HashMap<MapData, K, V>,
+    have: &mut BTreeMap<K, V>,
+    want: BTreeMap<K, V>,
     stats: &mut SyncStats,
 ) -> Result<()> {
-    let gone: Vec<u32> = have
+    let gone: Vec<K> = have
         .keys()
         .filter(|k| !want.contains_key(k))
         .copied()

@@ -340,15 +340,7 @@ impl Dataplane for NftDataplane {
     /// network's IPv6 VIP served by NAT instead would answer from the node rather than from
     /// the backends, which is not what its backends are set up for.
     fn supports(&self, network: &Network) -> Result<()> {
-        if network.mode == Mode::Dsr
-            && let Some(vip) = network.vips().into_iter().find(IpAddr::is_ipv6)
-        {
-            anyhow::bail!(
-                "network {}: VIP {vip} is IPv6, and the nftables dataplane serves DSR for IPv4 VIPs only so far: serve it from a nat network",
-                network.name
-            );
-        }
-        Ok(())
+        crate::dataplane::dsr_ipv4_only(Kind::Nftables, network)
     }
 
     fn kind(&self) -> Kind {

@@ -1,0 +1,209 @@
+//! What the paths, written once over the address family, ask of it besides its maps
+//! ([`FamilyMaps`]): where its header keeps the addresses and how the kernel's socket lookup
+//! takes its tuple. Each path is built twice, for `u32` (IPv4) and `Addr6` (IPv6).
+use core::mem::size_of;
+
+use aya_ebpf::bindings::{BPF_ANY, bpf_sock_tuple};
+use lb_common::{
+    Addr6, Config, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, Reason, Service,
+    csum::{IP_DADDR, IP_SADDR, IP6_DADDR, IP6_SADDR},
+};
+
+use crate::{
+    dsr, icmp,
+    maps::{FRAGS, FRAGS6, FamilyMaps, SLOTS, SLOTS6},
+    nat::{Ctx, Verdict},
+    parse::{self, Frame, IcmpError, Packet, Parsed},
+};
+
+/// Working memory of one path run: the entries and keys it builds or copies out of the flow
+/// table (`nat`, `lb::new_flow`, `conntrack::update`, `snat`), in a per-CPU map slot of the
+/// hook (`maps::SLOTS`, `maps::SLOTS6`): on the 512 bytes of a BPF stack an IPv6 path could
+/// not hold them beside the rest (LLVM keeps every field of an entry in a register or a slot
+/// of its own: an IPv6 entry took 128 bytes), and IPv4's took 80 bytes more as one local than
+/// as separate values. A slot is used by one run at a time: program runs of one hook do not
+/// nest on a CPU.
+#[repr(C)]
+pub struct Room<A> {
+    /// The entry the packet is rewritten by.
+    pub entry: FlowOf<A>,
+    /// A live entry's next state (`conntrack::update`), or a masquerade claim (`snat`).
+    pub next: FlowOf<A>,
+    /// A partner entry being written, and a key being looked up or written.
+    pub other: FlowOf<A>,
+    pub key: FlowKeyOf<A>,
+    pub other_key: FlowKeyOf<A>,
+}
+
+/// A run's per-CPU slot: what it parsed (read through a reference, like the room, so that
+/// its addresses are not kept in registers spilled to the stack around every helper call)
+/// and its room.
+#[repr(C)]
+pub struct Slot<A> {
+    pub parsed: Parsed<FlowKeyOf<A>>,
+    pub room: Room<A>,
+}
+
+pub trait Inet: FamilyMaps {
+    /// The slot of a run at `hook` (per CPU).
+    fn slot(hook: u32) -> Option<&'static mut Slot<Self>>;
+    /// Parses a frame of this family (`parse::family` told it) into `out` (which holds
+    /// nothing it may read when the frame is refused: a refusal's `Result` is not stored,
+    /// because LLVM would store the undefined bytes of its other variant from registers the
+    /// verifier sees as never written).
+    fn parse(f: &impl Frame, out: &mut Parsed<FlowKeyOf<Self>>) -> Result<(), Reason>;
+    /// Offsets of the source and destination address in the IP header.
+    const SADDR: usize;
+    const DADDR: usize;
+    /// `key`'s addresses and ports in the lookup tuple of `bpf_sk_lookup_*`; returns the
+    /// tuple's size, which tells the helper the family.
+    fn sock_tuple(key: &FlowKeyOf<Self>, t: &mut bpf_sock_tuple) -> u32;
+    /// The ports recorded for the datagram `id` that `key`'s fragment belongs to, and
+    /// recording them (`frag`).
+    fn frag_get(key: &FlowKeyOf<Self>, id: u32) -> Option<FragPorts>;
+    fn frag_put(key: &FlowKeyOf<Self>, id: u32, ports: &FragPorts);
+    /// A DSR VIP's packet (`dsr`; IPv4 only: the controller refuses IPv6 VIPs of a `dsr`
+    /// network, so an IPv6 service never carries `SERVICE_DSR`).
+    fn dsr<C: Ctx>(
+        ctx: &C,
+        hook: u32,
+        p: &Packet<FlowKeyOf<Self>>,
+        svc: &Service,
+        cfg: &Config,
+        now: u64,
+    ) -> Verdict;
+    /// An ICMP error quoting a packet of a flow (`icmp`; ICMPv6 errors pass untranslated so
+    /// far).
+    fn icmp_error<C: Ctx>(
+        ctx: &C,
+        hook: u32,
+        e: &IcmpError<FlowKeyOf<Self>>,
+        egress: bool,
+    ) -> Verdict;
+}
+
+impl Inet for u32 {
+    #[inline(always)]
+    fn slot(hook: u32) -> Option<&'static mut Slot<u32>> {
+        // SAFETY: a per-CPU slot of this hook, used by this run alone (see `Room`).
+        SLOTS.get_ptr_mut(hook).map(|r| unsafe { &mut *r })
+    }
+    #[inline(always)]
+    fn parse(f: &impl Frame, out: &mut Parsed<FlowKeyOf<u32>>) -> Result<(), Reason> {
+        *out = parse::packet4(f)?;
+        Ok(())
+    }
+    const SADDR: usize = IP_SADDR;
+    const DADDR: usize = IP_DADDR;
+    #[inline(always)]
+    fn sock_tuple(key: &FlowKeyOf<u32>, t: &mut bpf_sock_tuple) -> u32 {
+        t.__bindgen_anon_1.ipv4.saddr = key.saddr;
+        t.__bindgen_anon_1.ipv4.daddr = key.daddr;
+        t.__bindgen_anon_1.ipv4.sport = key.sport;
+        t.__bindgen_anon_1.ipv4.dport = key.dport;
+        (size_of::<u32>() * 2 + size_of::<u16>() * 2) as u32
+    }
+    #[inline(always)]
+    fn frag_get(key: &FlowKeyOf<u32>, id: u32) -> Option<FragPorts> {
+        // SAFETY: plain data copied out.
+        unsafe { FRAGS.get(&frag_key(key, id)) }.copied()
+    }
+    #[inline(always)]
+    fn frag_put(key: &FlowKeyOf<u32>, id: u32, ports: &FragPorts) {
+        let _ = FRAGS.insert(&frag_key(key, id), ports, BPF_ANY as u64);
+    }
+    #[inline(always)]
+    fn dsr<C: Ctx>(
+        ctx: &C,
+        hook: u32,
+        p: &Packet<FlowKeyOf<u32>>,
+        svc: &Service,
+        cfg: &Config,
+        now: u64,
+    ) -> Verdict {
+        dsr::send(ctx, hook, p, svc, cfg, now)
+    }
+    #[inline(always)]
+    fn icmp_error<C: Ctx>(
+        ctx: &C,
+        hook: u32,
+        e: &IcmpError<FlowKeyOf<u32>>,
+        egress: bool,
+    ) -> Verdict {
+        icmp::translate(ctx, hook, e, egress)
+    }
+}
+
+#[inline(always)]
+fn frag_key(key: &FlowKeyOf<u32>, id: u32) -> FragKey {
+    FragKey {
+        saddr: key.saddr,
+        daddr: key.daddr,
+        // An IPv4 datagram's identification is 16 bits (`parse::packet4`).
+        id: id as u16,
+        proto: key.proto,
+        _pad: 0,
+    }
+}
+
+#[inline(always)]
+fn frag_key6(key: &FlowKeyOf<Addr6>, id: u32) -> FragKey6 {
+    FragKey6 {
+        saddr: key.saddr,
+        daddr: key.daddr,
+        id,
+        proto: key.proto,
+        _pad: [0; 3],
+    }
+}
+
+impl Inet for Addr6 {
+    #[inline(always)]
+    fn slot(hook: u32) -> Option<&'static mut Slot<Addr6>> {
+        // SAFETY: a per-CPU slot of this hook, used by this run alone (see `Room`).
+        SLOTS6.get_ptr_mut(hook).map(|r| unsafe { &mut *r })
+    }
+    #[inline(always)]
+    fn parse(f: &impl Frame, out: &mut Parsed<FlowKeyOf<Addr6>>) -> Result<(), Reason> {
+        parse::packet6(f, out)
+    }
+    const SADDR: usize = IP6_SADDR;
+    const DADDR: usize = IP6_DADDR;
+    #[inline(always)]
+    fn sock_tuple(key: &FlowKeyOf<Addr6>, t: &mut bpf_sock_tuple) -> u32 {
+        t.__bindgen_anon_1.ipv6.saddr = key.saddr;
+        t.__bindgen_anon_1.ipv6.daddr = key.daddr;
+        t.__bindgen_anon_1.ipv6.sport = key.sport;
+        t.__bindgen_anon_1.ipv6.dport = key.dport;
+        (size_of::<Addr6>() * 2 + size_of::<u16>() * 2) as u32
+    }
+    #[inline(always)]
+    fn frag_get(key: &FlowKeyOf<Addr6>, id: u32) -> Option<FragPorts> {
+        // SAFETY: plain data copied out.
+        unsafe { FRAGS6.get(&frag_key6(key, id)) }.copied()
+    }
+    #[inline(always)]
+    fn frag_put(key: &FlowKeyOf<Addr6>, id: u32, ports: &FragPorts) {
+        let _ = FRAGS6.insert(&frag_key6(key, id), ports, BPF_ANY as u64);
+    }
+    #[inline(always)]
+    fn dsr<C: Ctx>(
+        _ctx: &C,
+        _hook: u32,
+        _p: &Packet<FlowKeyOf<Addr6>>,
+        _svc: &Service,
+        _cfg: &Config,
+        _now: u64,
+    ) -> Verdict {
+        Verdict::Pass(Reason::NotService)
+    }
+    #[inline(always)]
+    fn icmp_error<C: Ctx>(
+        _ctx: &C,
+        _hook: u32,
+        _e: &IcmpError<FlowKeyOf<Addr6>>,
+        _egress: bool,
+    ) -> Verdict {
+        Verdict::Pass(Reason::NotService)
+    }
+}
