@@ -79,8 +79,13 @@ pub enum L4Sum {
     None,
     /// TCP's checksum field at this offset.
     Tcp(u16),
-    /// UDP's checksum field at this offset (0 in it means "no checksum" and stays 0).
+    /// UDP's checksum field at this offset (0 in it means "no checksum" and stays 0; on IPv6
+    /// it is invalid, and the programs compute one before the rewrite: lb-ebpf's
+    /// `csum::fill_udp6`).
     Udp(u16),
+    /// ICMPv6's checksum field at this offset (an error's, which the programs translate): it
+    /// covers the addresses by its pseudo-header, as TCP's does, and has no ports.
+    Icmp6(u16),
     /// SCTP's CRC32c field at `off`, over a packet of `len` bytes (the IP payload). It covers
     /// the ports but neither addresses nor a pseudo-header. A field of 0 is taken as
     /// offloaded (CHECKSUM_PARTIAL with `csum_not_inet`: the device computes it over the final
@@ -162,7 +167,9 @@ pub fn set_addr<C: Rewrite, A: Addr>(
             ctx.ip_csum(l3_off + IP_CSUM, old, new, Width::W32)?;
         }
         match l4 {
-            L4Sum::Tcp(off) => ctx.l4_csum(off.into(), old, new, Width::W32, false, true)?,
+            L4Sum::Tcp(off) | L4Sum::Icmp6(off) => {
+                ctx.l4_csum(off.into(), old, new, Width::W32, false, true)?
+            }
             L4Sum::Udp(off) => ctx.l4_csum(off.into(), old, new, Width::W32, true, true)?,
             L4Sum::Sctp { .. } | L4Sum::None => {}
         }
@@ -186,7 +193,7 @@ pub fn set_ports<C: Rewrite>(
         return Some(());
     }
     match l4 {
-        L4Sum::None => Some(()),
+        L4Sum::None | L4Sum::Icmp6(_) => Some(()),
         L4Sum::Tcp(c) => {
             set_port(ctx, l4_off, c, false, old.0, new.0)?;
             set_port(ctx, l4_off + 2, c, false, old.1, new.1)

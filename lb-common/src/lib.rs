@@ -245,7 +245,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 26] = [
     ("lb_config", 3),
     ("lb_counters", 2),
     ("lb_frags", 1),
-    ("lb_reasons", 5),
+    ("lb_reasons", 6),
     ("lb_endpoints", 1),
     ("lb_dsr_sessions", 1),
     ("lb_dsr_backends", 1),
@@ -695,6 +695,11 @@ pub enum Reason {
     /// [`IPV6_MAX_EXT_HEADERS`], a header they do not skip (mobility, HIP, shim6,
     /// experimental), or a chain reaching past the bytes they parse.
     Ipv6Extension,
+    /// An IPv6 UDP datagram for a service with checksum 0, which IPv6 receivers discard
+    /// (RFC 8200 8.1) and the programs give a computed checksum when they translate it, that
+    /// cannot be given one: a fragment (the checksum covers the whole datagram) or one whose
+    /// length field disagrees with its IPv6 payload. Passed untouched, no flow opened.
+    Udp6NoChecksum,
 }
 
 /// The programs, in `lb_reasons` slot order (slot `hook * REASONS + reason`), with the label
@@ -710,7 +715,7 @@ pub const HOOK_TC_REPLY: u32 = 3;
 pub const HOOK_SOCK: u32 = 4;
 
 /// How many [`Reason`]s there are (the size of `lb_reasons` per hook).
-pub const REASONS: u32 = Reason::Ipv6Extension as u32 + 1;
+pub const REASONS: u32 = Reason::Udp6NoChecksum as u32 + 1;
 
 impl Reason {
     /// Every reason with its metric label, in counter-slot order.
@@ -745,6 +750,7 @@ impl Reason {
         (Reason::SockReversed, "sock_reversed"),
         (Reason::NotL4, "not_l4"),
         (Reason::Ipv6Extension, "ipv6_extension"),
+        (Reason::Udp6NoChecksum, "udp6_no_checksum"),
     ];
 }
 

@@ -10,10 +10,11 @@ use lb_common::{
 };
 
 use crate::{
-    dsr, icmp,
+    csum::SumChunk,
+    dsr,
     maps::{FRAGS, FRAGS6, FamilyMaps, SLOTS, SLOTS6},
     nat::{Ctx, Verdict},
-    parse::{self, Frame, IcmpError, Packet, Parsed},
+    parse::{self, Frame, Packet, Parsed},
 };
 
 /// Working memory of one path run: the entries and keys it builds or copies out of the flow
@@ -33,6 +34,8 @@ pub struct Room<A> {
     pub other: FlowOf<A>,
     pub key: FlowKeyOf<A>,
     pub other_key: FlowKeyOf<A>,
+    /// Packet bytes being summed (`csum::fill_udp6`; IPv6's alone).
+    pub chunk: SumChunk,
 }
 
 /// A run's per-CPU slot: what it parsed (read through a reference, like the room, so that
@@ -71,14 +74,6 @@ pub trait Inet: FamilyMaps {
         svc: &Service,
         cfg: &Config,
         now: u64,
-    ) -> Verdict;
-    /// An ICMP error quoting a packet of a flow (`icmp`; ICMPv6 errors pass untranslated so
-    /// far).
-    fn icmp_error<C: Ctx>(
-        ctx: &C,
-        hook: u32,
-        e: &IcmpError<FlowKeyOf<Self>>,
-        egress: bool,
     ) -> Verdict;
 }
 
@@ -122,15 +117,6 @@ impl Inet for u32 {
         now: u64,
     ) -> Verdict {
         dsr::send(ctx, hook, p, svc, cfg, now)
-    }
-    #[inline(always)]
-    fn icmp_error<C: Ctx>(
-        ctx: &C,
-        hook: u32,
-        e: &IcmpError<FlowKeyOf<u32>>,
-        egress: bool,
-    ) -> Verdict {
-        icmp::translate(ctx, hook, e, egress)
     }
 }
 
@@ -194,15 +180,6 @@ impl Inet for Addr6 {
         _svc: &Service,
         _cfg: &Config,
         _now: u64,
-    ) -> Verdict {
-        Verdict::Pass(Reason::NotService)
-    }
-    #[inline(always)]
-    fn icmp_error<C: Ctx>(
-        _ctx: &C,
-        _hook: u32,
-        _e: &IcmpError<FlowKeyOf<Addr6>>,
-        _egress: bool,
     ) -> Verdict {
         Verdict::Pass(Reason::NotService)
     }

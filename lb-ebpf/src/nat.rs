@@ -17,10 +17,11 @@ use lb_common::{
 
 use crate::{
     conntrack::{self, Found},
+    csum::{self, SumChunk},
     family::{Inet, Room},
-    frag, lb,
+    frag, icmp, lb,
     maps::CONFIG,
-    parse::{self, Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
+    parse::{Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
     redirect::{self, Towards},
     snat, stats,
 };
@@ -71,7 +72,7 @@ fn config() -> Option<&'static Config> {
 pub fn xdp_can_rewrite<K>(p: &Packet<K>) -> bool {
     match p.l4 {
         L4Sum::Tcp(_) | L4Sum::Udp(_) => p.frag != Frag::Whole || p.check != p.seed,
-        L4Sum::Sctp { .. } | L4Sum::None => true,
+        L4Sum::Sctp { .. } | L4Sum::Icmp6(_) | L4Sum::None => true,
     }
 }
 
@@ -90,7 +91,7 @@ pub fn ingress<C: Ctx, A: Inet>(ctx: &C, hook: u32, xdp: bool) -> Verdict {
     }
     match &mut slot.parsed {
         Parsed::Flow(p) => ingress_flow(ctx, hook, xdp, p, cfg, &mut slot.room),
-        Parsed::IcmpError(e) => A::icmp_error(ctx, hook, e, false),
+        Parsed::IcmpError(e) => icmp::translate(ctx, hook, e, false, &mut slot.room),
     }
 }
 
@@ -110,7 +111,7 @@ fn ingress_flow<C: Ctx, A: Inet>(
         return Verdict::Pass(Reason::FragUnknown);
     }
     match ingress_entry(ctx, hook, p, cfg, room) {
-        Ok(()) => apply(ctx, p, &room.entry),
+        Ok(()) => apply(ctx, p, &room.entry, &mut room.chunk),
         Err(v) => v,
     }
 }
@@ -134,7 +135,7 @@ fn ingress_entry<C: Ctx, A: Inet>(
     if let Found::Live(e) = conntrack::find(&p.key, now, hook) {
         let entry = &mut room.entry;
         // SAFETY: map value copied out (updates go through `e`).
-        *entry = unsafe { *e };
+        unsafe { conntrack::copy_entry(e, entry) };
         if entry.flags & FLOW_EGRESS != 0 {
             return Err(Verdict::Pass(Reason::NotService));
         }
@@ -175,7 +176,7 @@ pub fn egress<A: Inet>(ctx: &Skb, hook: u32) -> Verdict {
     }
     match &mut slot.parsed {
         Parsed::Flow(p) => egress_flow(ctx, hook, p, cfg, &mut slot.room),
-        Parsed::IcmpError(e) => A::icmp_error(ctx, hook, e, true),
+        Parsed::IcmpError(e) => icmp::translate(ctx, hook, e, true, &mut slot.room),
     }
 }
 
@@ -191,7 +192,7 @@ fn egress_flow<A: Inet>(
         return Verdict::Pass(Reason::FragUnknown);
     }
     match egress_entry(ctx, hook, p, cfg, room) {
-        Ok(()) => apply(ctx, p, &room.entry),
+        Ok(()) => apply(ctx, p, &room.entry, &mut room.chunk),
         Err(v) => v,
     }
 }
@@ -210,7 +211,7 @@ fn egress_entry<A: Inet>(
     if let Found::Live(e) = conntrack::find(&p.key, now, hook) {
         let entry = &mut room.entry;
         // SAFETY: map value copied out (updates go through `e`).
-        *entry = unsafe { *e };
+        unsafe { conntrack::copy_entry(e, entry) };
         if entry.flags & FLOW_EGRESS == 0 {
             return Err(Verdict::Pass(Reason::NotService));
         }
@@ -273,7 +274,7 @@ fn reply_flow(ctx: &Skb, hook: u32, p: &mut Packet, cfg: &Config, room: &mut Roo
         return Verdict::Pass(Reason::NotRedirected);
     };
     conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
-    match apply(ctx, p, &entry) {
+    match apply(ctx, p, &entry, &mut room.chunk) {
         Verdict::Translated => Verdict::Redirect(redirect::send(ctx, &ep)),
         v => v,
     }
@@ -281,12 +282,18 @@ fn reply_flow(ctx: &Skb, hook: u32, p: &mut Packet, cfg: &Config, room: &mut Roo
 
 /// Rewrites `p` to the tuple entry `e` gives, counts it, and records a first fragment.
 #[inline(always)]
-fn apply<C: Ctx, A: Inet>(ctx: &C, p: &Packet<FlowKeyOf<A>>, e: &FlowOf<A>) -> Verdict {
+fn apply<C: Ctx, A: Inet>(
+    ctx: &C,
+    p: &Packet<FlowKeyOf<A>>,
+    e: &FlowOf<A>,
+    chunk: &mut SumChunk,
+) -> Verdict {
     let ports_change = p.key.sport != e.sport || p.key.dport != e.dport;
     if p.frag != Frag::Whole && ports_change && matches!(p.l4, L4Sum::Sctp { .. }) {
         return Verdict::Pass(Reason::SctpFragment);
     }
-    if rewrite(ctx, p, e).is_none() {
+    let unchecked = !A::V4 && matches!(p.l4, L4Sum::Udp(_)) && p.check == 0;
+    if unchecked && csum::fill_udp6(ctx, p, chunk).is_none() || rewrite(ctx, p, e).is_none() {
         // Only an offset the parser checked can fail here; a half-rewritten packet must not
         // leave.
         return Verdict::Drop(Reason::Malformed);

@@ -8,7 +8,7 @@ use core::{ffi::c_void, mem::size_of, ptr::read_volatile};
 
 use aya_ebpf::{
     EbpfContext as _,
-    helpers::bpf_xdp_get_buff_len,
+    helpers::{bpf_skb_load_bytes, bpf_xdp_get_buff_len, bpf_xdp_load_bytes},
     programs::{TcContext, XdpContext},
 };
 use lb_common::{
@@ -39,6 +39,9 @@ pub trait Frame {
     /// are in the first buffer or not at all.
     fn ensure(&self, len: usize);
     fn raw(&self) -> *mut c_void;
+    /// Copies `len` bytes at `off` (paged-in data included) to `to`: false if they are not
+    /// all in the packet.
+    fn copy_out(&self, off: usize, to: *mut c_void, len: u32) -> bool;
 }
 
 /// The program contexts, wrapped so that the crate can give them the shared
@@ -67,6 +70,11 @@ impl Frame for Xdp {
     fn raw(&self) -> *mut c_void {
         self.0.as_ptr()
     }
+    #[inline(always)]
+    fn copy_out(&self, off: usize, to: *mut c_void, len: u32) -> bool {
+        // SAFETY: the helper checks the range against the packet; `to` holds `len` bytes.
+        unsafe { bpf_xdp_load_bytes(self.0.ctx, off as u32, to, len) == 0 }
+    }
 }
 
 impl Frame for Skb {
@@ -94,6 +102,11 @@ impl Frame for Skb {
     #[inline(always)]
     fn raw(&self) -> *mut c_void {
         self.0.as_ptr()
+    }
+    #[inline(always)]
+    fn copy_out(&self, off: usize, to: *mut c_void, len: u32) -> bool {
+        // SAFETY: the helper checks the range against the packet; `to` holds `len` bytes.
+        unsafe { bpf_skb_load_bytes(self.raw(), off as u32, to, len) == 0 }
     }
 }
 
@@ -397,6 +410,9 @@ pub fn packet6(f: &impl Frame, out: &mut Parsed<FlowKey6>) -> Result<(), Reason>
                 && !matches!(frag, Frag::Later(_))
             {
                 transport(f, p, l4_len)?;
+                if proto == IPPROTO_UDP && p.check == 0 {
+                    udp6_unchecked(f, p, l4_len)?;
+                }
             }
             Ok(())
         }
@@ -428,7 +444,10 @@ pub fn packet6(f: &impl Frame, out: &mut Parsed<FlowKey6>) -> Result<(), Reason>
             f.ensure(inner_l4_off + 4);
             let ports: [u16; 2] = read(f, inner_l4_off).ok_or(Reason::Ipv6Extension)?;
             *out = Parsed::IcmpError(IcmpError {
-                outer: packet(f)?,
+                outer: Packet {
+                    l4: L4Sum::Icmp6((l4_off + 2) as u16),
+                    ..packet(f)?
+                },
                 inner_l3_off,
                 inner_l4_off,
                 inner: FlowKey6 {
@@ -541,6 +560,19 @@ fn transport<K: Key>(f: &impl Frame, p: &mut Packet<K>, l4_len: usize) -> Result
     if let L4Sum::Tcp(off) | L4Sum::Udp(off) = p.l4 {
         p.check = read(f, off.into()).ok_or(Reason::Malformed)?;
         p.seed = p.key.seed(l4_len);
+    }
+    Ok(())
+}
+
+/// Whether an IPv6 UDP datagram with checksum 0 (which `csum::fill_udp6` gives a checksum
+/// when it is translated) can be given one: it must be whole, and its length field must say
+/// what its IPv6 payload does (the checksum covers what the field says, and the programs sum
+/// what the payload holds).
+#[inline(always)]
+fn udp6_unchecked(f: &impl Frame, p: &Packet<FlowKey6>, l4_len: usize) -> Result<(), Reason> {
+    let len: u16 = read(f, p.l4_off + 4).ok_or(Reason::Malformed)?;
+    if p.frag != Frag::Whole || usize::from(u16::from_be(len)) != l4_len {
+        return Err(Reason::Udp6NoChecksum);
     }
     Ok(())
 }

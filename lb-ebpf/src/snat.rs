@@ -74,7 +74,7 @@ pub fn masquerade<A: Inet>(
     // entry is not taken apart field by field.
     let claim = &mut room.next;
     // SAFETY: a map value, copied out.
-    *claim = unsafe { *rep };
+    unsafe { conntrack::copy_entry(rep, claim) };
     claim.saddr = p.key.daddr;
     claim.daddr = p.key.saddr;
     claim.sport = p.key.dport;

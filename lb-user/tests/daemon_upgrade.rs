@@ -278,16 +278,22 @@ fn tag_of(prog: u32) -> u64 {
 }
 
 /// The object this lb embeds, rewritten into a build whose code differs and does the same:
-/// in every executable section, the first `rX = imm` (64-bit move of a non-negative 32-bit
-/// immediate) becomes `wX = imm` (32-bit move, which zero-extends the same value into rX).
-/// Each program's instructions, and so its tag, change; what it computes does not, and no
-/// relocation or BTF offset moves (an instruction is replaced by one of the same size).
+/// in every program (a global function: a section may hold several, and a subprogram of
+/// `.text` is called by some programs only), the first `rX = imm` (64-bit move of a
+/// non-negative 32-bit immediate) becomes `wX = imm` (32-bit move, which zero-extends the
+/// same value into rX). Each program's instructions, and so its tag, change; what it computes
+/// does not, and no relocation or BTF offset moves (an instruction is replaced by one of the
+/// same size).
 fn patched_object(dir: &Path) -> PathBuf {
     const MOV64_IMM: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
     const MOV32_IMM: u8 = 0xb4; // BPF_ALU | BPF_MOV | BPF_K
+    const SHT_SYMTAB: u32 = 2;
     const SHF_EXECINSTR: u64 = 0x4;
+    const STB_GLOBAL: u8 = 1;
+    const STT_FUNC: u8 = 2;
     let mut elf = lb_user::dataplane::ebpf::object().to_vec();
     let u16_at = |b: &[u8], o: usize| u16::from_le_bytes(b[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
     let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
     assert_eq!(&elf[..4], b"\x7fELF", "an ELF object");
     let (shoff, shentsize, shnum) = (
@@ -295,17 +301,31 @@ fn patched_object(dir: &Path) -> PathBuf {
         u16_at(&elf, 0x3a),
         u16_at(&elf, 0x3c),
     );
-    let mut patched = 0;
-    for i in 0..shnum {
-        let sh = shoff + i * shentsize;
-        if u64_at(&elf, sh + 8) & SHF_EXECINSTR == 0 {
+    let section = |i: usize| shoff + i * shentsize;
+    let symtab = (0..shnum)
+        .map(section)
+        .find(|&sh| u32_at(&elf, sh + 4) == SHT_SYMTAB)
+        .expect("a symbol table");
+    let (symoff, symsize) = (
+        u64_at(&elf, symtab + 24) as usize,
+        u64_at(&elf, symtab + 32) as usize,
+    );
+    let mut programs = Vec::new();
+    for sym in (symoff..symoff + symsize).step_by(24) {
+        let (info, shndx) = (elf[sym + 4], u16_at(&elf, sym + 6));
+        if info >> 4 != STB_GLOBAL || info & 0xf != STT_FUNC || shndx == 0 || shndx >= shnum {
             continue;
         }
-        let (off, size) = (
-            u64_at(&elf, sh + 24) as usize,
-            u64_at(&elf, sh + 32) as usize,
-        );
-        let insn = (off..off + size).step_by(8).find(|&at| {
+        let sh = section(shndx);
+        if u64_at(&elf, sh + 8) & SHF_EXECINSTR == 0 || u64_at(&elf, sym + 16) < 8 {
+            continue;
+        }
+        let start = u64_at(&elf, sh + 24) as usize + u64_at(&elf, sym + 8) as usize;
+        programs.push(start..start + u64_at(&elf, sym + 16) as usize);
+    }
+    let mut patched = 0;
+    for range in programs {
+        let insn = range.step_by(8).find(|&at| {
             let imm = i32::from_le_bytes(elf[at + 4..at + 8].try_into().unwrap());
             elf[at] == MOV64_IMM && imm >= 0
         });
@@ -314,7 +334,7 @@ fn patched_object(dir: &Path) -> PathBuf {
             patched += 1;
         }
     }
-    assert!(patched >= 3, "a move patched in each program's section");
+    assert!(patched >= 8, "a move patched in each program: {patched}");
     let path = dir.join("lb-ebpf-patched.o");
     std::fs::write(&path, elf).unwrap();
     path

@@ -20,6 +20,8 @@ use lb_tests::{
     daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
     netns::Topology,
     require_root,
+    storm::{STORM, storm},
+    tools::Nginx,
     traffic::{DualServer, DualSession, assert_uniform_over_4, tcp_ask},
 };
 
@@ -80,24 +82,40 @@ fn dual_service(topo: &Topology) -> Vec<String> {
     )
 }
 
-/// A daemon of the eBPF dataplane with metrics on, network `web` of `topo` attached by
-/// `attach`, and a server on every backend: what must outlive the daemon, its metrics
+/// A daemon of `dataplane` with metrics on, and network `web` of `topo` attached by `attach`
+/// with `flags` (`lb network add` options): its bpffs (which must outlive it), its metrics
 /// address and the daemon, in the order that drops the daemon first when bound in it.
-fn ebpf_network(topo: &Topology, attach: &str) -> (Bpffs, Vec<DualServer>, String, LbDaemon) {
-    let servers = (topo.backends.iter().enumerate())
-        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
-        .collect();
+fn start_network(
+    topo: &Topology,
+    dataplane: &str,
+    attach: &str,
+    flags: &[&str],
+) -> (Bpffs, String, LbDaemon) {
     let metrics = free_metrics_addr().unwrap();
     let bpffs = Bpffs::new().unwrap();
     let d = LbDaemon::start(
         lb(),
         bpffs.path(),
-        &["--dataplane", "ebpf", "--metrics", &metrics],
+        &["--dataplane", dataplane, "--metrics", &metrics],
     )
     .unwrap();
     let mut add = network_add(topo, "web");
-    add.extend(["--attach".into(), attach.into()]);
+    add.extend(
+        ["--attach", attach]
+            .iter()
+            .chain(flags)
+            .map(|f| f.to_string()),
+    );
     d.ok(&add);
+    (bpffs, metrics, d)
+}
+
+/// [`start_network`] on the eBPF dataplane, with a server on every backend.
+fn ebpf_network(topo: &Topology, attach: &str) -> (Bpffs, Vec<DualServer>, String, LbDaemon) {
+    let servers = (topo.backends.iter().enumerate())
+        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
+        .collect();
+    let (bpffs, metrics, d) = start_network(topo, "ebpf", attach, &[]);
     (bpffs, servers, metrics, d)
 }
 
@@ -266,15 +284,23 @@ fn an_ipv6_subnet_added_later_gets_its_hairpin_masquerade_on_nftables() {
     assert!(removed.is_some(), "gone with the address: {}", d.log());
 }
 
-/// IPv6 twins of IPv4 behaviours on the nftables dataplane: a backend reaching its own VIP
+/// IPv6 twins of IPv4 behaviours on the nftables dataplane and on the eBPF one (both attach
+/// modes), with the same assertions: a backend reaching its own VIP
 /// (hairpin) is masqueraded to the node's IPv6 address on the backends' link and answered;
 /// a port bound to an IPv6 `host_ip` answers there and not on the node's other IPv6 address;
 /// a disabled (draining) backend keeps its connection and gets no new one.
 #[test]
-fn ipv6_on_nftables_hairpins_binds_its_host_ip_and_drains() {
-    if !require_root("ipv6_on_nftables_hairpins_binds_its_host_ip_and_drains") {
+fn ipv6_hairpins_binds_its_host_ip_and_drains_on_both_dataplanes() {
+    if !require_root("ipv6_hairpins_binds_its_host_ip_and_drains_on_both_dataplanes") {
         return;
     }
+    for (dataplane, attach) in [("nftables", "tc"), ("ebpf", "tc"), ("ebpf", "xdp")] {
+        println!("{dataplane} (attach {attach})");
+        hairpin_host_ip_drain(dataplane, attach);
+    }
+}
+
+fn hairpin_host_ip_drain(dataplane: &str, attach: &str) {
     let topo = Topology::dual_stack(2).unwrap();
     // A backend reaching itself through the VIP needs hairpin mode on its bridge port
     // whenever br_netfilter is loaded, for IPv6 as for IPv4 (nat_netns.rs's `hairpin`).
@@ -283,9 +309,7 @@ fn ipv6_on_nftables_hairpins_binds_its_host_ip_and_drains() {
         .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
         .collect();
     let v6 = topo.v6().clone();
-    let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
-    d.ok(&network_add(&topo, "web"));
+    let (_bpffs, _, d) = start_network(&topo, dataplane, attach, &[]);
     let set = |disabled: Option<usize>| {
         let backends = (v6.backends.iter().enumerate()).map(|(i, b)| {
             let state = if disabled == Some(i) { ",disabled" } else { "" };
@@ -386,16 +410,154 @@ fn udp6_ask(s: &UdpSocket, len: usize) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
 
+/// Fragments: 3000 bytes over a 1500-byte link, ten datagrams to `vip`, every one answered
+/// by a backend that got it whole.
+fn fragmented_datagrams_arrive_whole(topo: &Topology, vip: SocketAddr) {
+    for _ in 0..10 {
+        let s = udp6_client(topo, vip);
+        let answer =
+            udp6_ask(&s, 3000).unwrap_or_else(|e| panic!("a fragmented datagram is answered: {e}"));
+        assert!(answer.ends_with(" 3000"), "arrived whole: {answer}");
+    }
+}
+
+/// A datagram too big for the node's link to the backends makes the node answer Packet Too
+/// Big, whose quoted packet must be translated back to the VIP: the client's socket then
+/// takes the smaller path MTU (the kernel applies a PTB only to a socket of the quoted
+/// tuple, so an untranslated one is lost on it) and its next datagram, fragmented at the
+/// source, arrives whole.
+fn packet_too_big_reaches_the_client(topo: &Topology, vip: SocketAddr) {
+    // Packet Too Big: the node's link to the backends gets IPv6's minimum MTU.
+    topo.node
+        .ip([
+            "link",
+            "set",
+            "dev",
+            lb_tests::netns::NODE_BRIDGE,
+            "mtu",
+            "1280",
+        ])
+        .unwrap();
+    let s = udp6_client(topo, vip);
+    let e = udp6_ask(&s, 1400).expect_err("the node cannot forward 1400 bytes");
+    assert_eq!(
+        e.raw_os_error(),
+        Some(EMSGSIZE),
+        "the PTB reached the client's socket: {e}"
+    );
+    let route = (topo
+        .client
+        .ip(["-6", "route", "get", &vip.ip().to_string()]))
+    .unwrap();
+    assert!(
+        route.contains("mtu 1280"),
+        "the client learnt the VIP's path MTU from the translated PTB: {route}"
+    );
+    let answer = udp6_ask(&s, 1400)
+        .unwrap_or_else(|e| panic!("the datagram, fragmented at the source, arrives: {e}"));
+    assert!(answer.ends_with(" 1400"), "arrived whole: {answer}");
+}
+
+/// The eBPF programs follow an IPv6 datagram's later fragments by its first (the fragment
+/// header's identification), as they do IPv4's, on both attach modes: each of ten 3000-byte
+/// datagrams to the VIP arrives whole at a backend. And the node's Packet Too Big about a
+/// translated datagram reaches the client quoting the VIP (TC egress translates it, as it
+/// does IPv4's "fragmentation needed").
+#[test]
+fn ipv6_fragments_and_packet_too_big_on_ebpf() {
+    if !require_root("ipv6_fragments_and_packet_too_big_on_ebpf") {
+        return;
+    }
+    for attach in ["tc", "xdp"] {
+        let topo = Topology::dual_stack(2).unwrap();
+        udp6_servers(&topo);
+        let (_bpffs, _, d) = start_network(&topo, "ebpf", attach, &[]);
+        d.ok(&service_set(&[VIP6], &[], &topo.v6().backends));
+        println!("attach {attach}");
+        let vip = SocketAddr::new(VIP6.parse().unwrap(), UDP_PORT);
+        fragmented_datagrams_arrive_whole(&topo, vip);
+        packet_too_big_reaches_the_client(&topo, vip);
+    }
+}
+
+/// nginx's port in the backends (the storm).
+const HTTP_PORT: u16 = 80;
+
+/// One `GET /` from the client to `to` over its own connection: nginx's answer line
+/// (`NAME PEER_ADDR:PEER_PORT`).
+fn http_get6(topo: &Topology, to: SocketAddr) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    topo.client
+        .run(|| {
+            let mut c = std::net::TcpStream::connect_timeout(&to, lb_tests::traffic::TIMEOUT)?;
+            c.set_read_timeout(Some(lb_tests::traffic::TIMEOUT))?;
+            c.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+            let mut reply = String::new();
+            c.read_to_string(&mut reply)?;
+            Ok(reply.lines().last().unwrap_or_default().to_owned())
+        })
+        .unwrap()
+}
+
+/// The IPv6 twin of real_traffic.rs's storm, on the eBPF dataplane with masquerade `always`
+/// on both attach modes: 100,000 connections through the IPv6 VIP to nginx on two backends,
+/// no flow dropped for want of a reply tuple or a masquerade port (the programs count both),
+/// and afterwards 50 new connections all answered and masqueraded (nginx sees the node's
+/// IPv6 address on the backends' link).
+#[test]
+fn ipv6_storm_of_100k_connections_then_new_ones_still_masqueraded_on_ebpf() {
+    if !require_root("ipv6_storm_of_100k_connections_then_new_ones_still_masqueraded_on_ebpf") {
+        return;
+    }
+    for attach in ["tc", "xdp"] {
+        let topo = Topology::dual_stack(2).unwrap();
+        let _nginx: Vec<Nginx> = (topo.backends.iter().enumerate())
+            .map(|(i, ns)| Nginx::start_dual(ns, &format!("b{i}"), HTTP_PORT).unwrap())
+            .collect();
+        let v6 = topo.v6().clone();
+        let (_bpffs, metrics, d) =
+            start_network(&topo, "ebpf", attach, &["--masquerade", "always"]);
+        d.ok(&service_set(&[VIP6], &[], &v6.backends));
+        let vip = SocketAddr::new(VIP6.parse().unwrap(), HTTP_PORT);
+
+        let s = storm(&topo.client, &format!("http://{vip}/"));
+        println!("{attach}: storm: {}", s.summary());
+        assert!(s.wrk.requests >= STORM, "{attach}: {}", s.summary());
+        let text = scrape(&metrics).unwrap();
+        for hook in ["xdp", "tc_ingress", "tc_egress"] {
+            for reason in ["nat_failed", "masq_failed"] {
+                let n = datapath(&text, "web", hook, reason);
+                assert_eq!(n, 0, "{attach}: {hook} dropped {n} for {reason}");
+            }
+        }
+        let masqueraded = datapath(&text, "web", "tc_egress", "masq_new");
+        assert!(masqueraded >= STORM, "{attach}: {masqueraded} masquerades");
+
+        let mut seen = BTreeMap::<String, usize>::new();
+        for i in 0..50 {
+            let line = http_get6(&topo, vip)
+                .unwrap_or_else(|e| panic!("{attach}: connection {i} after the storm: {e}"));
+            let (who, peer) = line.split_once(' ').unwrap_or_default();
+            let (addr, _) = peer.rsplit_once(':').unwrap_or_default();
+            assert_eq!(
+                addr,
+                v6.node_backend.to_string(),
+                "{attach}: connection {i} is masqueraded to the node: {line}"
+            );
+            *seen.entry(who.to_owned()).or_default() += 1;
+        }
+        println!("{attach}: 50 connections after the storm, all masqueraded: {seen:?}");
+    }
+}
+
 /// Linux's errno for "Message too long": what a connected UDP socket reports once a Packet
 /// Too Big for its own tuple arrived.
 const EMSGSIZE: i32 = 90;
 
 /// IPv6 fragments and Packet Too Big through the nftables dataplane, as the kernel's own NAT
 /// handles them: a UDP datagram larger than the client's MTU leaves it in fragments and
-/// arrives whole at a backend; a datagram too big for the node's link to the backends makes
-/// the node answer Packet Too Big, whose quoted packet is translated back to the VIP, so the
-/// client's socket takes the smaller path MTU (the kernel applies a PTB only to a socket of
-/// the quoted tuple) and its next datagram, fragmented at the source, arrives whole.
+/// arrives whole at a backend, and the node's Packet Too Big reaches the client quoting the
+/// VIP.
 #[test]
 fn ipv6_fragments_and_packet_too_big_on_nftables() {
     if !require_root("ipv6_fragments_and_packet_too_big_on_nftables") {
@@ -408,47 +570,16 @@ fn ipv6_fragments_and_packet_too_big_on_nftables() {
     d.ok(&network_add(&topo, "web"));
     d.ok(&service_set(&[VIP6], &[], &topo.v6().backends));
     let vip = SocketAddr::new(VIP6.parse().unwrap(), UDP_PORT);
+    fragmented_datagrams_arrive_whole(&topo, vip);
 
-    // Fragments: 3000 bytes over a 1500-byte link, ten datagrams, every one whole.
-    for _ in 0..10 {
-        let s = udp6_client(&topo, vip);
-        let answer =
-            udp6_ask(&s, 3000).unwrap_or_else(|e| panic!("a fragmented datagram is answered: {e}"));
-        assert!(answer.ends_with(" 3000"), "arrived whole: {answer}");
-    }
-
-    // Packet Too Big: the node's link to the backends gets IPv6's minimum MTU.
-    topo.node
-        .ip([
-            "link",
-            "set",
-            "dev",
-            lb_tests::netns::NODE_BRIDGE,
-            "mtu",
-            "1280",
-        ])
-        .unwrap();
-    let s = udp6_client(&topo, vip);
-    let e = udp6_ask(&s, 1400).expect_err("the node cannot forward 1400 bytes");
-    assert_eq!(
-        e.raw_os_error(),
-        Some(EMSGSIZE),
-        "the PTB reached the client's socket: {e}"
-    );
-    let route = topo.client.ip(["-6", "route", "get", VIP6]).unwrap();
-    assert!(
-        route.contains("mtu 1280"),
-        "the client learnt the VIP's path MTU from the translated PTB: {route}"
-    );
-    let answer = udp6_ask(&s, 1400)
-        .unwrap_or_else(|e| panic!("the datagram, fragmented at the source, arrives: {e}"));
-    assert!(answer.ends_with(" 1400"), "arrived whole: {answer}");
+    packet_too_big_reaches_the_client(&topo, vip);
 }
 
 /// The eBPF dataplane serves a dual-stack service on both attach modes as the nftables one
 /// does: each family from its own backends (checked per answer, no masquerade), balanced over
 /// all four, on its VIP and on the node's published port; `lb conntrack` shows the IPv6 flows
-/// as `[addr]:port`; neighbour discovery on the node still works with the programs attached.
+/// as `[addr]:port`; neighbour discovery on the node still works with the programs attached;
+/// `lb status` says what IPv6 does not get yet.
 #[test]
 fn a_dual_stack_service_on_ebpf_serves_each_family_from_its_own_backends() {
     if !require_root("a_dual_stack_service_on_ebpf_serves_each_family_from_its_own_backends") {
@@ -477,6 +608,11 @@ fn a_dual_stack_service_on_ebpf_serves_each_family_from_its_own_backends() {
         topo.client
             .exec(["ping", "-6", "-c", "1", "-W", "3", &v6.node.to_string()])
             .unwrap_or_else(|e| panic!("{attach}: ping -6 {}: {e:#}", v6.node));
+        let status = d.ok(&["status"]);
+        assert!(
+            status.contains("the node's own IPv6 sockets are not balanced"),
+            "{attach}: what is not served yet is said: {status}"
+        );
         let text = scrape(&metrics).unwrap();
         let translated: u64 = (["xdp", "tc_ingress"].iter())
             .map(|hook| datapath(&text, "web", hook, "translated"))

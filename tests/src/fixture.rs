@@ -5,7 +5,10 @@
 //!
 //! A TC run's skb is on loopback (ifindex 1) unless the run passes a context: a hairpin is
 //! "leaves by the interface it came in on", i.e. ifindex == ingress_ifindex == 1.
-use std::{collections::BTreeSet, net::Ipv4Addr};
+use std::{
+    collections::BTreeSet,
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use aya::{
     Ebpf,
@@ -15,7 +18,7 @@ use aya::{
 use lb_common::{Config, Flow, FlowKey, FragKey, FragPorts, Reason};
 use lb_user::{
     core::compose::compose,
-    core::model::{Attach, Backend, Masquerade, Mode, Network, PortConfig, Proto, Service},
+    core::model::{Attach, Backend, Family, Masquerade, Mode, Network, PortConfig, Proto, Service},
     dataplane::ebpf::{
         self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be4,
     },
@@ -51,6 +54,17 @@ pub const WEB: [Ipv4Addr; 3] = [
     Ipv4Addr::new(10, 20, 0, 12),
 ];
 pub const DB: Ipv4Addr = Ipv4Addr::new(10, 20, 0, 30);
+/// The node's IPv6 address (ifindex 1's too). A local address only of a network that has
+/// IPv6 services ([`dual_stack_network`]), so that every other network syncs as it did
+/// before dual stack.
+pub const NODE6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1);
+/// `web`'s IPv6 VIP and backends in [`dual_stack_network`].
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 0x10);
+pub const WEB6: [Ipv6Addr; 3] = [
+    Ipv6Addr::new(0xfd20, 0, 0, 0, 0, 0, 0, 2),
+    Ipv6Addr::new(0xfd20, 0, 0, 0, 0, 0, 0, 3),
+    Ipv6Addr::new(0xfd20, 0, 0, 0, 0, 0, 0, 4),
+];
 /// A port `db` publishes (tcp and udp) on 127.0.0.1, where the test process itself can hold
 /// sockets: the programs' socket lookup runs in the test's own namespace.
 pub const LOOPBACK_PORT: u16 = 47080;
@@ -140,6 +154,20 @@ pub fn network(masquerade: Masquerade) -> Network {
     }
 }
 
+/// [`network`] with `web` dual-stack: [`VIP6`] beside [`VIP`] and [`WEB6`] beside [`WEB`],
+/// its ports published on every node address of both families ([`NODE6`] among them).
+/// `empty` and `db` stay IPv4 only.
+pub fn dual_stack_network(masquerade: Masquerade) -> Network {
+    let mut net = network(masquerade);
+    let web = &mut net.services[0];
+    web.vips.push(VIP6.into());
+    web.backends.extend(WEB6.iter().map(|ip| Backend {
+        ip: (*ip).into(),
+        disabled: false,
+    }));
+    net
+}
+
 /// One run's result as the kernel returned it.
 #[derive(Clone, Debug)]
 pub struct Run {
@@ -194,11 +222,15 @@ impl Fixture {
     pub fn sync(&mut self) {
         let composed = compose(&self.net);
         let plan = ebpf::plan(&self.net, &composed);
-        let node = NodeAddrs {
+        let mut node = NodeAddrs {
             local: vec![NODE.into(), HOST_IP.into()],
             ifaces: vec![(1, NODE.into())],
             ephemeral: None,
         };
+        if (self.net.services.iter()).any(|s| s.families().contains(&Family::V6)) {
+            node.local.push(NODE6.into());
+            node.ifaces.push((1, NODE6.into()));
+        }
         let keep: BTreeSet<std::net::IpAddr> = (self.net.services.iter())
             .flat_map(|s| s.backends.iter().map(|b| b.ip))
             .collect();
@@ -304,6 +336,78 @@ impl Fixture {
             verdict: res.return_value,
             out,
             meta,
+        })
+    }
+
+    /// Runs `input` once through a TC program as a CHECKSUM_COMPLETE skb
+    /// (`BPF_F_TEST_SKB_CHECKSUM_COMPLETE`, kernel 6.11+: the kernel sums the packet into
+    /// `skb->csum` before the run and checks it against the packet the program left). The
+    /// run's only way to see that state, which a NIC or a veth delivering to a GRO'd path
+    /// gives: a rewrite whose helpers get `skb->csum` wrong fails with `EBADMSG`. aya keeps
+    /// test-run flags to itself, so this is the syscall.
+    pub fn test_run_complete(&mut self, prog: Prog, input: &[u8]) -> std::io::Result<Run> {
+        use std::os::fd::{AsFd as _, AsRawFd as _};
+        const BPF_PROG_TEST_RUN: libc::c_long = 10;
+        const BPF_F_TEST_SKB_CHECKSUM_COMPLETE: u32 = 1 << 2;
+        /// `union bpf_attr`'s `test` member (include/uapi/linux/bpf.h).
+        #[repr(C)]
+        #[derive(Default)]
+        struct TestAttr {
+            prog_fd: u32,
+            retval: u32,
+            data_size_in: u32,
+            data_size_out: u32,
+            data_in: u64,
+            data_out: u64,
+            repeat: u32,
+            duration: u32,
+            ctx_size_in: u32,
+            ctx_size_out: u32,
+            ctx_in: u64,
+            ctx_out: u64,
+            flags: u32,
+            cpu: u32,
+            batch_size: u32,
+            _pad: u32,
+        }
+        let name = match prog {
+            Prog::TcIngress => PROG_TC_INGRESS,
+            Prog::TcEgress => PROG_TC_EGRESS,
+            Prog::Xdp => panic!("CHECKSUM_COMPLETE is an skb's state; XDP has none"),
+        };
+        let p: &mut SchedClassifier = (self.dp.ebpf_mut().program_mut(name))
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let fd = p.fd().unwrap().as_fd().as_raw_fd();
+        let mut out = vec![0u8; input.len() + 256];
+        let mut attr = TestAttr {
+            prog_fd: fd as u32,
+            data_size_in: input.len() as u32,
+            data_size_out: out.len() as u32,
+            data_in: input.as_ptr() as u64,
+            data_out: out.as_mut_ptr() as u64,
+            repeat: 1,
+            flags: BPF_F_TEST_SKB_CHECKSUM_COMPLETE,
+            ..Default::default()
+        };
+        // SAFETY: `attr` points at buffers that outlive the call, sized as it says.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &mut attr as *mut TestAttr,
+                size_of::<TestAttr>(),
+            )
+        };
+        if rc < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        out.truncate(attr.data_size_out as usize);
+        Ok(Run {
+            verdict: attr.retval,
+            out,
+            meta: None,
         })
     }
 

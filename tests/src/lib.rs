@@ -68,6 +68,7 @@ pub mod netns;
 pub mod packet;
 pub mod plane;
 pub mod scale;
+pub mod storm;
 pub mod switch;
 pub mod tools;
 pub mod traffic;

@@ -61,6 +61,25 @@ pub struct Ipv4Packet {
     pub payload: Vec<u8>,
 }
 
+/// `reply()` of a packet builder: the same packet in the other direction (addresses, ports
+/// and MACs swapped), `$more` on what stays.
+macro_rules! reply {
+    ($more:literal) => {
+        #[doc = concat!("The same packet in the other direction (addresses, ports and MACs swapped", $more, ").")]
+        pub fn reply(&self) -> Self {
+            Self {
+                src_mac: self.dst_mac,
+                dst_mac: self.src_mac,
+                saddr: self.daddr,
+                daddr: self.saddr,
+                sport: self.dport,
+                dport: self.sport,
+                ..self.clone()
+            }
+        }
+    };
+}
+
 impl Ipv4Packet {
     pub fn tcp(saddr: Ipv4Addr, sport: u16, daddr: Ipv4Addr, dport: u16) -> Self {
         Self {
@@ -115,18 +134,7 @@ impl Ipv4Packet {
         frame
     }
 
-    /// The same packet in the other direction (addresses, ports and MACs swapped).
-    pub fn reply(&self) -> Self {
-        Self {
-            src_mac: self.dst_mac,
-            dst_mac: self.src_mac,
-            saddr: self.daddr,
-            daddr: self.saddr,
-            sport: self.dport,
-            dport: self.sport,
-            ..self.clone()
-        }
-    }
+    reply!("");
 
     pub fn build(&self) -> Vec<u8> {
         let l4 = l4_segment(
@@ -602,6 +610,8 @@ impl Ipv6Packet {
         frame.extend(seg);
         frame
     }
+
+    reply!("; extension headers as they are");
 
     /// Where the upper-layer header starts in the built frame.
     pub fn l4_offset(&self) -> usize {

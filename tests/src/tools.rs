@@ -335,6 +335,15 @@ impl Nginx {
     /// socket each): a benchmark gives each run a port of its own, so that no run meets the
     /// TIME_WAIT sockets of another. [`Nginx::port`] is the first.
     pub fn start_ports(ns: &Netns, name: &str, ports: &[u16]) -> Result<Nginx> {
+        Nginx::start_with(ns, name, ports, false)
+    }
+
+    /// Like [`Nginx::start`], listening on `[::]:port` too (a dual-stack backend).
+    pub fn start_dual(ns: &Netns, name: &str, port: u16) -> Result<Nginx> {
+        Nginx::start_with(ns, name, &[port], true)
+    }
+
+    fn start_with(ns: &Netns, name: &str, ports: &[u16], ipv6: bool) -> Result<Nginx> {
         let &[port, ..] = ports else {
             bail!("nginx {name}: no port to listen on");
         };
@@ -347,7 +356,7 @@ impl Nginx {
         );
         let dir = TempDir::new(&format!("nginx-{name}"))?;
         let conf = dir.join("nginx.conf");
-        fs::write(&conf, nginx_conf(dir.path(), name, ports))
+        fs::write(&conf, nginx_conf(dir.path(), name, ports, ipv6))
             .with_context(|| format!("writing {}", conf.display()))?;
         let log = File::create(dir.join("stderr.log")).context("creating nginx's stderr.log")?;
         let mut cmd = in_netns(ns, None, "/usr/sbin/nginx", None::<&str>);
@@ -413,10 +422,17 @@ impl Nginx {
 }
 
 /// The whole configuration of [`Nginx`]: every path nginx would write is under `dir`.
-fn nginx_conf(dir: &Path, name: &str, ports: &[u16]) -> String {
+fn nginx_conf(dir: &Path, name: &str, ports: &[u16], ipv6: bool) -> String {
     let dir = dir.display();
     let listen: String = (ports.iter())
-        .map(|port| format!("        listen 0.0.0.0:{port} backlog=4096;\n"))
+        .map(|port| {
+            let v6 = if ipv6 {
+                format!("        listen [::]:{port} ipv6only=on backlog=4096;\n")
+            } else {
+                String::new()
+            };
+            format!("        listen 0.0.0.0:{port} backlog=4096;\n{v6}")
+        })
         .collect();
     format!(
         r#"# One process in the foreground, so the test's pid is nginx's and nothing outlives it.

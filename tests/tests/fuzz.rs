@@ -623,6 +623,7 @@ fn is_outcome(r: Reason) -> bool {
         | Reason::NotIp
         | Reason::NotL4
         | Reason::Ipv6Extension
+        | Reason::Udp6NoChecksum
         | Reason::Malformed
         | Reason::NotService
         | Reason::NoFlowOpener
@@ -692,10 +693,11 @@ fn reason_fits(prog: Prog, input: &[u8], o: Outcome, r: Reason) -> bool {
 }
 
 /// Outcomes a packet that cannot be for a service may end with.
-const NOT_FOR_A_SERVICE: [Reason; 7] = [
+const NOT_FOR_A_SERVICE: [Reason; 8] = [
     Reason::NotIp,
     Reason::NotL4,
     Reason::Ipv6Extension,
+    Reason::Udp6NoChecksum,
     Reason::Malformed,
     Reason::NotService,
     Reason::XdpDeferred,

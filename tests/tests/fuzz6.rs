@@ -6,7 +6,8 @@
 //!
 //! 1. It leaves byte-identical with a passing verdict, or the kernel refuses it for its length.
 //! 2. Each run counts exactly one outcome, and only one an IPv6 packet may have (`not_service`,
-//!    `frag_unknown`, `not_l4`, `ipv6_extension`, `malformed`), checked per round of packets.
+//!    `frag_unknown`, `not_l4`, `ipv6_extension`, `udp6_no_checksum`, `malformed`), checked
+//!    per round of packets.
 //! 3. No flow or fragment entry is written.
 //!
 //! A run of at least `COVERAGE_FROM` packets must have reached every one of those outcomes
@@ -31,8 +32,11 @@ const COVERAGE_FROM: usize = 20_000;
 /// What an IPv6 frame may end as while no IPv6 service exists (`frag_unknown`: a later
 /// fragment of a datagram no flow translated; `xdp_deferred`: XDP leaves a checksum it
 /// cannot tell full from partial to TC before it looks anything up).
-const IPV6_OUTCOMES: [Reason; 6] = [
+/// `udp6_no_checksum`: a UDP fragment or a datagram whose length fields disagree, with
+/// checksum 0).
+const IPV6_OUTCOMES: [Reason; 7] = [
     Reason::NotService,
+    Reason::Udp6NoChecksum,
     Reason::FragUnknown,
     Reason::XdpDeferred,
     Reason::NotL4,
@@ -94,6 +98,11 @@ impl Gen {
         let (sport, dport) = (self.rng.u16(), self.rng.pick(&[80, 443, 8080, 5353, 9000]));
         let mut p = match self.rng.below(10) {
             0..=2 => Ipv6Packet::tcp(s, sport, d, dport),
+            // IPv6 forbids a UDP checksum of 0; senders of tunnels send it anyway (RFC 6936).
+            3 | 4 if self.rng.percent(20) => Ipv6Packet {
+                l4_csum: Some(0),
+                ..Ipv6Packet::udp(s, sport, d, dport)
+            },
             3 | 4 => Ipv6Packet::udp(s, sport, d, dport),
             5 => Ipv6Packet::sctp(s, sport, d, dport),
             6 | 7 if depth == 0 => {
