@@ -235,7 +235,7 @@ macro_rules! family_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]; `lb_config`, converted) or asked, so a program never
 /// reads a map written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 26] = [
+pub const MAP_LAYOUTS: [(&str, u32); 27] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -267,6 +267,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 26] = [
     ("lb_jump6_tc", 1),
     ("lb_slots", 1),
     ("lb_slots6", 1),
+    ("lb_sock_rev6", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
@@ -599,6 +600,32 @@ map_layout! {
         pub _pad: u16,
     }
 }
+
+map_layout! {
+    /// Key of `lb_sock_rev6`: [`SockRevKey`] of an IPv6 socket sent to an IPv6 backend (a
+    /// socket of either family sent to an IPv4 one, by a v4-mapped address on an IPv6 socket,
+    /// is `lb_sock_rev`'s). Not [`family_layout`]'s: the cookie's alignment would leave
+    /// the IPv6 layout's tail padding implicit.
+    pub struct SockRevKey6 {
+        pub cookie: u64,
+        pub addr: Addr6,
+        pub port: u16,
+        pub _pad: u16,
+        pub _pad2: u32,
+    }
+}
+
+map_layout! {
+    /// Value of `lb_sock_rev6`: as [`SockRev`].
+    pub struct SockRev6 {
+        pub addr: Addr6,
+        pub port: u16,
+        pub _pad: u16,
+    }
+}
+
+const _: () = assert!(core::mem::size_of::<SockRevKey6>() == 32);
+const _: () = assert!(core::mem::size_of::<SockRev6>() == 20);
 
 /// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
 /// (`bpf_redirect_peer`, TC ingress only) rather than out of it.

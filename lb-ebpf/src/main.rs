@@ -169,25 +169,46 @@ fn jump6<C: EbpfContext, const N: usize>(jump: &ProgramArray<N>, ctx: &C, hook: 
 /// cgroup2 root).
 #[cgroup_sock_addr(connect4)]
 pub fn lb_connect4(ctx: SockAddrContext) -> i32 {
-    sock::forward(&ctx)
+    sock::forward4(&ctx)
 }
 
 /// sendmsg() of its unconnected UDP sockets.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn lb_sendmsg4(ctx: SockAddrContext) -> i32 {
-    sock::forward(&ctx)
+    sock::forward4(&ctx)
 }
 
 /// recvmsg() of its UDP sockets: the answer's source.
 #[cgroup_sock_addr(recvmsg4)]
 pub fn lb_recvmsg4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx)
+    sock::reverse4(&ctx)
 }
 
 /// getpeername() of its sockets.
 #[cgroup_sock_addr(getpeername4)]
 pub fn lb_getpeername4(ctx: SockAddrContext) -> i32 {
-    sock::reverse(&ctx)
+    sock::reverse4(&ctx)
+}
+
+/// The four for IPv6 sockets.
+#[cgroup_sock_addr(connect6)]
+pub fn lb_connect6(ctx: SockAddrContext) -> i32 {
+    sock::forward6(&ctx)
+}
+
+#[cgroup_sock_addr(sendmsg6)]
+pub fn lb_sendmsg6(ctx: SockAddrContext) -> i32 {
+    sock::forward6(&ctx)
+}
+
+#[cgroup_sock_addr(recvmsg6)]
+pub fn lb_recvmsg6(ctx: SockAddrContext) -> i32 {
+    sock::reverse6(&ctx)
+}
+
+#[cgroup_sock_addr(getpeername6)]
+pub fn lb_getpeername6(ctx: SockAddrContext) -> i32 {
+    sock::reverse6(&ctx)
 }
 
 #[inline(always)]

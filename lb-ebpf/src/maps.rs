@@ -25,7 +25,7 @@ use lb_common::{
     Iface6, IfaceOf, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS,
     MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS,
     MAX_SERVICES, MAX_SOCK_REV, PortKey, PortKey6, PortKeyOf, REASONS, Service, SockConfig,
-    SockRev, SockRevKey, VipKey, VipKey6, VipKeyOf,
+    SockRev, SockRev6, SockRevKey, SockRevKey6, VipKey, VipKey6, VipKeyOf,
 };
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
@@ -119,6 +119,10 @@ pub static SOCK: Array<SockConfig, 1> = Array::new();
 /// address again).
 #[btf_map(name = "lb_sock_rev")]
 pub static SOCK_REV: LruHashMap<SockRevKey, SockRev, { MAX_SOCK_REV as usize }> = LruHashMap::new();
+
+#[btf_map(name = "lb_sock_rev6")]
+pub static SOCK_REV6: LruHashMap<SockRevKey6, SockRev6, { MAX_SOCK_REV as usize }> =
+    LruHashMap::new();
 
 // The IPv6 twins of the maps that hold addresses (docs/dual-stack.md): the same roles, keys
 // and values with IPv6 addresses, written and read by the same code built for IPv6

@@ -547,17 +547,13 @@ fn dual_runtime<'a>(node: &'a Netns, socket: &Path, v4: bool) -> Runtime<'a> {
     rt
 }
 
-/// lb-cni in a dual-stack Nomad chain on the nftables dataplane (the one that serves IPv6):
-/// a dual-stack container's host port answers over both families from outside, from the node
-/// and from the container itself, each family from the container's own address of that
-/// family; a container of an IPv6-only chain is published on IPv6, reached the same three
-/// ways; a `hostIP` of a family the container has no address of is refused, as
-/// kubelet refuses an IP family mismatch, and nothing is published.
-#[test]
-fn nomad_dual_stack_chain_nftables() {
-    if !require_root("nomad_dual_stack_chain_nftables") {
-        return;
-    }
+/// lb-cni in a dual-stack Nomad chain on `dataplane`: a dual-stack container's host port
+/// answers over both families from outside, from the node and from the container itself,
+/// each family from the container's own address of that family; a container of an IPv6-only
+/// chain is published on IPv6, reached the same three ways; a `hostIP` of a family the
+/// container has no address of is refused, as kubelet refuses an IP family mismatch, and
+/// nothing is published.
+fn nomad_dual_stack_chain_on(dataplane: &str) {
     let (node, client) = node_and_client();
     for (ns, addr, dev) in [(&node, NODE_IP6, "ext0"), (&client, CLIENT_IP6, "c0")] {
         ns.enable_ipv6().unwrap();
@@ -565,7 +561,7 @@ fn nomad_dual_stack_chain_nftables() {
     }
     node.sysctl("net.ipv6.conf.all.forwarding", "1").unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dataplane]).unwrap();
     let port = HOST_PORTS[0];
     let at = |ip: std::net::IpAddr| std::net::SocketAddr::new(ip, port);
 
@@ -654,6 +650,20 @@ fn nomad_dual_stack_chain_nftables() {
             .unwrap_or_else(|o| panic!("DEL {}: {o:?}", c.id));
     }
     assert!(services(&d.socket()).is_empty());
+}
+
+#[test]
+fn nomad_dual_stack_chain_ebpf() {
+    if require_root("nomad_dual_stack_chain_ebpf") {
+        nomad_dual_stack_chain_on("ebpf");
+    }
+}
+
+#[test]
+fn nomad_dual_stack_chain_nftables() {
+    if require_root("nomad_dual_stack_chain_nftables") {
+        nomad_dual_stack_chain_on("nftables");
+    }
 }
 
 /// An ADD the daemon saves but cannot apply (nftables' `nft` fails after the change was

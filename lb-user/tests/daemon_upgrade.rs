@@ -23,6 +23,7 @@ use lb_tests::{
     require_root,
     traffic::{TIMEOUT, TcpSession, spawn_backends},
 };
+use lb_user::dataplane::ebpf::PROG_SOCK;
 use serde_json::Value;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
@@ -153,9 +154,9 @@ fn attached(topo: &Topology, dir: &Path, netlink: bool) -> Vec<String> {
 /// the socket programs on the cgroup, and with the bridge among the interfaces, the fast
 /// path's reply hook on each of its ports too.
 fn expected_hooks(topo: &Topology, ifaces: &[&String], attach: &str) -> Vec<String> {
-    let mut out: Vec<String> = ["connect4", "sendmsg4", "recvmsg4", "getpeername4"]
-        .map(|p| format!("link_cgroup_lb_{p}"))
-        .into();
+    let mut out: Vec<String> = (PROG_SOCK.iter())
+        .map(|p| format!("link_cgroup_{p}"))
+        .collect();
     for i in ifaces {
         out.extend(["egress", "ingress"].map(|h| format!("link_{i}_{h}")));
         if attach == "xdp" && i.starts_with("lbc") {

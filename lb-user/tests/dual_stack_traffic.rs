@@ -10,11 +10,15 @@
 //! programs, serving IPv4 on a dual-stack node, leave IPv6 untouched. Root only.
 use std::{
     collections::BTreeMap,
-    net::{IpAddr, SocketAddr, UdpSocket},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     path::Path,
     time::Duration,
 };
 
+use lb_common::{
+    Flow6,
+    flow::{NS_PER_SEC, expired},
+};
 use lb_tests::{
     bpffs::Bpffs,
     daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
@@ -24,6 +28,7 @@ use lb_tests::{
     tools::Nginx,
     traffic::{DualServer, DualSession, assert_uniform_over_4, tcp_ask},
 };
+use lb_user::dataplane::ebpf::{EbpfNetwork, be6, gc::monotonic_ns, pin_dir};
 
 const VIP4: &str = "10.99.0.10";
 const VIP6: &str = "fd99::10";
@@ -110,11 +115,16 @@ fn start_network(
     (bpffs, metrics, d)
 }
 
+/// A [`DualServer`] on [`PORT`] in every backend, named `b<i>`.
+fn dual_servers(topo: &Topology) -> Vec<DualServer> {
+    (topo.backends.iter().enumerate())
+        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
+        .collect()
+}
+
 /// [`start_network`] on the eBPF dataplane, with a server on every backend.
 fn ebpf_network(topo: &Topology, attach: &str) -> (Bpffs, Vec<DualServer>, String, LbDaemon) {
-    let servers = (topo.backends.iter().enumerate())
-        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
-        .collect();
+    let servers = dual_servers(topo);
     let (bpffs, metrics, d) = start_network(topo, "ebpf", attach, &[]);
     (bpffs, servers, metrics, d)
 }
@@ -129,9 +139,7 @@ fn a_dual_stack_service_on_nftables_serves_each_family_from_its_own_backends() {
         return;
     }
     let topo = Topology::dual_stack(4).unwrap();
-    let _servers: Vec<DualServer> = (topo.backends.iter().enumerate())
-        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
-        .collect();
+    let _servers = dual_servers(&topo);
     let bpffs = Bpffs::new().unwrap();
     let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
     d.ok(&network_add(&topo, "web"));
@@ -305,9 +313,7 @@ fn hairpin_host_ip_drain(dataplane: &str, attach: &str) {
     // A backend reaching itself through the VIP needs hairpin mode on its bridge port
     // whenever br_netfilter is loaded, for IPv6 as for IPv4 (nat_netns.rs's `hairpin`).
     topo.set_hairpin(true).unwrap();
-    let _servers: Vec<DualServer> = (topo.backends.iter().enumerate())
-        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
-        .collect();
+    let _servers = dual_servers(&topo);
     let v6 = topo.v6().clone();
     let (_bpffs, _, d) = start_network(&topo, dataplane, attach, &[]);
     let set = |disabled: Option<usize>| {
@@ -483,9 +489,10 @@ fn ipv6_fragments_and_packet_too_big_on_ebpf() {
 /// nginx's port in the backends (the storm).
 const HTTP_PORT: u16 = 80;
 
-/// One `GET /` from the client to `to` over its own connection: nginx's answer line
-/// (`NAME PEER_ADDR:PEER_PORT`).
-fn http_get6(topo: &Topology, to: SocketAddr) -> std::io::Result<String> {
+/// One `GET /` (HTTP/1.0: nginx closes after its answer, the client after reading it, FINs
+/// both ways) from the client to `to` over its own connection: nginx's answer line
+/// (`NAME PEER_ADDR:PEER_PORT`) and the connection's own port.
+fn http_get6(topo: &Topology, to: SocketAddr) -> std::io::Result<(String, u16)> {
     use std::io::{Read, Write};
     topo.client
         .run(|| {
@@ -494,7 +501,8 @@ fn http_get6(topo: &Topology, to: SocketAddr) -> std::io::Result<String> {
             c.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
             let mut reply = String::new();
             c.read_to_string(&mut reply)?;
-            Ok(reply.lines().last().unwrap_or_default().to_owned())
+            let line = reply.lines().last().unwrap_or_default().to_owned();
+            Ok((line, c.local_addr()?.port()))
         })
         .unwrap()
 }
@@ -535,7 +543,7 @@ fn ipv6_storm_of_100k_connections_then_new_ones_still_masqueraded_on_ebpf() {
 
         let mut seen = BTreeMap::<String, usize>::new();
         for i in 0..50 {
-            let line = http_get6(&topo, vip)
+            let (line, _) = http_get6(&topo, vip)
                 .unwrap_or_else(|e| panic!("{attach}: connection {i} after the storm: {e}"));
             let (who, peer) = line.split_once(' ').unwrap_or_default();
             let (addr, _) = peer.rsplit_once(':').unwrap_or_default();
@@ -610,7 +618,7 @@ fn a_dual_stack_service_on_ebpf_serves_each_family_from_its_own_backends() {
             .unwrap_or_else(|e| panic!("{attach}: ping -6 {}: {e:#}", v6.node));
         let status = d.ok(&["status"]);
         assert!(
-            status.contains("the node's own IPv6 sockets are not balanced"),
+            status.contains("IPv6 on the ebpf dataplane takes the stack"),
             "{attach}: what is not served yet is said: {status}"
         );
         let text = scrape(&metrics).unwrap();
@@ -665,5 +673,258 @@ fn ipv6_passes_the_ebpf_programs_untouched_on_both_attach_modes() {
             .map(|hook| datapath(&text, "web", hook, "translated"))
             .sum();
         assert!(translated > 0, "{attach}: IPv4 served beside");
+    }
+}
+
+/// Node-local clients over IPv6, a process of the node's own namespace: TCP to the IPv6 VIP,
+/// to the published port on the node's IPv6 address and, on the eBPF dataplane, on `[::1]`
+/// (the socket programs of IPv6 sockets send the socket to a backend before the stack picks
+/// a route; nftables cannot serve `[::1]`, which has no `route_localnet`: its documented
+/// limit); an IPv6 socket reaching the IPv4 VIP by its v4-mapped address is an IPv4 client
+/// (balanced over the IPv4 backends); `getpeername` shows the service; an unconnected UDP
+/// socket's answer comes from the VIP it asked; sockets spread over both IPv6 backends. The
+/// nftables dataplane, the kernel's answer, is held to the same but `[::1]`.
+#[test]
+fn node_local_ipv6_clients_reach_the_service_on_both_dataplanes() {
+    if !require_root("node_local_ipv6_clients_reach_the_service_on_both_dataplanes") {
+        return;
+    }
+    for dataplane in ["ebpf", "nftables"] {
+        let topo = Topology::dual_stack(2).unwrap();
+        let _servers = dual_servers(&topo);
+        udp6_servers(&topo);
+        let (_bpffs, metrics, d) = start_network(&topo, dataplane, "tc", &[]);
+        d.ok(&dual_service(&topo));
+        let v6 = topo.v6().clone();
+        let node = &topo.node;
+        let vip6 = SocketAddr::new(VIP6.parse().unwrap(), PORT);
+        let mut targets = vec![vip6, SocketAddr::new(IpAddr::V6(v6.node), PUBLISHED)];
+        if dataplane == "ebpf" {
+            targets.push(SocketAddr::new(Ipv6Addr::LOCALHOST.into(), PUBLISHED));
+        }
+        for to in targets {
+            let (who, peer) = tcp_ask(node, to);
+            assert!(
+                peer.is_ipv6(),
+                "{dataplane}: {to} from the node is served over IPv6 by {who}, which saw {peer}"
+            );
+        }
+        let mapped = SocketAddr::new(
+            VIP4.parse::<Ipv4Addr>().unwrap().to_ipv6_mapped().into(),
+            PORT,
+        );
+        let (who, peer) = tcp_ask(node, mapped);
+        assert!(
+            peer.is_ipv4(),
+            "{dataplane}: {mapped} is reached over IPv4 ({who} saw {peer})"
+        );
+
+        for to in [vip6, mapped] {
+            let s = (node.run(|| TcpStream::connect_timeout(&to, Duration::from_secs(2))))
+                .unwrap()
+                .unwrap_or_else(|e| panic!("{dataplane}: {to}: {e}"));
+            assert_eq!(s.peer_addr().unwrap(), to, "{dataplane}: getpeername");
+        }
+
+        let udp = SocketAddr::new(VIP6.parse().unwrap(), UDP_PORT);
+        let s = (node.run(|| UdpSocket::bind(("::", 0)))).unwrap().unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        s.send_to(b"hello", udp).unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = (s.recv_from(&mut buf))
+            .unwrap_or_else(|e| panic!("{dataplane}: UDP to {udp} from the node: {e}"));
+        assert_eq!(
+            from, udp,
+            "{dataplane}: the answer comes from the VIP asked"
+        );
+        assert!(buf[..n].starts_with(b"b"), "{dataplane}: a backend answers");
+
+        let mut seen = BTreeMap::<String, usize>::new();
+        for _ in 0..30 {
+            *seen.entry(tcp_ask(node, vip6).0).or_default() += 1;
+        }
+        assert_eq!(seen.len(), 2, "{dataplane}: both IPv6 backends: {seen:?}");
+        if dataplane == "ebpf" {
+            let text = scrape(&metrics).unwrap();
+            let translated = datapath(&text, "web", "sock", "sock_translated");
+            assert!(translated >= 36, "{dataplane}: counted: {translated}");
+        }
+    }
+}
+
+/// Keep-alive sessions the programs tracked.
+const SESSIONS: usize = 8;
+
+/// The IPv6 twin of real_traffic.rs's flushed sessions, through the daemon on both attach
+/// modes, masquerade `never` and `always`: [`SESSIONS`] keep-alive connections to the IPv6
+/// VIP, every entry of `lb_flows6` deleted (as LRU pressure or a flush would), and each
+/// session asked again. Contract: each answer is the one before (backend, and the peer it
+/// sees: the client, or the node's masquerade address and port), without error: the next
+/// packet re-creates its flow by the keyed flow hash, on the same backend and, masqueraded,
+/// the same port.
+#[test]
+fn ipv6_sessions_keep_backend_and_peer_after_the_flow_table_is_flushed() {
+    if !require_root("ipv6_sessions_keep_backend_and_peer_after_the_flow_table_is_flushed") {
+        return;
+    }
+    for (attach, masquerade) in [("tc", "never"), ("xdp", "never"), ("tc", "always")] {
+        let what = format!("{attach}, masquerade {masquerade}");
+        let topo = Topology::dual_stack(4).unwrap();
+        let _servers = dual_servers(&topo);
+        let (bpffs, metrics, d) =
+            start_network(&topo, "ebpf", attach, &["--masquerade", masquerade]);
+        d.ok(&dual_service(&topo));
+        let vip6 = SocketAddr::new(VIP6.parse().unwrap(), PORT);
+        let mut sessions: Vec<DualSession> = (0..SESSIONS)
+            .map(|_| DualSession::connect(&topo.client, vip6))
+            .collect();
+        let before: Vec<(String, SocketAddr)> = sessions.iter_mut().map(|s| s.ask()).collect();
+        let seen_as = match masquerade {
+            "always" => topo.v6().node_backend,
+            _ => topo.v6().client,
+        };
+        assert!(
+            before
+                .iter()
+                .all(|(_, peer)| peer.ip() == IpAddr::V6(seen_as)),
+            "{what}: seen as {seen_as}: {before:?}"
+        );
+
+        let mut maps = EbpfNetwork::open(
+            &pin_dir(bpffs.path(), "web"),
+            &Default::default(),
+            Default::default(),
+        )
+        .unwrap();
+        let keys: Vec<_> = maps.flow_entries6().into_iter().map(|(k, _)| k).collect();
+        let per_flow = if masquerade == "always" { 4 } else { 2 };
+        assert!(
+            keys.len() >= SESSIONS * per_flow,
+            "{what}: {SESSIONS} sessions hold {per_flow} entries each, found {}",
+            keys.len()
+        );
+        for k in &keys {
+            maps.flows6_mut().remove(k).unwrap();
+        }
+        assert!(maps.flow_entries6().is_empty(), "{what}: flushed");
+        let recreated = || {
+            let text = scrape(&metrics).unwrap();
+            (["xdp", "tc_ingress", "tc_egress"].iter())
+                .map(|hook| datapath(&text, "web", hook, "flow_recreated"))
+                .sum::<u64>()
+        };
+        let recreated_before = recreated();
+
+        for (i, (s, was)) in sessions.iter_mut().zip(&before).enumerate() {
+            for _ in 0..3 {
+                assert_eq!(&s.ask(), was, "{what}: session {i} after the flush");
+            }
+        }
+        let recreated = recreated() - recreated_before;
+        assert!(
+            recreated >= SESSIONS as u64,
+            "{what}: each session's flow re-created from a mid-flow packet: {recreated}"
+        );
+        println!("{what}: {SESSIONS} sessions kept their answers; {recreated} flows re-created");
+    }
+}
+
+/// The IPv6 twin of real_traffic.rs's expiry, through the daemon on both attach modes: with
+/// 2 s timeouts for UDP and for TCP connections closed by FINs, and masquerade `always`, the
+/// entries of a few answered UDP exchanges and closed connections to the IPv6 VIP are live
+/// right after their traffic and expired (or collected) once the timeout has passed since
+/// their last packet, while an open session's entries stay live and it still answers.
+#[test]
+fn ipv6_idle_udp_and_closed_tcp_flows_expire_after_their_timeouts() {
+    if !require_root("ipv6_idle_udp_and_closed_tcp_flows_expire_after_their_timeouts") {
+        return;
+    }
+    const TIMEOUT_SECS: u64 = 2;
+    const FLOWS: usize = 4;
+    for attach in ["tc", "xdp"] {
+        let topo = Topology::dual_stack(2).unwrap();
+        let _servers = dual_servers(&topo);
+        let _nginx: Vec<Nginx> = (topo.backends.iter().enumerate())
+            .map(|(i, ns)| Nginx::start_dual(ns, &format!("b{i}"), HTTP_PORT).unwrap())
+            .collect();
+        udp6_servers(&topo);
+        let flags = [
+            "--masquerade",
+            "always",
+            "--timeout",
+            "udp=2",
+            "--timeout",
+            "tcp_time_wait=2",
+        ];
+        let (bpffs, _metrics, d) = start_network(&topo, "ebpf", attach, &flags);
+        d.ok(&dual_service(&topo));
+        let vip6 = SocketAddr::new(VIP6.parse().unwrap(), PORT);
+        let mut open = DualSession::connect(&topo.client, vip6);
+        open.ask();
+        let open_port = open.local_addr().port();
+        let mut ports = Vec::new();
+        for _ in 0..FLOWS {
+            let s = udp6_client(&topo, SocketAddr::new(vip6.ip(), UDP_PORT));
+            udp6_ask(&s, 8).unwrap_or_else(|e| panic!("{attach}: UDP: {e}"));
+            ports.push((lb_common::IPPROTO_UDP, s.local_addr().unwrap().port()));
+            let (_, port) = http_get6(&topo, SocketAddr::new(vip6.ip(), HTTP_PORT))
+                .unwrap_or_else(|e| panic!("{attach}: HTTP: {e}"));
+            ports.push((lb_common::IPPROTO_TCP, port));
+        }
+        let done = monotonic_ns();
+
+        let maps = EbpfNetwork::open(
+            &pin_dir(bpffs.path(), "web"),
+            &Default::default(),
+            Default::default(),
+        )
+        .unwrap();
+        let client = be6(topo.v6().client);
+        // Every entry of the client's flow from `port`: F and S keyed from the client, R to
+        // it, C rewriting back to it.
+        let entries = |proto: u8, port: u16| -> Vec<Flow6> {
+            let port = port.to_be();
+            (maps.flow_entries6().into_iter())
+                .filter(|(k, e)| {
+                    k.proto == proto
+                        && ((k.saddr == client && k.sport == port)
+                            || (k.daddr == client && k.dport == port)
+                            || (e.daddr == client && e.dport == port))
+                })
+                .map(|(_, e)| e)
+                .collect()
+        };
+        let now = monotonic_ns();
+        for &(proto, port) in ports.iter().chain([&(lb_common::IPPROTO_TCP, open_port)]) {
+            let e = entries(proto, port);
+            assert_eq!(
+                e.len(),
+                4,
+                "{attach}: {proto}/{port}: 4 masqueraded entries"
+            );
+            assert!(
+                e.iter().all(|e| !expired(e, now)),
+                "{attach}: {proto}/{port} live right after its traffic: {e:?}"
+            );
+        }
+        while monotonic_ns() <= done + TIMEOUT_SECS * NS_PER_SEC {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let now = monotonic_ns();
+        for &(proto, port) in &ports {
+            let e = entries(proto, port);
+            assert!(
+                e.iter().all(|e| expired(e, now)),
+                "{attach}: {proto}/{port} expired (or collected) {TIMEOUT_SECS} s after its \
+                 last packet: {e:?}"
+            );
+        }
+        let e = entries(lb_common::IPPROTO_TCP, open_port);
+        assert!(
+            e.len() == 4 && e.iter().all(|e| !expired(e, now)),
+            "{attach}: the open session's entries stay live: {e:?}"
+        );
+        open.ask();
+        println!("{attach}: {FLOWS} UDP and {FLOWS} closed TCP IPv6 flows expired; open one live");
     }
 }

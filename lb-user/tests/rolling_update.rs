@@ -9,7 +9,12 @@
 //! connection after the update reaches the removed generation. What the runs served, and how
 //! many SYNs the client had to send again, are printed next to runs of the same window with
 //! no update: a report, not a threshold.
-use std::{net::Ipv4Addr, path::Path, time::Duration};
+use std::{
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::Path,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
 
 use lb_tests::{
     bench::report::median,
@@ -18,16 +23,20 @@ use lb_tests::{
     netns::{Netns, Topology},
     require_root,
     tools::{Netstat, Nginx, WrkOptions, WrkResult, netstat, wrk},
-    traffic::{Reply, TIMEOUT, http_get},
+    traffic::{TIMEOUT, http_get_at},
 };
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+/// The IPv6 service's VIP (its backends are the same nginx, on their IPv6 addresses).
+const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 0x10);
 /// The published port, forwarded to the backends' port 80 as the VIP's connections are: the
 /// two frontends' flows meet on the same backend ports.
 const PUBLISHED: u16 = 18080;
 const PORT: &str = "tcp/18080:80";
-/// Update runs per dataplane (each followed by a run without an update).
+/// Update runs per dataplane (each followed by a run without an update), of the IPv4
+/// service and of the IPv6 one.
 const RUNS: usize = 5;
+const RUNS6: usize = 2;
 /// New connections after each update, alternately to the VIP and the published port.
 const AFTER: usize = 20;
 
@@ -67,11 +76,12 @@ fn cpu_ms(pid: u32) -> u64 {
     ticks * 10
 }
 
-/// A node with a client, four nginx backends (`b0`…`b3`) and one service, on dataplane `dp`.
-/// Generation N serves on backends `2(N % 2)` and `2(N % 2) + 1`, so each update moves the
-/// service to the other pair.
+/// A node with a client, four nginx backends (`b0`…`b3`) and one service, on dataplane `dp`,
+/// of IPv4 or (`v6`) of IPv6 on a dual-stack topology. Generation N serves on backends
+/// `2(N % 2)` and `2(N % 2) + 1`, so each update moves the service to the other pair.
 struct Node {
     dp: &'static str,
+    v6: bool,
     topo: Topology,
     _nginx: Vec<Nginx>,
     d: LbDaemon,
@@ -80,16 +90,29 @@ struct Node {
 }
 
 impl Node {
-    fn new(dp: &'static str) -> Node {
-        let topo = Topology::new(4).unwrap();
+    fn new(dp: &'static str, v6: bool) -> Node {
+        let topo = if v6 {
+            Topology::dual_stack(4)
+        } else {
+            Topology::new(4)
+        }
+        .unwrap();
         let nginx = (topo.backends.iter().enumerate())
-            .map(|(i, ns)| Nginx::start(ns, &format!("b{i}"), 80).unwrap())
+            .map(|(i, ns)| {
+                let name = format!("b{i}");
+                if v6 {
+                    Nginx::start_dual(ns, &name, 80).unwrap()
+                } else {
+                    Nginx::start(ns, &name, 80).unwrap()
+                }
+            })
             .collect();
         let bpffs = Bpffs::new().unwrap();
         let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", dp]).unwrap();
         d.ok(&network_add(&topo, "roll"));
         let node = Node {
             dp,
+            v6,
             topo,
             _nginx: nginx,
             d,
@@ -100,12 +123,28 @@ impl Node {
         node
     }
 
-    fn pair(&self, generation: u32) -> [Ipv4Addr; 2] {
+    /// The backends of `generation`: their indices.
+    fn pair(&self, generation: u32) -> [usize; 2] {
         let first = 2 * (generation as usize % 2);
-        [
-            self.topo.backend_ips[first],
-            self.topo.backend_ips[first + 1],
-        ]
+        [first, first + 1]
+    }
+
+    fn backend(&self, i: usize) -> IpAddr {
+        if self.v6 {
+            self.topo.v6().backends[i].into()
+        } else {
+            self.topo.backend_ips[i].into()
+        }
+    }
+
+    /// The two frontends: the VIP's port 80 and the published port on the node's address.
+    fn frontends(&self) -> [SocketAddr; 2] {
+        let (vip, node): (IpAddr, IpAddr) = if self.v6 {
+            (VIP6.into(), self.topo.v6().node.into())
+        } else {
+            (VIP.into(), self.topo.node_ip.into())
+        };
+        [SocketAddr::new(vip, 80), SocketAddr::new(node, PUBLISHED)]
     }
 
     /// `lb service set roll api --generation G --vip VIP --port PORT --backend …`.
@@ -116,11 +155,11 @@ impl Node {
             .into();
         args.extend([
             "--vip".into(),
-            VIP.to_string(),
+            self.frontends()[0].ip().to_string(),
             "--port".into(),
             PORT.into(),
         ]);
-        for b in self.pair(generation) {
+        for b in self.pair(generation).map(|i| self.backend(i)) {
             let b = if disabled {
                 format!("{b},disabled")
             } else {
@@ -142,7 +181,7 @@ impl Node {
             cpu: None,
         };
         let client = &self.topo.client;
-        let node_ip = self.topo.node_ip;
+        let [vip, port] = self.frontends();
         let counters = |ns: &[&Netns]| -> Vec<Netstat> {
             ns.iter().map(|n| netstat(n).unwrap()).collect::<Vec<_>>()
         };
@@ -152,8 +191,8 @@ impl Node {
         let cpu_before = cpu_ms(pid);
         let (old, new) = (self.generation, self.generation + 1);
         let (vip, port) = std::thread::scope(|s| {
-            let vip = s.spawn(|| wrk(client, &format!("http://{VIP}:80/"), &opts));
-            let port = s.spawn(|| wrk(client, &format!("http://{node_ip}:{PUBLISHED}/"), &opts));
+            let vip = s.spawn(|| wrk(client, &format!("http://{vip}/"), &opts));
+            let port = s.spawn(|| wrk(client, &format!("http://{port}/"), &opts));
             if update {
                 std::thread::sleep(Duration::from_millis(1000));
                 self.set(new, false);
@@ -186,23 +225,16 @@ impl Node {
     /// [`AFTER`] new connections, alternately to the VIP and the published port: how many
     /// reached a backend of generation `removed`.
     fn reaching(&self, removed: u32) -> usize {
-        let old = self.pair(removed);
-        let names: Vec<String> = (self.topo.backend_ips.iter().enumerate())
-            .filter(|(_, ip)| old.contains(ip))
-            .map(|(i, _)| format!("b{i}"))
-            .collect();
+        let names = self.pair(removed).map(|i| format!("b{i}"));
         (0..AFTER)
             .filter(|i| {
-                let (addr, port) = if i % 2 == 0 {
-                    (VIP, 80)
-                } else {
-                    (self.topo.node_ip, PUBLISHED)
-                };
-                let body = http_get(&self.topo.client, addr, port, TIMEOUT).unwrap_or_else(|e| {
+                let to = self.frontends()[i % 2];
+                let body = http_get_at(&self.topo.client, to, TIMEOUT).unwrap_or_else(|e| {
                     panic!("{}: connection {i} after the update: {e:#}", self.dp)
                 });
-                let r: Reply = body.parse().unwrap();
-                names.contains(&r.backend)
+                // nginx answers `NAME PEER`.
+                let name = body.split(' ').next().unwrap_or_default();
+                names.iter().any(|n| n == name)
             })
             .count()
     }
@@ -233,13 +265,31 @@ fn spread(values: &[f64]) -> String {
 /// (`hash::RANDOM_CLASH_PROBES`).
 #[test]
 fn a_rolling_update_under_load_fails_nothing_on_either_dataplane() {
-    if !require_root("a_rolling_update_under_load_fails_nothing_on_either_dataplane") {
-        return;
+    if require_root("a_rolling_update_under_load_fails_nothing_on_either_dataplane") {
+        rolling_updates(false, RUNS);
     }
-    let mut nodes = [Node::new("nftables"), Node::new("ebpf")];
+}
+
+/// The same for an IPv6 service (its twin of issue #23), in fewer runs.
+#[test]
+fn a_rolling_update_of_an_ipv6_service_under_load_fails_nothing_on_either_dataplane() {
+    if require_root(
+        "a_rolling_update_of_an_ipv6_service_under_load_fails_nothing_on_either_dataplane",
+    ) {
+        rolling_updates(true, RUNS6);
+    }
+}
+
+/// `runs` rolling updates per dataplane of the IPv4 or (`v6`) the IPv6 service, as the
+/// test above says.
+fn rolling_updates(v6: bool, runs: usize) {
+    // One test's windows at a time: their requests and SYN counts are compared across runs.
+    static ALONE: Mutex<()> = Mutex::new(());
+    let _alone = ALONE.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut nodes = [Node::new("nftables", v6), Node::new("ebpf", v6)];
     // Per dataplane: (update windows, windows without an update).
     let mut seen: [(Vec<Window>, Vec<Window>); 2] = Default::default();
-    for run in 0..RUNS {
+    for run in 0..runs {
         for k in 0..2 {
             let i = (run + k) % 2;
             let node = &mut nodes[i];
@@ -293,8 +343,10 @@ fn a_rolling_update_under_load_fails_nothing_on_either_dataplane() {
     }
     // The report goes to stderr by hand, past libtest's capture of print!: it is what
     // `cargo xtask test` (and so CI's log) shows of a passing run.
+    let family = if v6 { "IPv6" } else { "IPv4" };
     let mut report = format!(
-        "rolling update under load, {RUNS} runs per dataplane: median (min–max) per 6 s window\n\
+        "rolling update of an {family} service under load, {runs} runs per dataplane: median \
+         (min–max) per 6 s window\n\
          dataplane   window      requests                 SYN retransmits   from TIME_WAIT    daemon CPU ms\n"
     );
     for (node, (rolled, idle)) in nodes.iter().zip(&seen) {

@@ -22,6 +22,7 @@ use lb_tests::{
         Reply, TIMEOUT, UdpSession, spawn_backend, spawn_backends, tcp_request, udp_request,
     },
 };
+use lb_user::dataplane::ebpf::PROG_SOCK;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const NET: &str = "socklb";
@@ -29,13 +30,6 @@ const NET: &str = "socklb";
 const TCP_PORT: u16 = 18081;
 const UDP_PORT: u16 = 15354;
 const LOCALHOST: Ipv4Addr = Ipv4Addr::LOCALHOST;
-/// The socket programs, as the object names them.
-const PROGS: [&str; 4] = [
-    "lb_connect4",
-    "lb_sendmsg4",
-    "lb_recvmsg4",
-    "lb_getpeername4",
-];
 
 fn lb() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lb"))
@@ -225,7 +219,7 @@ fn node_local_clients_reach_vips_and_published_ports_on_ebpf() {
 
 /// The pins of the network's socket links.
 fn link_pins(bpffs: &Path) -> Vec<PathBuf> {
-    PROGS
+    PROG_SOCK
         .iter()
         .map(|p| bpffs.join(NET).join(format!("link_cgroup_{p}")))
         .collect()
@@ -272,7 +266,11 @@ fn socket_programs_outlive_the_daemon_and_go_with_the_network() {
             .map(|id| on.iter().filter(|p| *p == id).count())
             .collect::<Vec<_>>()
     };
-    assert_eq!(attached(&ids), [1; 4], "each program attached once");
+    assert_eq!(
+        attached(&ids),
+        [1; PROG_SOCK.len()],
+        "each program attached once"
+    );
 
     // Killed: the links stay, and the node's processes are still served.
     d.kill9();
@@ -282,7 +280,7 @@ fn socket_programs_outlive_the_daemon_and_go_with_the_network() {
     d.ok(&["service", "list", NET]);
     node_requests(&topo, &[]);
     assert_eq!(linked_programs(bpffs.path()), ids, "left alone");
-    assert_eq!(attached(&ids), [1; 4], "nothing stacked");
+    assert_eq!(attached(&ids), [1; PROG_SOCK.len()], "nothing stacked");
 
     // Gone with the network: detached, and 127.0.0.1 is the node's own again (nothing
     // listens there, so the connection is refused).

@@ -401,9 +401,10 @@ impl Drop for Backend {
 fn exchange_error(
     e: io::Error,
     what: &str,
-    peer: SocketAddrV4,
+    peer: impl Into<SocketAddr>,
     timeout: Duration,
 ) -> anyhow::Error {
+    let peer = peer.into();
     match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
             anyhow!("{what} {peer}: no answer within {timeout:?}")
@@ -414,9 +415,15 @@ fn exchange_error(
 
 /// A TCP connection from `ns` to `peer` whose connect, sends and reads each time out after
 /// `timeout`; `what` names it in errors (`tcp`, `http`).
-fn connect_tcp(ns: &Netns, peer: SocketAddrV4, timeout: Duration, what: &str) -> Result<TcpStream> {
+fn connect_tcp(
+    ns: &Netns,
+    peer: impl Into<SocketAddr>,
+    timeout: Duration,
+    what: &str,
+) -> Result<TcpStream> {
+    let peer = peer.into();
     let stream = ns
-        .run(|| TcpStream::connect_timeout(&peer.into(), timeout))?
+        .run(|| TcpStream::connect_timeout(&peer, timeout))?
         .map_err(|e| {
             exchange_error(
                 e,
@@ -710,8 +717,12 @@ pub fn udp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> 
 /// `GET /` over HTTP/1.0 on a fresh connection from `ns` to `addr:port`: the body, without its
 /// newline, after checking the status line.
 pub fn http_get(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
+    http_get_at(ns, SocketAddrV4::new(addr, port).into(), timeout)
+}
+
+/// [`http_get`] of `peer`, of either family.
+pub fn http_get_at(ns: &Netns, peer: SocketAddr, timeout: Duration) -> Result<String> {
     use std::io::Read as _;
-    let peer = SocketAddrV4::new(addr, port);
     let mut stream = connect_tcp(ns, peer, timeout, "http")?;
     write!(stream, "GET / HTTP/1.0\r\nHost: {peer}\r\n\r\n")
         .map_err(|e| exchange_error(e, "http send to", peer, timeout))?;
@@ -833,6 +844,11 @@ impl DualSession {
             lines: BufReader::new(s),
             to,
         }
+    }
+
+    /// The connection's own address (its source port names its flow).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.lines.get_ref().local_addr().unwrap()
     }
 
     /// One request line: (backend name, the client address the backend saw).

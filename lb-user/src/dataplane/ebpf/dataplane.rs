@@ -534,7 +534,8 @@ impl Dataplane for EbpfDataplane {
 }
 
 /// What a network with IPv6 services is told it does not get yet on this dataplane.
-const IPV6_NOT_YET: &str = "IPv6 on the ebpf dataplane: the node's own IPv6 sockets are not balanced (no socket programs for IPv6 yet: a node-local client of an IPv6 VIP or published port is not served), and IPv6 takes the stack, not the fast path";
+const IPV6_NOT_YET: &str =
+    "IPv6 on the ebpf dataplane takes the stack, not the fast path (not there yet for IPv6)";
 
 fn is_link_local(a: IpAddr) -> bool {
     matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local())

@@ -68,12 +68,16 @@ pub const PROG_XDP: &str = "lb_xdp";
 pub const PROG_TC_INGRESS: &str = "lb_tc_ingress";
 pub const PROG_TC_EGRESS: &str = "lb_tc_egress";
 pub const PROG_TC_REPLY: &str = "lb_tc_reply";
-/// The socket programs, on the cgroup2 root (`attach.rs`).
-pub const PROG_SOCK: [&str; 4] = [
+/// The socket programs, on the cgroup2 root (`attach.rs`): IPv4 sockets' and IPv6 sockets'.
+pub const PROG_SOCK: [&str; 8] = [
     "lb_connect4",
     "lb_sendmsg4",
     "lb_recvmsg4",
     "lb_getpeername4",
+    "lb_connect6",
+    "lb_sendmsg6",
+    "lb_recvmsg6",
+    "lb_getpeername6",
 ];
 
 pub use lb_common::HOOKS;
