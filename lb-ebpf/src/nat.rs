@@ -146,7 +146,13 @@ fn ingress_entry<C: Ctx, A: Inet>(
             return Ok(());
         }
     }
-    let svc = lb::service_for(&p.key);
+    // No packet is for the unspecified address (the kernel drops one as martian), though the
+    // ports published on every node address are keyed by it: it must not find them.
+    let svc = if p.key.daddr.is_zero() {
+        None
+    } else {
+        lb::service_for(&p.key)
+    };
     if let Some(svc) = &svc
         && svc.flags & SERVICE_DSR != 0
     {

@@ -235,7 +235,9 @@ pub fn reverse6(ctx: &SockAddrContext) -> i32 {
 /// addresses or its `host_ip`, becomes the backend the socket's hash gives (`write` gives it
 /// to the socket in its own family's form); the service's address is remembered for the
 /// answers. A service with no backend is left to the stack, as at ingress (a VIP's alias
-/// refuses the connection).
+/// refuses the connection). A connect to `0.0.0.0` or `[::]`, which the kernel takes for the
+/// node itself, finds the ports published on every node address, as the node would answer
+/// it (a packet to it never does: `nat`).
 #[inline(always)]
 fn forward<A: SockRevMap>(
     ctx: &SockAddrContext,

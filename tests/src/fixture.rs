@@ -15,7 +15,7 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
     programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
 };
-use lb_common::{Config, Flow, FlowKey, FragKey, FragPorts, Reason};
+use lb_common::{Config, Flow, Flow6, FlowKey, FlowKey6, FragKey, FragKey6, FragPorts, Reason};
 use lb_user::{
     core::compose::compose,
     core::model::{Attach, Backend, Family, Masquerade, Mode, Network, PortConfig, Proto, Service},
@@ -569,4 +569,137 @@ fn program_map(ebpf: &Ebpf, name: &str) -> MapData {
         .map(|id| MapData::from_id(id).expect("open a map of lb_xdp by id"))
         .find(|m| m.info().is_ok_and(|i| i.name_as_str() == Some(name)))
         .unwrap_or_else(|| panic!("lb_xdp uses no map {name}"))
+}
+
+/// What the IPv6 twins write besides counters: every entry of `lb_flows6` and `lb_frags6`, in
+/// a stable order ([`Tables`] of IPv6).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tables6 {
+    pub flows: Vec<(FlowKey6, Flow6)>,
+    pub frags: Vec<(FragKey6, FragPorts)>,
+}
+
+impl Fixture {
+    /// Every entry the programs wrote to `lb_flows6` and `lb_frags6`.
+    pub fn tables6(&mut self) -> Tables6 {
+        let mut flows = self.dp.flow_entries6();
+        flows.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.sport, k.dport, k.proto));
+        let map = self.dp.ebpf_mut().map("lb_frags6").expect("lb_frags6");
+        let frags: HashMap<&MapData, FragKey6, FragPorts> = HashMap::try_from(map).unwrap();
+        let mut frags: Vec<_> = frags.iter().filter_map(|e| e.ok()).collect();
+        frags.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.id, k.proto));
+        Tables6 { flows, frags }
+    }
+
+    /// The `lb_flows6` entry of `key`, expired or not (one lookup, where
+    /// [`Fixture::tables6`] reads them all).
+    pub fn flow6(&mut self, key: &FlowKey6) -> Option<Flow6> {
+        self.dp.flows6_mut().get(key, 0).ok()
+    }
+
+    /// The `lb_frags6` record of `key`.
+    pub fn frag6(&mut self, key: &FragKey6) -> Option<FragPorts> {
+        let map = self.dp.ebpf_mut().map("lb_frags6").expect("lb_frags6");
+        let frags: HashMap<&MapData, FragKey6, FragPorts> = HashMap::try_from(map).unwrap();
+        frags.get(key, 0).ok()
+    }
+
+    /// Puts `lb_flows6` and `lb_frags6` back to `t` ([`Fixture::restore`] of IPv6).
+    pub fn restore6(&mut self, t: &Tables6) {
+        let now = self.tables6();
+        let flows = self.dp.flows6_mut();
+        for (k, _) in now
+            .flows
+            .iter()
+            .filter(|(k, _)| !t.flows.iter().any(|e| e.0 == *k))
+        {
+            // An LRU map may drop an entry on its own: absence is what is wanted.
+            let _ = flows.remove(k);
+        }
+        for (k, v) in &t.flows {
+            flows.insert(k, v, 0).expect("restoring an IPv6 flow entry");
+        }
+        let map = self.dp.ebpf_mut().map_mut("lb_frags6").expect("lb_frags6");
+        let mut frags: HashMap<&mut MapData, FragKey6, FragPorts> = HashMap::try_from(map).unwrap();
+        for (k, _) in now
+            .frags
+            .iter()
+            .filter(|(k, _)| !t.frags.iter().any(|e| e.0 == *k))
+        {
+            let _ = frags.remove(k);
+        }
+        for (k, v) in &t.frags {
+            frags
+                .insert(k, v, 0)
+                .expect("restoring an IPv6 fragment record");
+        }
+    }
+}
+
+/// Each program's outcome counters ([`crate::fuzz::is_outcome`]), read slot by slot: a lookup
+/// per outcome of one hook, where `EbpfNetwork::reasons` makes one per reason of every hook,
+/// cheap enough to tell what each single run counted.
+pub struct Outcomes {
+    slots: PerCpuArray<MapData, u64>,
+    last: [Vec<u64>; 3],
+}
+
+impl Outcomes {
+    pub fn new(f: &mut Fixture) -> Self {
+        let mut o = Outcomes {
+            slots: f.reason_slots(),
+            last: Default::default(),
+        };
+        for prog in Prog::ALL {
+            o.last[prog as usize] = o.read(prog);
+        }
+        o
+    }
+
+    fn read(&self, prog: Prog) -> Vec<u64> {
+        (crate::fuzz::outcomes().into_iter())
+            .map(|r| {
+                let slot = prog as u32 * lb_common::REASONS + r as u32;
+                self.slots.get(&slot, 0).unwrap().iter().sum()
+            })
+            .collect()
+    }
+
+    /// The outcomes `prog` counted since this was last asked (or since `new`), each with how
+    /// many times.
+    pub fn moved(&mut self, prog: Prog) -> Vec<(Reason, u64)> {
+        let now = self.read(prog);
+        let before = std::mem::replace(&mut self.last[prog as usize], now);
+        (crate::fuzz::outcomes().into_iter())
+            .zip(before.iter().zip(&self.last[prog as usize]))
+            .map(|(r, (b, a))| (r, a - b))
+            .filter(|(_, d)| *d > 0)
+            .collect()
+    }
+}
+
+/// How a run ended, as the fuzz tiers' checks read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The kernel refused the frame for its length ([`refused_by_test_run`]).
+    Refused,
+    Passed,
+    Translated,
+    Dropped,
+}
+
+impl Outcome {
+    /// What `run` of `prog` ended as by its verdict (XDP passes what it translated, with its
+    /// handoff to TC in the metadata); `None` for a verdict `prog` may not give.
+    pub fn of(prog: Prog, run: &Run) -> Option<Outcome> {
+        Some(match (prog, run.verdict) {
+            (Prog::Xdp, XDP_PASS) if run.meta.is_some() => Outcome::Translated,
+            (Prog::Xdp, XDP_PASS) => Outcome::Passed,
+            (Prog::Xdp, XDP_DROP) => Outcome::Dropped,
+            (Prog::TcIngress | Prog::TcEgress, TC_ACT_UNSPEC) => Outcome::Passed,
+            (Prog::TcIngress | Prog::TcEgress, TC_ACT_OK) => Outcome::Translated,
+            (Prog::TcIngress | Prog::TcEgress, TC_ACT_SHOT) => Outcome::Dropped,
+            _ => return None,
+        })
+    }
 }

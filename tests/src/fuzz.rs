@@ -6,13 +6,17 @@
 //!
 //! Everything here reads lengths and offsets as the headers *claim* them, lies included, and
 //! never indexes past the frame: a mutated frame may claim anything.
-use std::{fmt, net::Ipv4Addr, ops::Range};
+use std::{
+    fmt,
+    net::{Ipv4Addr, Ipv6Addr},
+    ops::Range,
+};
 
-use lb_common::{IPPROTO_ICMP, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP};
+use lb_common::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Reason};
 
 use crate::{
     crc32c::sctp_checksum,
-    packet::{checksum, l4_checksum, pseudo_seed},
+    packet::{checksum, l4_checksum, l4_checksum6, pseudo_seed},
 };
 
 /// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, and every seed gives a full-quality
@@ -583,6 +587,352 @@ impl fmt::Display for Mutation {
     }
 }
 
+/// Whether `r` is a run's outcome (each run counts exactly one) rather than an event along
+/// the way (a new flow, a restored entry, ...). Exhaustive, so that a new reason must be
+/// placed here.
+pub fn is_outcome(r: Reason) -> bool {
+    match r {
+        Reason::Translated
+        | Reason::NotIp
+        | Reason::NotL4
+        | Reason::Ipv6Extension
+        | Reason::Udp6NoChecksum
+        | Reason::Malformed
+        | Reason::NotService
+        | Reason::NoFlowOpener
+        | Reason::NodeSocket
+        | Reason::NoBackend
+        | Reason::XdpDeferred
+        | Reason::FragUnknown
+        | Reason::NatFailed
+        | Reason::MasqFailed
+        | Reason::SctpFragment
+        | Reason::Redirected
+        | Reason::NotRedirected
+        // DSR's (NAT networks, where the fuzz tiers run, count none of them).
+        | Reason::DsrNew
+        | Reason::DsrSession
+        | Reason::DsrReset
+        | Reason::DsrNoBackend
+        | Reason::DsrUnresolved
+        // The socket programs' (which run on no packet).
+        | Reason::SockTranslated
+        | Reason::SockReversed => true,
+        Reason::FlowNew
+        | Reason::FlowReopened
+        | Reason::FlowRecreated
+        | Reason::EntryRestored
+        | Reason::EntryExpired
+        | Reason::PortClash
+        | Reason::MasqNew => false,
+    }
+}
+
+/// Every outcome ([`is_outcome`]), in counter-slot order.
+pub fn outcomes() -> Vec<Reason> {
+    (Reason::ALL.iter())
+        .map(|(r, _)| *r)
+        .filter(|r| is_outcome(*r))
+        .collect()
+}
+
+const ETH_P_IPV6: [u8; 2] = [0x86, 0xdd];
+const IPV6_HLEN: usize = 40;
+/// Offsets in the IPv6 header.
+const IP6_PAYLOAD: usize = 4;
+const IP6_NEXT: usize = 6;
+pub const IP6_ADDRS: Range<usize> = 8..40;
+/// Extension headers a reading walks at most: more than the programs walk
+/// (`IPV6_MAX_EXT_HEADERS`), so that wherever their walk ends, this one ends there too.
+const EXT_WALK_MAX: usize = 16;
+
+/// Where an IPv6 packet stands in its datagram, by its fragment header, with the datagram's
+/// identification (as the programs' parser reads it: offset 0 and no more fragments is whole).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frag6 {
+    Whole,
+    /// Offset 0, more to come: the L4 header is here, its checksum covers the whole datagram.
+    First(u32),
+    /// No L4 header.
+    Later(u32),
+}
+
+/// An IPv6 packet as its headers claim it ([`Ipv4Layout`]'s twin), at any offset of a frame:
+/// the packet itself, or the one an ICMPv6 error quotes.
+#[derive(Clone, Copy, Debug)]
+pub struct Ipv6Layout {
+    /// Frame offset of the IPv6 header.
+    pub ip: usize,
+    /// Payload length.
+    pub payload: usize,
+    /// Frame offset of the upper-layer header (of a later fragment's data).
+    pub l4: usize,
+    pub proto: u8,
+    pub frag: Frag6,
+}
+
+/// `frame` as an IPv6 frame (ethertype IPv6, version 6, the fixed header and every extension
+/// header the parser walks present), or `None`.
+pub fn ipv6(frame: &[u8]) -> Option<Ipv6Layout> {
+    if frame.get(12..14)? != ETH_P_IPV6 {
+        return None;
+    }
+    ipv6_at(frame, ETH_HLEN)
+}
+
+/// The IPv6 packet at `ip`, its extension headers walked as the programs' parser walks them
+/// (lb-ebpf `parse::extensions`: hop-by-hop, routing, destination options, AH and fragment
+/// headers skipped by their length fields; a later fragment's walk ends at its fragment
+/// header), or `None` when the headers are not all in the frame.
+fn ipv6_at(frame: &[u8], ip: usize) -> Option<Ipv6Layout> {
+    let h = frame.get(ip..ip + IPV6_HLEN)?;
+    if h[0] >> 4 != 6 {
+        return None;
+    }
+    let (mut off, mut next, mut frag) = (ip + IPV6_HLEN, h[IP6_NEXT], Frag6::Whole);
+    for _ in 0..EXT_WALK_MAX {
+        if !matches!(next, 0 | 43 | 44 | 51 | 60) {
+            return Some(Ipv6Layout {
+                ip,
+                payload: be16(h, IP6_PAYLOAD).into(),
+                l4: off,
+                proto: next,
+                frag,
+            });
+        }
+        let e = frame.get(off..off + 8)?;
+        let this = next;
+        next = e[0];
+        off += match this {
+            51 => (usize::from(e[1]) + 2) * 4,
+            44 => 8,
+            _ => (usize::from(e[1]) + 1) * 8,
+        };
+        if this == 44 {
+            let id = u32::from_be_bytes([e[4], e[5], e[6], e[7]]);
+            frag = match (be16(e, 2) & 0xfff8, be16(e, 2) & 1 != 0) {
+                (0, false) => Frag6::Whole,
+                (0, true) => Frag6::First(id),
+                _ => Frag6::Later(id),
+            };
+            if let Frag6::Later(_) = frag {
+                return Some(Ipv6Layout {
+                    ip,
+                    payload: be16(h, IP6_PAYLOAD).into(),
+                    l4: off,
+                    proto: next,
+                    frag,
+                });
+            }
+        }
+    }
+    None
+}
+
+impl Ipv6Layout {
+    /// Frame offset of the end of the datagram as the payload length claims it.
+    pub fn end(&self) -> usize {
+        self.ip + IPV6_HLEN + self.payload
+    }
+
+    /// The upper-layer segment as the payload length claims it, when the frame holds it all.
+    fn segment(&self, frame: &[u8]) -> Option<Range<usize>> {
+        (self.l4 <= self.end() && self.end() <= frame.len()).then(|| self.l4..self.end())
+    }
+
+    /// The packet an ICMPv6 error quotes after its 8-byte header, if this is one that quotes
+    /// an IPv6 packet whose headers are all in the frame.
+    pub fn quote(&self, frame: &[u8]) -> Option<Ipv6Layout> {
+        let error = self.proto == IPPROTO_ICMPV6
+            && !matches!(self.frag, Frag6::Later(_))
+            && (1..=4).contains(frame.get(self.l4)?);
+        if !error {
+            return None;
+        }
+        ipv6_at(frame, self.l4 + ICMP_QUOTE)
+    }
+}
+
+/// The address at `at` of `frame`.
+pub fn addr6_at(frame: &[u8], at: usize) -> Ipv6Addr {
+    Ipv6Addr::from(<[u8; 16]>::try_from(&frame[at..at + 16]).unwrap())
+}
+
+/// Whether any of `addrs` appears anywhere in `frame` ([`mentions`] of IPv6).
+pub fn mentions6(frame: &[u8], addrs: &[Ipv6Addr]) -> bool {
+    frame
+        .windows(16)
+        .any(|w| addrs.iter().any(|a| a.octets() == w))
+}
+
+/// Whether `frame` is an IPv6 frame whose lengths hold against what arrived: the payload within
+/// the frame, the extension headers within the payload, and (unless it is a later fragment)
+/// a whole TCP, UDP or SCTP header or ICMPv6 error within it ([`lengths_hold`] of IPv6).
+pub fn lengths_hold6(frame: &[u8]) -> bool {
+    let Some(l) = ipv6(frame) else { return false };
+    let Some(seg) = l.segment(frame) else {
+        return false;
+    };
+    matches!(l.frag, Frag6::Later(_))
+        || match l.proto {
+            IPPROTO_TCP => seg.len() >= 20,
+            IPPROTO_UDP => seg.len() >= 8,
+            IPPROTO_SCTP => seg.len() >= 12,
+            IPPROTO_ICMPV6 => seg.len() >= ICMP_QUOTE + IPV6_HLEN,
+            _ => false,
+        }
+}
+
+/// The pseudo-header sum (RFC 8200 8.1) of `frame`'s upper-layer segment `seg`, folded, not
+/// inverted: what a CHECKSUM_PARTIAL sender leaves in the field.
+fn pseudo_sum6(frame: &[u8], l: &Ipv6Layout, seg: &[u8]) -> u16 {
+    let mut pseudo = Vec::with_capacity(40);
+    pseudo.extend(&frame[l.ip + IP6_ADDRS.start..l.ip + IP6_ADDRS.end]);
+    pseudo.extend((seg.len() as u32).to_be_bytes());
+    pseudo.extend([0, 0, 0, l.proto]);
+    !checksum(&pseudo)
+}
+
+/// Where the upper-layer checksum field sits (TCP, UDP, SCTP, ICMPv6).
+fn l4_csum_field6(proto: u8) -> Option<Range<usize>> {
+    match proto {
+        IPPROTO_ICMPV6 => Some(2..4),
+        p => l4_csum_field(p),
+    }
+}
+
+/// The name [`checksums6`] gives a UDP checksum of 0, which IPv6 does not allow (RFC 8200
+/// 8.1): a translated datagram must leave with a computed one (`UDP`, nonzero).
+pub const UDP6_ZERO: &str = "UDP checksum 0";
+
+/// Every checksum of an IPv6 frame its claimed layout lets a receiver check, by name, and
+/// whether it holds ([`checksums`] of IPv6: a translation keeps every one that held). IPv6
+/// has no header checksum. A fragment has none to check: a later one carries no L4 header,
+/// a first one's L4 checksum covers the whole datagram. A UDP checksum of 0 ([`UDP6_ZERO`])
+/// and an SCTP CRC of 0 (offloaded) are their own entries, which "hold" as they are.
+pub fn checksums6(frame: &[u8]) -> Vec<(&'static str, bool)> {
+    let mut sums = Vec::new();
+    let Some(l) = ipv6(frame).filter(|l| l.frag == Frag6::Whole) else {
+        return sums;
+    };
+    let Some(seg) = l.segment(frame) else {
+        return sums;
+    };
+    let seg = &frame[seg];
+    let holds = || checksum_with(seg, pseudo_sum6(frame, &l, seg)) == 0;
+    match l.proto {
+        IPPROTO_TCP if seg.len() >= 18 => sums.push(("TCP", holds())),
+        IPPROTO_UDP if seg.len() >= 8 => sums.push(if be16(seg, 6) == 0 {
+            (UDP6_ZERO, true)
+        } else {
+            ("UDP", holds())
+        }),
+        IPPROTO_SCTP if seg.len() >= 12 => sums.push(if seg[8..12] == [0; 4] {
+            ("SCTP CRC32c 0 (offloaded)", true)
+        } else {
+            ("SCTP CRC32c", sctp_checksum(seg) == seg[8..12])
+        }),
+        IPPROTO_ICMPV6 if seg.len() >= 4 => sums.push(("ICMPv6", holds())),
+        _ => {}
+    }
+    sums
+}
+
+/// The Internet checksum of `data` on top of the folded sum `seed`.
+fn checksum_with(data: &[u8], seed: u16) -> u16 {
+    let mut with = Vec::with_capacity(data.len() + 2);
+    with.extend(seed.to_be_bytes());
+    with.extend(data);
+    checksum(&with)
+}
+
+/// Makes every checksum [`checksums6`] can check hold, by the layout the frame claims
+/// ([`fix_checksums`] of IPv6). A UDP checksum of 0 and an SCTP CRC of 0 stay 0.
+pub fn fix_checksums6(frame: &mut [u8]) {
+    let Some(l) = ipv6(frame).filter(|l| l.frag == Frag6::Whole) else {
+        return;
+    };
+    let Some(seg) = l.segment(frame) else { return };
+    let Some(f) = l4_csum_field6(l.proto).filter(|f| f.end <= seg.len()) else {
+        return;
+    };
+    let at = seg.start + f.start..seg.start + f.end;
+    let zero = frame[at.clone()].iter().all(|b| *b == 0);
+    if zero && matches!(l.proto, IPPROTO_UDP | IPPROTO_SCTP) {
+        return;
+    }
+    if l.proto == IPPROTO_SCTP {
+        let crc = sctp_checksum(&frame[seg]);
+        frame[at].copy_from_slice(&crc);
+    } else {
+        let c = l4_checksum6(
+            addr6_at(frame, l.ip + IP6_ADDRS.start),
+            addr6_at(frame, l.ip + IP6_ADDRS.start + 16),
+            l.proto,
+            &frame[seg],
+        );
+        frame[at].copy_from_slice(&c.to_be_bytes());
+    }
+}
+
+/// Which bytes of an IPv6 frame a translation may change ([`rewritable`] of IPv6): the
+/// addresses; unless it is a later fragment, the L4 ports and checksum field (TCP, UDP,
+/// SCTP); in an ICMPv6 error, its checksum and the quoted packet's addresses and ports (not
+/// the quote's L4 checksum, which no receiver checks and the programs leave as it is).
+pub fn rewritable6(frame: &[u8]) -> Vec<bool> {
+    let mut mask = vec![false; frame.len()];
+    let mut allow = |r: Range<usize>| {
+        for b in mask.iter_mut().take(r.end).skip(r.start) {
+            *b = true;
+        }
+    };
+    let Some(l) = ipv6(frame) else { return mask };
+    allow(l.ip + IP6_ADDRS.start..l.ip + IP6_ADDRS.end);
+    if let Frag6::Later(_) = l.frag {
+        return mask;
+    }
+    if let Some(f) = l4_csum_field6(l.proto) {
+        allow(l.l4 + f.start..l.l4 + f.end);
+    }
+    if l.proto != IPPROTO_ICMPV6 {
+        allow(l.l4..l.l4 + 4);
+    } else if let Some(q) = l.quote(frame) {
+        allow(q.ip + IP6_ADDRS.start..q.ip + IP6_ADDRS.end);
+        if !matches!(q.frag, Frag6::Later(_)) {
+            allow(q.l4..q.l4 + 4);
+        }
+    }
+    mask
+}
+
+/// The first offset at which `output` differs from `input` where a translation of an IPv6
+/// frame has no business (see [`rewritable6`]), or a length change (`min(len)`).
+pub fn foreign_change6(input: &[u8], output: &[u8]) -> Option<usize> {
+    if input.len() != output.len() {
+        return Some(input.len().min(output.len()));
+    }
+    let mask = rewritable6(input);
+    (0..input.len()).find(|&i| input[i] != output[i] && !mask[i])
+}
+
+/// The folded pseudo-header sum of an IPv6 frame's TCP or UDP segment, which a
+/// CHECKSUM_PARTIAL sender leaves in the checksum field for the device (XDP cannot tell it
+/// from a full checksum: `xdp_deferred`), or `None` when there is no such segment.
+pub fn pseudo_seed6(frame: &[u8]) -> Option<u16> {
+    let l = ipv6(frame).filter(|l| matches!(l.proto, IPPROTO_TCP | IPPROTO_UDP))?;
+    let seg = l.segment(frame)?;
+    Some(pseudo_sum6(frame, &l, &frame[seg]))
+}
+
+/// The offset and width of the L4 checksum field of an IPv6 frame's (whole or first)
+/// upper-layer header, by its claimed layout, when the frame holds it.
+pub fn l4_csum_at6(frame: &[u8]) -> Option<Range<usize>> {
+    let l = ipv6(frame).filter(|l| !matches!(l.frag, Frag6::Later(_)))?;
+    let f = l4_csum_field6(l.proto)?;
+    let at = l.l4 + f.start..l.l4 + f.end;
+    (at.end <= frame.len()).then_some(at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -699,5 +1049,121 @@ mod tests {
         let mut r = Rng::new(1);
         let b: Vec<u64> = (0..4).map(|_| r.next_u64()).collect();
         assert_ne!(b[0], b[1]);
+    }
+
+    mod ipv6 {
+        use super::*;
+        use crate::packet::{Ext, Ipv6Packet, verify6};
+
+        const C: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 0, 0, 0, 0, 2);
+        const S: Ipv6Addr = Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 0x10);
+        const CHAIN: [Ext; 3] = [Ext::HopByHop(1), Ext::Ah(2), Ext::Routing(0)];
+
+        fn with_exts(p: Ipv6Packet, exts: &[Ext]) -> Ipv6Packet {
+            Ipv6Packet {
+                exts: exts.to_vec(),
+                ..p
+            }
+        }
+
+        fn fragment(offset8: u16, more: bool) -> Ext {
+            Ext::Fragment {
+                offset8,
+                more,
+                id: 7,
+            }
+        }
+
+        #[test]
+        fn the_layout_is_where_the_builder_put_it() {
+            let tcp = with_exts(Ipv6Packet::tcp(C, 1000, S, 80), &CHAIN);
+            let l = ipv6(&tcp.build()).unwrap();
+            assert_eq!((l.l4, l.proto, l.frag), (tcp.l4_offset(), 6, Frag6::Whole));
+            let first = with_exts(Ipv6Packet::udp(C, 1000, S, 53), &[fragment(0, true)]);
+            assert_eq!(ipv6(&first.build()).unwrap().frag, Frag6::First(7));
+            let later = Ipv6Packet {
+                raw: Some(vec![1; 16]),
+                ..with_exts(Ipv6Packet::udp(C, 1000, S, 53), &[fragment(3, false)])
+            };
+            let l = ipv6(&later.build()).unwrap();
+            assert_eq!((l.l4, l.frag), (later.l4_offset(), Frag6::Later(7)));
+            let error = Ipv6Packet::icmp6(S, C, (2, 0, 1280), &tcp.build()[14..]);
+            let q = ipv6(&error.build()).unwrap().quote(&error.build()).unwrap();
+            assert_eq!((q.ip, q.l4 - q.ip), (14 + 48, tcp.l4_offset() - 14));
+        }
+
+        #[test]
+        fn checksums_hold_on_built_packets_agree_with_verify6_and_notice_a_flip() {
+            let tcp = with_exts(Ipv6Packet::tcp(C, 1000, S, 80), &CHAIN);
+            let mut sctp = Ipv6Packet::sctp(C, 1000, S, 9000).build();
+            fix_checksums6(&mut sctp);
+            for frame in [
+                tcp.build(),
+                Ipv6Packet::udp(C, 1000, S, 53).build(),
+                sctp,
+                Ipv6Packet::icmp6(S, C, (2, 0, 1280), &tcp.build()[14..]).build(),
+            ] {
+                verify6(&frame).unwrap();
+                let sums = checksums6(&frame);
+                assert!(sums.len() == 1 && sums[0].1, "{sums:?} {}", hex(&frame));
+                let mut bad = frame.clone();
+                *bad.last_mut().unwrap() ^= 0x5a;
+                assert!(!checksums6(&bad)[0].1, "{}", hex(&bad));
+            }
+            let first = with_exts(Ipv6Packet::tcp(C, 1000, S, 80), &[fragment(0, true)]);
+            assert!(
+                checksums6(&first.build()).is_empty(),
+                "a first fragment's covers more"
+            );
+        }
+
+        #[test]
+        fn fix_up_follows_a_changed_protocol_and_keeps_zero_fields() {
+            let mut frame = Ipv6Packet::tcp(C, 1000, S, 80).build();
+            frame[20] = 17;
+            fix_checksums6(&mut frame);
+            assert_eq!(checksums6(&frame), [("UDP", true)]);
+            let zero = Ipv6Packet {
+                l4_csum: Some(0),
+                ..Ipv6Packet::udp(C, 1000, S, 53)
+            };
+            let mut frame = zero.build();
+            fix_checksums6(&mut frame);
+            assert_eq!(checksums6(&frame), [(UDP6_ZERO, true)]);
+        }
+
+        #[test]
+        fn rewritable_is_addresses_ports_and_checksums_of_packet_and_quote() {
+            let tcp = Ipv6Packet::tcp(C, 1000, S, 80);
+            let frame = tcp.build();
+            let mask = rewritable6(&frame);
+            let l4 = tcp.l4_offset();
+            let want: Vec<usize> = (22..54).chain(l4..l4 + 4).chain(l4 + 16..l4 + 18).collect();
+            assert_eq!(
+                (0..frame.len()).filter(|&i| mask[i]).collect::<Vec<_>>(),
+                want
+            );
+            let quoted = with_exts(tcp, &[Ext::DestOpts(0)]);
+            let error = Ipv6Packet::icmp6(S, C, (1, 4, 0), &quoted.build()[14..]).build();
+            let mask = rewritable6(&error);
+            let q = 14 + 48;
+            let ql4 = q + quoted.l4_offset() - 14;
+            let want: Vec<usize> = (22..54)
+                .chain(56..58)
+                .chain(q + 8..q + 40)
+                .chain(ql4..ql4 + 4)
+                .collect();
+            assert_eq!(
+                (0..error.len()).filter(|&i| mask[i]).collect::<Vec<_>>(),
+                want
+            );
+            let mut out = error.clone();
+            out[ql4 + 16] ^= 1;
+            assert_eq!(
+                foreign_change6(&error, &out),
+                Some(ql4 + 16),
+                "quoted checksum"
+            );
+        }
     }
 }

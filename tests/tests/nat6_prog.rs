@@ -609,3 +609,28 @@ fn icmpv6_errors_about_no_flow_of_the_hook_pass_untouched() {
         assert_eq!(counted, [Reason::NotService], "{prog:?}");
     }
 }
+
+/// A packet to the unspecified address never finds the ports published on every node
+/// address, which are keyed by it (the kernel drops such a packet as martian): it passes
+/// untouched and opens no flow, on both families. (The IPv6 fuzz tier found both
+/// translated.)
+#[test]
+fn packets_to_the_unspecified_address_find_no_published_port() {
+    let Some(mut f) = fixture() else { return };
+    let client = Ipv4Addr::new(10, 10, 0, 2);
+    let any6 = Ipv6Addr::UNSPECIFIED;
+    let any4 = Ipv4Addr::UNSPECIFIED;
+    for prog in INGRESS {
+        for input in [
+            Ipv6Packet::tcp(CLIENT6, 47000, any6, 8080).build(),
+            Ipv6Packet::udp(CLIENT6, 47001, any6, 5353).build(),
+            Ipv4Packet::tcp(client, 47002, any4, 8080).build(),
+            Ipv4Packet::udp(client, 47003, any4, 5353).build(),
+        ] {
+            let (run, counted) = run_counted(&mut f, prog, &input);
+            assert_eq!(run.map(|r| r.1), Some(input), "{prog:?}: untouched");
+            assert_eq!(counted, [Reason::NotService], "{prog:?}");
+        }
+    }
+    assert!(f.dp.flow_entries().is_empty() && f.dp.flow_entries6().is_empty());
+}
