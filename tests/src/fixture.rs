@@ -1,26 +1,31 @@
 //! The program-level test fixture: one private instance of the dataplane object (unpinned maps)
 //! with its three programs loaded, maps filled by the same `ebpf::plan` + `sync` that `lb load`
-//! uses, and packets run through BPF_PROG_TEST_RUN. Shared by `nat_prog.rs` (one behaviour per
-//! case) and `fuzz.rs` (generated packets against the same state).
+//! uses, and packets run through BPF_PROG_TEST_RUN. Shared by the program tests (`nat_prog.rs`
+//! and its kin: one behaviour per case) and the fuzz tiers (`fuzz.rs`, `fuzz6.rs`: generated
+//! packets against the same state, through `crate::fuzz::Fuzz`).
 //!
 //! A TC run's skb is on loopback (ifindex 1) unless the run passes a context: a hairpin is
 //! "leaves by the interface it came in on", i.e. ifindex == ingress_ifindex == 1.
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, Ipv6Addr},
+    fmt,
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
 use aya::{
-    Ebpf,
+    Ebpf, Pod,
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
     programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
 };
-use lb_common::{Config, Flow, Flow6, FlowKey, FlowKey6, FragKey, FragKey6, FragPorts, Reason};
+use lb_common::{
+    Addr6, Config, Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts,
+    Reason,
+};
 use lb_user::{
     core::compose::compose,
     core::model::{Attach, Backend, Family, Masquerade, Mode, Network, PortConfig, Proto, Service},
     dataplane::ebpf::{
-        self, EbpfNetwork, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be4,
+        self, EbpfNetwork, MapIp, NodeAddrs, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_XDP, be4,
     },
 };
 
@@ -421,43 +426,83 @@ impl Fixture {
 
     /// Every entry the programs wrote to `lb_flows` and `lb_frags`.
     pub fn tables(&mut self) -> Tables {
-        let mut flows = self.dp.flow_entries();
+        self.tables_of()
+    }
+
+    /// Every entry the IPv6 twins wrote to `lb_flows6` and `lb_frags6`.
+    pub fn tables6(&mut self) -> Tables6 {
+        self.tables_of()
+    }
+
+    /// Every entry of family `A`'s flow and fragment maps.
+    pub fn tables_of<A: MapFamily>(&mut self) -> TablesOf<A>
+    where
+        FlowKeyOf<A>: Pod,
+        FlowOf<A>: Pod,
+    {
+        let mut flows: Vec<_> = (A::flow_map(&mut self.dp).iter())
+            .filter_map(|e| e.ok())
+            .collect();
         flows.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.sport, k.dport, k.proto));
-        let map = self.dp.ebpf_mut().map("lb_frags").expect("lb_frags");
-        let frags: HashMap<&MapData, FragKey, FragPorts> = HashMap::try_from(map).unwrap();
+        let map = self.dp.ebpf_mut().map(A::FRAGS).expect(A::FRAGS);
+        let frags: HashMap<&MapData, A::FragKey, FragPorts> = HashMap::try_from(map).unwrap();
         let mut frags: Vec<_> = frags.iter().filter_map(|e| e.ok()).collect();
-        frags.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.id, k.proto));
-        Tables { flows, frags }
+        frags.sort_by_key(|(k, _)| A::datagram(k));
+        TablesOf { flows, frags }
     }
 
     /// Puts `lb_flows` and `lb_frags` back to `t` (`Tables::default()`: as if every flow had
     /// expired and been collected).
     pub fn restore(&mut self, t: &Tables) {
-        let now = self.tables();
-        let flows = self.dp.flows_mut();
-        for (k, _) in now
-            .flows
-            .iter()
-            .filter(|(k, _)| !t.flows.iter().any(|e| e.0 == *k))
-        {
+        self.restore_of(t);
+    }
+
+    /// Puts `lb_flows6` and `lb_frags6` back to `t`.
+    pub fn restore6(&mut self, t: &Tables6) {
+        self.restore_of(t);
+    }
+
+    /// Puts family `A`'s flow and fragment maps back to `t`.
+    pub fn restore_of<A: MapFamily>(&mut self, t: &TablesOf<A>)
+    where
+        FlowKeyOf<A>: Pod,
+        FlowOf<A>: Pod,
+    {
+        let now = self.tables_of::<A>();
+        let flows = A::flow_map(&mut self.dp);
+        for (k, _) in (now.flows.iter()).filter(|(k, _)| !t.flows.iter().any(|e| e.0 == *k)) {
             // An LRU map may drop an entry on its own: absence is what is wanted.
             let _ = flows.remove(k);
         }
         for (k, v) in &t.flows {
-            flows.insert(k, v, 0).expect("restoring a flow entry");
+            (flows.insert(k, v, 0)).unwrap_or_else(|e| panic!("restoring {}: {e:?}", A::FLOWS));
         }
-        let map = self.dp.ebpf_mut().map_mut("lb_frags").expect("lb_frags");
-        let mut frags: HashMap<&mut MapData, FragKey, FragPorts> = HashMap::try_from(map).unwrap();
-        for (k, _) in now
-            .frags
-            .iter()
-            .filter(|(k, _)| !t.frags.iter().any(|e| e.0 == *k))
-        {
+        let map = self.dp.ebpf_mut().map_mut(A::FRAGS).expect(A::FRAGS);
+        let mut frags: HashMap<&mut MapData, A::FragKey, FragPorts> =
+            HashMap::try_from(map).unwrap();
+        for (k, _) in (now.frags.iter()).filter(|(k, _)| !t.frags.iter().any(|e| e.0 == *k)) {
             let _ = frags.remove(k);
         }
         for (k, v) in &t.frags {
-            frags.insert(k, v, 0).expect("restoring a fragment record");
+            (frags.insert(k, v, 0)).unwrap_or_else(|e| panic!("restoring {}: {e:?}", A::FRAGS));
         }
+    }
+
+    /// The entry of `key` in family `A`'s flow map, expired or not (one lookup, where
+    /// [`Fixture::tables_of`] reads them all).
+    pub fn flow_of<A: MapFamily>(&mut self, key: &FlowKeyOf<A>) -> Option<FlowOf<A>>
+    where
+        FlowKeyOf<A>: Pod,
+        FlowOf<A>: Pod,
+    {
+        A::flow_map(&mut self.dp).get(key, 0).ok()
+    }
+
+    /// The record of `key` in family `A`'s fragment map.
+    pub fn frag_of<A: MapFamily>(&mut self, key: &A::FragKey) -> Option<FragPorts> {
+        let map = self.dp.ebpf_mut().map(A::FRAGS).expect(A::FRAGS);
+        let frags: HashMap<&MapData, A::FragKey, FragPorts> = HashMap::try_from(map).unwrap();
+        frags.get(key, 0).ok()
     }
 
     /// `lb_reasons`, opened a second time (the `EbpfNetwork` keeps its handle to itself) to
@@ -528,14 +573,6 @@ pub fn run_counted(
 /// (`NET_SKB_PAD`) and, generously, its `skb_shared_info`.
 pub const SKB_RUN_MAX: usize = 4096 - 64 - 448;
 
-/// What the programs write besides counters: every flow entry and fragment record, in a
-/// stable order so that two reads compare equal when nothing changed.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Tables {
-    pub flows: Vec<(FlowKey, Flow)>,
-    pub frags: Vec<(FragKey, FragPorts)>,
-}
-
 /// Whether BPF_PROG_TEST_RUN may refuse to run `prog` on `frame` at all (an error rather than
 /// a verdict): an XDP run needs an Ethernet header; an skb run needs one too, for an IPv4 or
 /// IPv6 ethertype also that protocol's fixed header (20 or 40 bytes, which the kernel reads to
@@ -571,67 +608,119 @@ fn program_map(ebpf: &Ebpf, name: &str) -> MapData {
         .unwrap_or_else(|| panic!("lb_xdp uses no map {name}"))
 }
 
-/// What the IPv6 twins write besides counters: every entry of `lb_flows6` and `lb_frags6`, in
-/// a stable order ([`Tables`] of IPv6).
+/// What the programs write besides counters, of one family: every entry of its flow map and
+/// its fragment map, in a stable order so that two reads compare equal when nothing changed.
+/// Empty (`default()`): as if every flow had expired and been collected.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Tables6 {
-    pub flows: Vec<(FlowKey6, Flow6)>,
-    pub frags: Vec<(FragKey6, FragPorts)>,
+pub struct TablesOf<A: MapFamily> {
+    pub flows: Vec<(FlowKeyOf<A>, FlowOf<A>)>,
+    pub frags: Vec<(A::FragKey, FragPorts)>,
 }
 
-impl Fixture {
-    /// Every entry the programs wrote to `lb_flows6` and `lb_frags6`.
-    pub fn tables6(&mut self) -> Tables6 {
-        let mut flows = self.dp.flow_entries6();
-        flows.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.sport, k.dport, k.proto));
-        let map = self.dp.ebpf_mut().map("lb_frags6").expect("lb_frags6");
-        let frags: HashMap<&MapData, FragKey6, FragPorts> = HashMap::try_from(map).unwrap();
-        let mut frags: Vec<_> = frags.iter().filter_map(|e| e.ok()).collect();
-        frags.sort_by_key(|(k, _)| (k.saddr, k.daddr, k.id, k.proto));
-        Tables6 { flows, frags }
-    }
+/// `lb_flows` and `lb_frags`.
+pub type Tables = TablesOf<u32>;
+/// `lb_flows6` and `lb_frags6`.
+pub type Tables6 = TablesOf<Addr6>;
 
-    /// The `lb_flows6` entry of `key`, expired or not (one lookup, where
-    /// [`Fixture::tables6`] reads them all).
-    pub fn flow6(&mut self, key: &FlowKey6) -> Option<Flow6> {
-        self.dp.flows6_mut().get(key, 0).ok()
+impl<A: MapFamily> TablesOf<A> {
+    /// What `after` holds that these tables do not (new or changed entries), readably, and
+    /// how many of their entries it no longer holds.
+    pub fn diff(&self, after: &Self) -> String {
+        let at = |a: A, port: u16| SocketAddr::new(a.ip(), u16::from_be(port));
+        let flows = (after.flows.iter())
+            .filter(|e| !self.flows.contains(e))
+            .map(|(k, v)| {
+                format!(
+                    "flow proto {} {} -> {} => {} -> {} flags {:#x}",
+                    k.proto,
+                    at(k.saddr, k.sport),
+                    at(k.daddr, k.dport),
+                    at(v.saddr, v.sport),
+                    at(v.daddr, v.dport),
+                    v.flags
+                )
+            });
+        let frags = (after.frags.iter())
+            .filter(|e| !self.frags.contains(e))
+            .map(|(k, v)| {
+                let (saddr, daddr, id, proto) = A::datagram(k);
+                format!(
+                    "fragment record proto {proto} {} -> {} id {id} => ports {} -> {}",
+                    saddr.ip(),
+                    daddr.ip(),
+                    u16::from_be(v.sport),
+                    u16::from_be(v.dport)
+                )
+            });
+        let gone = (self.flows.iter())
+            .filter(|(k, _)| !after.flows.iter().any(|e| e.0 == *k))
+            .count()
+            + (self.frags.iter())
+                .filter(|(k, _)| !after.frags.iter().any(|e| e.0 == *k))
+                .count();
+        let mut all: Vec<String> = flows.chain(frags).collect();
+        if gone > 0 {
+            all.push(format!("{gone} entries gone"));
+        }
+        all.join("; ")
     }
+}
 
-    /// The `lb_frags6` record of `key`.
-    pub fn frag6(&mut self, key: &FragKey6) -> Option<FragPorts> {
-        let map = self.dp.ebpf_mut().map("lb_frags6").expect("lb_frags6");
-        let frags: HashMap<&MapData, FragKey6, FragPorts> = HashMap::try_from(map).unwrap();
-        frags.get(key, 0).ok()
+/// A family's flow and fragment maps, as the fixture reads and restores them: its map address
+/// type (`u32`, [`Addr6`]), over which `lb_common`'s flow layouts are generic; its fragment
+/// records differ beyond the address (IPv6's identification is 32 bits).
+pub trait MapFamily: MapIp + Ord {
+    /// `FragKey` or `FragKey6`.
+    type FragKey: Pod + Copy + Default + fmt::Debug + Eq;
+    /// The names of the flow and fragment maps.
+    const FLOWS: &'static str;
+    const FRAGS: &'static str;
+    fn flow_map(dp: &mut EbpfNetwork) -> &mut HashMap<MapData, FlowKeyOf<Self>, FlowOf<Self>>;
+    /// The datagram a fragment record is for: source, destination, identification, protocol.
+    fn datagram(k: &Self::FragKey) -> (Self, Self, u32, u8);
+    /// The record key of that datagram ([`MapFamily::datagram`]'s inverse; IPv4 keeps 16 bits
+    /// of the identification).
+    fn frag_key(saddr: Self, daddr: Self, id: u32, proto: u8) -> Self::FragKey;
+}
+
+impl MapFamily for u32 {
+    type FragKey = FragKey;
+    const FLOWS: &'static str = "lb_flows";
+    const FRAGS: &'static str = "lb_frags";
+    fn flow_map(dp: &mut EbpfNetwork) -> &mut HashMap<MapData, FlowKey, Flow> {
+        dp.flows_mut()
     }
+    fn datagram(k: &FragKey) -> (u32, u32, u32, u8) {
+        (k.saddr, k.daddr, k.id.into(), k.proto)
+    }
+    fn frag_key(saddr: u32, daddr: u32, id: u32, proto: u8) -> FragKey {
+        FragKey {
+            saddr,
+            daddr,
+            id: id as u16,
+            proto,
+            _pad: 0,
+        }
+    }
+}
 
-    /// Puts `lb_flows6` and `lb_frags6` back to `t` ([`Fixture::restore`] of IPv6).
-    pub fn restore6(&mut self, t: &Tables6) {
-        let now = self.tables6();
-        let flows = self.dp.flows6_mut();
-        for (k, _) in now
-            .flows
-            .iter()
-            .filter(|(k, _)| !t.flows.iter().any(|e| e.0 == *k))
-        {
-            // An LRU map may drop an entry on its own: absence is what is wanted.
-            let _ = flows.remove(k);
-        }
-        for (k, v) in &t.flows {
-            flows.insert(k, v, 0).expect("restoring an IPv6 flow entry");
-        }
-        let map = self.dp.ebpf_mut().map_mut("lb_frags6").expect("lb_frags6");
-        let mut frags: HashMap<&mut MapData, FragKey6, FragPorts> = HashMap::try_from(map).unwrap();
-        for (k, _) in now
-            .frags
-            .iter()
-            .filter(|(k, _)| !t.frags.iter().any(|e| e.0 == *k))
-        {
-            let _ = frags.remove(k);
-        }
-        for (k, v) in &t.frags {
-            frags
-                .insert(k, v, 0)
-                .expect("restoring an IPv6 fragment record");
+impl MapFamily for Addr6 {
+    type FragKey = FragKey6;
+    const FLOWS: &'static str = "lb_flows6";
+    const FRAGS: &'static str = "lb_frags6";
+    fn flow_map(dp: &mut EbpfNetwork) -> &mut HashMap<MapData, FlowKey6, Flow6> {
+        dp.flows6_mut()
+    }
+    fn datagram(k: &FragKey6) -> (Addr6, Addr6, u32, u8) {
+        (k.saddr, k.daddr, k.id, k.proto)
+    }
+    fn frag_key(saddr: Addr6, daddr: Addr6, id: u32, proto: u8) -> FragKey6 {
+        FragKey6 {
+            saddr,
+            daddr,
+            id,
+            proto,
+            _pad: [0; 3],
         }
     }
 }

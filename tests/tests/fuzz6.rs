@@ -39,43 +39,35 @@
 //!    node and backend addresses — leaves byte-identical and writes no flow or fragment entry.
 //! 4. No IPv6 packet writes an IPv4 flow or fragment entry.
 //!
+//! The second test runs on the runner the IPv4 tier runs on (`lb_tests::fuzz::Fuzz`: the
+//! rounds, the checks of each run's verdict, outcome counter, bytes and checksums); this file
+//! brings the IPv6 tier (`Tier`): its network, its generator, what a pass may count, the
+//! roles its entries give (the check of a translation against its entry is the runner's, as
+//! for the IPv4 tier).
+//!
 //! A run of at least `COVERAGE_FROM` packets must have reached every outcome it is for on
 //! every program (and, in the second test, translations of every kind of packet, every kind
 //! of checksum kept), so that the generator cannot drift into testing one path only.
 //! `LB_FUZZ_SEED` repeats a run and `LB_FUZZ_PACKETS` sets how many packets each test runs
 //! (100,000 by default), as for the IPv4 tier. Root only.
-use std::{
-    collections::{BTreeMap, VecDeque},
-    net::Ipv6Addr,
-    time::Instant,
-};
+use std::{collections::BTreeMap, net::Ipv6Addr};
 
-use aya::programs::ProgramError;
-use lb_common::{FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, Flow6, FlowKey6, FragKey6, Reason};
+use lb_common::{Addr6, IPPROTO_SCTP as SCTP, IPPROTO_TCP as TCP, IPPROTO_UDP as UDP, Reason};
 use lb_tests::{
     fixture::{
-        Fixture, NODE6, Outcome, Outcomes, Prog, Run, TC_ACT_UNSPEC, Tables, Tables6, VIP6, WEB6,
-        XDP_PASS, dual_stack_network, refused_by_test_run,
+        Fixture, NODE6, Prog, TC_ACT_UNSPEC, Tables, VIP6, WEB6, XDP_PASS, dual_stack_network,
+        refused_by_test_run,
     },
     fuzz::{
-        Frag6, Ipv6Layout, Rng, UDP6_ZERO, addr6_at, checksums6, count_from_env, fix_checksums6,
-        foreign_change6, hex, ipv6, l4_csum_at6, lengths_hold6, mentions6, pseudo_seed6,
-        seed_from_env,
+        COVERAGE_FROM, Case, Cases, Class, Frag, Fuzz, Generator, Kind, Memory, ROUND, Rng, Seen,
+        Targets, Tier, Tuple, UDP6_ZERO, checksums6, fix_checksums6, foreign_change6, hex, ipv6,
+        l4_csum_at6, lengths_hold6, mentions6, packets_from_env, pseudo_seed6, quote_len,
+        round_counted, run_tier, seed_from_env, tcp_flags,
     },
-    packet::{Ext, Ipv6Packet, TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN},
+    packet::{Ext, Ipv6Packet},
     require_root,
 };
-use lb_user::{
-    core::model::Masquerade,
-    dataplane::ebpf::{be6, ip6},
-};
-
-const DEFAULT_PACKETS: usize = 100_000;
-/// Packets generated at once. The second test runs a round's packets that may be for a
-/// service first, then those that cannot be, with the tables read before and after them (a
-/// read costs a few µs per entry: per packet it would cost more than the packet).
-const ROUND: usize = 500;
-const COVERAGE_FROM: usize = 20_000;
+use lb_user::core::model::Masquerade;
 
 /// What an IPv6 frame may end as while it is not for a service (`frag_unknown`: a later
 /// fragment of a datagram no flow translated; `xdp_deferred`: XDP leaves a checksum it
@@ -91,16 +83,9 @@ const IPV6_OUTCOMES: [Reason; 7] = [
     Reason::Malformed,
 ];
 
-/// What a passed IPv6 frame may have counted where an IPv6 service exists: those, and the
-/// outcomes of a packet for a service that opens no flow.
-const IPV6_PASSES: [Reason; 11] = [
-    Reason::NotService,
-    Reason::Udp6NoChecksum,
-    Reason::FragUnknown,
-    Reason::XdpDeferred,
-    Reason::NotL4,
-    Reason::Ipv6Extension,
-    Reason::Malformed,
+/// What else a passed IPv6 frame may have counted where an IPv6 service exists: the outcomes
+/// of a packet for a service that opens no flow.
+const SERVICE_PASSES: [Reason; 4] = [
     Reason::NoFlowOpener,
     Reason::NodeSocket,
     Reason::NoBackend,
@@ -188,7 +173,7 @@ impl Mut6 {
             }
             Mut6::UdpLength => {
                 let Some(l) = ipv6(frame).filter(|l| {
-                    l.proto == UDP && !matches!(l.frag, Frag6::Later(_)) && l.l4 + 6 <= len
+                    l.proto == UDP && !matches!(l.frag, Frag::Later(_)) && l.l4 + 6 <= len
                 }) else {
                     return;
                 };
@@ -331,42 +316,13 @@ impl Gen {
     }
 }
 
-/// The outcomes each program counted between two reads of `EbpfNetwork::reasons`, checked
-/// against what a round of runs may count: one outcome per run that ran (`ran`, by program)
-/// and only outcomes of `allowed` (nothing else either: no event of a new flow). Returns them.
-fn round_counted(
-    before: &[(&str, Reason, u64)],
-    after: &[(&str, Reason, u64)],
-    ran: [u64; 3],
-    allowed: &[Reason],
-    round: &str,
-) -> Vec<(Prog, Reason, u64)> {
-    let mut all = Vec::new();
-    for prog in Prog::ALL {
-        let moved: Vec<(Reason, u64)> = (before.iter().zip(after))
-            .filter(|((hook, ..), _)| *hook == prog.hook())
-            .map(|((_, r, b), (_, _, a))| (*r, a - b))
-            .filter(|(_, d)| *d > 0)
-            .collect();
-        let total: u64 = moved.iter().map(|(_, d)| d).sum();
-        assert!(
-            total == ran[prog as usize] && moved.iter().all(|(r, _)| allowed.contains(r)),
-            "{prog:?}: {} runs counted {moved:?}; one outcome per run, and only {allowed:?}, \
-             fit ({round})",
-            ran[prog as usize],
-        );
-        all.extend(moved.into_iter().map(|(r, d)| (prog, r, d)));
-    }
-    all
-}
-
 #[test]
 fn ipv6_frames_pass_every_program_byte_identical() {
     if !require_root("ipv6_frames_pass_every_program_byte_identical") {
         return;
     }
     let seed = seed_from_env("LB_FUZZ_SEED");
-    let packets = count_from_env("LB_FUZZ_PACKETS", DEFAULT_PACKETS);
+    let packets = packets_from_env();
     println!("LB_FUZZ_SEED={seed:#x} LB_FUZZ_PACKETS={packets}");
     let mut f = Fixture::new(Masquerade::Always);
     let mut gen_ = Gen {
@@ -454,150 +410,27 @@ const NOT_LOCAL6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x77);
 /// the network: its service address, node address and backends. A frame that mentions none
 /// of them cannot be for a service however it is parsed.
 const SERVICE_SIDE6: [Ipv6Addr; 5] = [VIP6, NODE6, WEB6[0], WEB6[1], WEB6[2]];
-/// Clients, a backend among them (reaching its own service: a hairpin).
-const CLIENTS6: [Ipv6Addr; 4] = [CLIENT6, CLIENT6, CLIENT6B, WEB6[0]];
-/// `web`'s published ports on the node's IPv6 address, per protocol.
-const TCP_PUBLISHED6: [(Ipv6Addr, u16); 1] = [(NODE6, 8080)];
-const UDP_PUBLISHED6: [(Ipv6Addr, u16); 1] = [(NODE6, 5353)];
-const SCTP_PUBLISHED6: [(Ipv6Addr, u16); 2] = [(NODE6, 9000), (NODE6, 9100)];
-/// Ports the node does not publish over IPv6 (`db`'s, IPv4 only), and an address that is
-/// not the node's.
-const NEAR_MISSES6: [(Ipv6Addr, u16); 3] = [(NODE6, 7070), (NODE6, 9999), (NOT_LOCAL6, 8080)];
-const PORTS: [u16; 8] = [443, 80, 53, 8080, 5353, 9000, 9100, 7070];
-const TCP: u8 = 6;
-const UDP: u8 = 17;
-const SCTP: u8 = 132;
-/// Flow entries beyond which the tables are emptied between rounds, keeping reads cheap.
-const TABLE_CAP: usize = 800;
-
-/// How a case was generated (for the summary and for reproducing a failure).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Kind {
-    /// TCP (any flags), UDP or SCTP from a client to the VIP, a published port or a near miss.
-    ToService,
-    /// The first fragment (offset 0, more to come) of such a datagram, or of a reply or a
-    /// forwarded packet of a flow a program translated.
-    FirstFragment,
-    /// A later fragment of one of those, or of a datagram never seen.
-    LaterFragment,
-    /// A packet of a flow a program translated before, sent again with other flags.
-    Resend,
-    /// The reverse of what a program made of a packet: a backend's reply, a reply to a
-    /// masquerade port.
-    Reply,
-    /// What a program made of a packet, sent on (the translated packet on egress).
-    Forwarded,
-    /// An ICMPv6 message quoting a tracked tuple (or a fresh one), from a router or an
-    /// endpoint.
-    IcmpQuote,
-    /// TCP, UDP, SCTP, ICMPv6, fragments and other protocols between addresses no service
-    /// uses.
-    NonService,
-    /// The no-service test's frames.
-    Wild,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Class {
-    /// As built: valid checksums, honest headers.
-    Clean,
-    /// Structural mutations, checksums fixed up to match what the headers claim.
-    ValidMutated,
-    /// Checksums as they fell, or garbage on purpose.
-    Garbage,
-}
-
-/// One generated packet and how to run it.
-#[derive(Clone, Debug)]
-struct Case {
-    index: usize,
-    kind: Kind,
-    class: Class,
-    mutations: Vec<Mut6>,
-    frame: Vec<u8>,
-    /// The order the three programs see it in.
-    order: [Prog; 3],
-    /// Mentions no service-side address: must pass untouched everywhere.
-    untouchable: bool,
-}
-
-/// An address and port pair each way, as in a packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Tuple6 {
-    saddr: Ipv6Addr,
-    sport: u16,
-    daddr: Ipv6Addr,
-    dport: u16,
-}
-
-impl Tuple6 {
-    /// The addresses of the IPv6 header at frame offset `ip` and the ports at `l4` (none, 0:
-    /// a later fragment).
-    fn at(frame: &[u8], ip: usize, l4: Option<usize>) -> Self {
-        let port = |at: usize| u16::from_be_bytes([frame[at], frame[at + 1]]);
-        Tuple6 {
-            saddr: addr6_at(frame, ip + 8),
-            daddr: addr6_at(frame, ip + 24),
-            sport: l4.map_or(0, port),
-            dport: l4.map_or(0, |l4| port(l4 + 2)),
-        }
-    }
-
-    /// What an entry rewrites a packet to.
-    fn of_entry(e: &Flow6) -> Self {
-        Tuple6 {
-            saddr: ip6(e.saddr),
-            daddr: ip6(e.daddr),
-            sport: u16::from_be(e.sport),
-            dport: u16::from_be(e.dport),
-        }
-    }
-
-    fn reversed(self) -> Self {
-        Tuple6 {
-            saddr: self.daddr,
-            sport: self.dport,
-            daddr: self.saddr,
-            dport: self.sport,
-        }
-    }
-
-    fn packet(self, proto: u8) -> Ipv6Packet {
-        let p = Ipv6Packet::tcp(self.saddr, self.sport, self.daddr, self.dport);
-        Ipv6Packet { proto, ..p }
-    }
-
-    /// The flow key of a packet of `proto` with this tuple.
-    fn key(self, proto: u8) -> FlowKey6 {
-        FlowKey6 {
-            saddr: be6(self.saddr),
-            daddr: be6(self.daddr),
-            sport: self.sport.to_be(),
-            dport: self.dport.to_be(),
-            proto,
-            _pad: [0; 3],
-        }
-    }
-
-    /// The record key of the datagram `id` of `proto` with this tuple's addresses.
-    fn frag_key(self, proto: u8, id: u32) -> FragKey6 {
-        FragKey6 {
-            saddr: be6(self.saddr),
-            daddr: be6(self.daddr),
-            id,
-            proto,
-            _pad: [0; 3],
-        }
-    }
-}
-
-/// A translation a program made: the tuple before and after.
-#[derive(Clone, Copy, Debug)]
-struct Seen6 {
-    proto: u8,
-    before: Tuple6,
-    after: Tuple6,
-}
+/// Where packets for a service go: the VIP, `web`'s published ports on the node's IPv6
+/// address per protocol, and near misses: ports the node does not publish over IPv6 (`db`'s,
+/// IPv4 only), an address that is not the node's.
+const TARGETS6: Targets<Ipv6Addr> = Targets {
+    vip: |_| VIP6,
+    tcp: &[(NODE6, 8080)],
+    udp: &[(NODE6, 5353)],
+    sctp: &[(NODE6, 9000), (NODE6, 9100)],
+    near_misses: &[(NODE6, 7070), (NODE6, 9999), (NOT_LOCAL6, 8080)],
+    clients: &[CLIENT6, CLIENT6, CLIENT6B, WEB6[0]],
+};
+/// How a case is made of the frame the generator built: IPv6's mutations; TC runs without a
+/// context.
+const CASES6: Cases<Mut6> = Cases {
+    rounds: &[0, 0, 0, 0, 0, 1, 1, 1, 2, 3],
+    structural: &Mut6::STRUCTURAL,
+    garbage: &Mut6::GARBAGE,
+    fix: fix_checksums6,
+    ingress: |_| None,
+    untouchable: |frame| !mentions6(frame, &SERVICE_SIDE6),
+};
 
 /// The service test's generator: a seeded PRNG, the no-service test's generator for its
 /// frames, and what it learnt from the programs' translations (tuples to reply to, forward
@@ -605,8 +438,7 @@ struct Seen6 {
 struct SvcGen {
     rng: Rng,
     wild: Gen,
-    seen: VecDeque<Seen6>,
-    firsts: VecDeque<Ipv6Packet>,
+    memory: Memory<Ipv6Addr, Ipv6Packet>,
 }
 
 impl SvcGen {
@@ -618,63 +450,7 @@ impl SvcGen {
         SvcGen {
             rng,
             wild,
-            seen: VecDeque::new(),
-            firsts: VecDeque::new(),
-        }
-    }
-
-    /// Forgets what the tables forgot.
-    fn forget(&mut self) {
-        self.seen.clear();
-        self.firsts.clear();
-    }
-
-    fn observe(&mut self, proto: u8, before: Tuple6, after: Tuple6) {
-        if self.seen.len() == 64 {
-            self.seen.pop_front();
-        }
-        self.seen.push_back(Seen6 {
-            proto,
-            before,
-            after,
-        });
-    }
-
-    fn case(&mut self, index: usize) -> Case {
-        let (kind, p) = self.base();
-        let mut frame = p.build();
-        let rng = &mut self.rng;
-        let valid = rng.percent(55);
-        let mut mutations = Vec::new();
-        for _ in 0..rng.pick(&[0, 0, 0, 0, 0, 1, 1, 1, 2, 3]) {
-            let m = rng.pick(&Mut6::STRUCTURAL);
-            m.apply(rng, &mut frame, !p.exts.is_empty());
-            mutations.push(m);
-        }
-        if valid {
-            fix_checksums6(&mut frame);
-        } else if rng.percent(60) {
-            let m = rng.pick(&Mut6::GARBAGE);
-            m.apply(rng, &mut frame, !p.exts.is_empty());
-            mutations.push(m);
-        }
-        let class = match (valid, mutations.is_empty()) {
-            (false, _) => Class::Garbage,
-            (true, true) => Class::Clean,
-            (true, false) => Class::ValidMutated,
-        };
-        let mut order = Prog::ALL;
-        for i in (1..order.len()).rev() {
-            order.swap(i, rng.below(i + 1));
-        }
-        Case {
-            index,
-            kind,
-            class,
-            mutations,
-            untouchable: !mentions6(&frame, &SERVICE_SIDE6),
-            frame,
-            order,
+            memory: Memory::default(),
         }
     }
 
@@ -682,101 +458,22 @@ impl SvcGen {
     fn base(&mut self) -> (Kind, Ipv6Packet) {
         let roll = self.rng.below(100);
         let proto = self.rng.pick(&[TCP, TCP, UDP, UDP, SCTP]);
-        let seen = (!self.seen.is_empty()).then(|| {
-            let i = self.rng.below(self.seen.len());
-            self.seen[i]
-        });
+        let seen = self.memory.recall(&mut self.rng);
         match (roll, seen) {
             (0..=19, _) | (33..=54, None) => (Kind::ToService, self.service_packet(proto)),
             (20..=26, _) => (Kind::FirstFragment, self.first_fragment(seen, proto)),
             (27..=32, _) => (Kind::LaterFragment, self.later_fragment(proto)),
             (33..=54, Some(s)) => {
-                let (kind, t) = match roll {
-                    33..=39 => (Kind::Resend, s.before),
-                    40..=48 => (Kind::Reply, s.after.reversed()),
-                    _ => (Kind::Forwarded, s.after),
+                let kind = match roll {
+                    33..=39 => Kind::Resend,
+                    40..=48 => Kind::Reply,
+                    _ => Kind::Forwarded,
                 };
-                let mut p = t.packet(s.proto);
-                self.dress(&mut p);
-                (kind, p)
+                (kind, self.dressed(s.follow_up(kind), s.proto))
             }
             (55..=66, _) => (Kind::IcmpQuote, self.icmp_quote(seen, proto)),
             (67..=86, _) => (Kind::NonService, self.non_service(proto)),
             _ => (Kind::Wild, self.wild.packet(0)),
-        }
-    }
-
-    fn service_packet(&mut self, proto: u8) -> Ipv6Packet {
-        let rng = &mut self.rng;
-        let (daddr, dport) = match rng.below(10) {
-            0..=3 => (
-                VIP6,
-                if rng.percent(80) {
-                    rng.pick(&PORTS)
-                } else {
-                    rng.u16()
-                },
-            ),
-            4..=7 => match proto {
-                TCP => rng.pick(&TCP_PUBLISHED6),
-                UDP => rng.pick(&UDP_PUBLISHED6),
-                _ => rng.pick(&SCTP_PUBLISHED6),
-            },
-            _ => rng.pick(&NEAR_MISSES6),
-        };
-        let saddr = rng.pick(&CLIENTS6);
-        // Few client ports, so that flows are met again: resent, reopened, clashing.
-        let sport = if rng.percent(90) {
-            40000 + rng.below(16) as u16
-        } else {
-            rng.u16()
-        };
-        let mut p = Tuple6 {
-            saddr,
-            sport,
-            daddr,
-            dport,
-        }
-        .packet(proto);
-        self.dress(&mut p);
-        p
-    }
-
-    /// Random flags, payload, hop limit, extension headers; a UDP checksum of 0 and an SCTP
-    /// CRC of 0 (offloaded) now and then.
-    fn dress(&mut self, p: &mut Ipv6Packet) {
-        let rng = &mut self.rng;
-        let any = rng.u8();
-        p.tcp_flags = rng.pick(&[
-            TCP_SYN,
-            TCP_SYN,
-            TCP_SYN,
-            TCP_ACK,
-            TCP_ACK | TCP_PSH,
-            TCP_SYN | TCP_ACK,
-            TCP_FIN | TCP_ACK,
-            TCP_RST,
-            TCP_RST | TCP_ACK,
-            any,
-        ]);
-        // Now and then a payload of more than one 512-byte chunk of the programs' UDP sum,
-        // or past one page: an XDP run then gets a multi-buffer frame (the program is
-        // frags-aware), an skb run refuses it past `SKB_RUN_MAX`.
-        let n = match rng.below(100) {
-            0 => rng.range(1400, 4000),
-            1 | 2 => rng.range(500, 1100),
-            _ => rng.below(41),
-        };
-        p.payload = rng.bytes(n);
-        p.hop_limit = rng.range(1, 256) as u8;
-        p.exts = self.chain();
-        let zero = match p.proto {
-            UDP => self.rng.percent(15),
-            SCTP => self.rng.percent(5),
-            _ => false,
-        };
-        if zero {
-            p.l4_csum = Some(0);
         }
     }
 
@@ -827,7 +524,7 @@ impl SvcGen {
     /// A first fragment: of a client's datagram to the service, or of a packet of a flow a
     /// program translated (a backend's reply, a forwarded packet). Remembered for later
     /// fragments to follow.
-    fn first_fragment(&mut self, seen: Option<Seen6>, proto: u8) -> Ipv6Packet {
+    fn first_fragment(&mut self, seen: Option<Seen<Ipv6Addr>>, proto: u8) -> Ipv6Packet {
         let mut p = match seen {
             Some(s) if self.rng.percent(30) => {
                 let t = if self.rng.percent(70) {
@@ -835,9 +532,7 @@ impl SvcGen {
                 } else {
                     s.after
                 };
-                let mut p = t.packet(s.proto);
-                self.dress(&mut p);
-                p
+                self.dressed(t, s.proto)
             }
             _ => self.service_packet(proto),
         };
@@ -858,28 +553,25 @@ impl SvcGen {
         );
         let words = rng.range(1, 6);
         p.payload = rng.bytes(8 * words);
-        if self.firsts.len() == 32 {
-            self.firsts.pop_front();
-        }
-        self.firsts.push_back(p.clone());
+        self.memory.first(p.clone());
         p
     }
 
     /// A later fragment of a first one generated before (its addresses, protocol, the headers
     /// before its fragment header and its identification), or of a datagram never seen.
     fn later_fragment(&mut self, proto: u8) -> Ipv6Packet {
-        let mut p = if !self.firsts.is_empty() && self.rng.percent(85) {
-            let i = self.rng.below(self.firsts.len());
-            self.firsts[i].clone()
-        } else {
-            let mut p = self.service_packet(proto);
-            let id = self.rng.u32();
-            p.exts.push(Ext::Fragment {
-                offset8: 0,
-                more: true,
-                id,
-            });
-            p
+        let mut p = match self.memory.recall_first(&mut self.rng) {
+            Some(first) => first,
+            None => {
+                let mut p = self.service_packet(proto);
+                let id = self.rng.u32();
+                p.exts.push(Ext::Fragment {
+                    offset8: 0,
+                    more: true,
+                    id,
+                });
+                p
+            }
         };
         let at = (p.exts.iter())
             .position(|e| matches!(e, Ext::Fragment { more: true, .. }))
@@ -902,32 +594,8 @@ impl SvcGen {
     /// An ICMPv6 message (mostly an error) quoting a tuple a program translated (as it was
     /// before or after, either way) or a fresh one, from a router, the quoted destination or
     /// the node.
-    fn icmp_quote(&mut self, seen: Option<Seen6>, proto: u8) -> Ipv6Packet {
-        let (quoted, proto) = match seen {
-            Some(s) if self.rng.percent(85) => {
-                let t = match self.rng.below(4) {
-                    0 => s.before,
-                    1 => s.after,
-                    2 => s.before.reversed(),
-                    _ => s.after.reversed(),
-                };
-                (t, s.proto)
-            }
-            _ => {
-                let p = self.service_packet(proto);
-                let t = Tuple6::at(&p.build(), 14, Some(p.l4_offset()));
-                (
-                    if self.rng.percent(50) {
-                        t
-                    } else {
-                        t.reversed()
-                    },
-                    proto,
-                )
-            }
-        };
-        let mut q = quoted.packet(proto);
-        self.dress(&mut q);
+    fn icmp_quote(&mut self, seen: Option<Seen<Ipv6Addr>>, proto: u8) -> Ipv6Packet {
+        let (quoted, mut q) = self.quoted(seen, proto);
         let rng = &mut self.rng;
         if rng.percent(10) {
             let id = rng.u32();
@@ -940,13 +608,7 @@ impl SvcGen {
         let frame = q.build();
         let ip = &frame[14..];
         let l4 = q.l4_offset() - 14;
-        let len = match rng.below(10) {
-            0..=5 => l4 + 8,
-            6 | 7 => ip.len(),
-            8 => l4 + 4,
-            _ => rng.below(ip.len() + 1),
-        }
-        .min(ip.len());
+        let len = quote_len(rng, l4, ip.len());
         let any = (rng.u8(), rng.u8(), rng.u32());
         let icmp = rng.pick(&[
             (1, 4, 0),
@@ -959,8 +621,7 @@ impl SvcGen {
             (129, 0, 0x1234_0001),
             any,
         ]);
-        let src = rng.pick(&[ROUTER6, ROUTER6, quoted.daddr, NODE6]);
-        let dst = rng.pick(&[quoted.saddr, quoted.saddr, NODE6, CLIENT6]);
+        let (src, dst) = quoted.error_ends(rng, ROUTER6, NODE6, CLIENT6);
         let mut p = Ipv6Packet::icmp6(src, dst, icmp, &ip[..len]);
         if rng.percent(10) {
             p.exts = vec![Ext::HopByHop(0)];
@@ -983,15 +644,9 @@ impl SvcGen {
 
     fn non_service(&mut self, proto: u8) -> Ipv6Packet {
         let (saddr, daddr) = (self.outsider(), self.outsider());
-        let any = self.rng.u16();
-        let t = Tuple6 {
-            saddr,
-            sport: self.rng.pick(&[any, 40000, 443]),
-            daddr,
-            dport: self.rng.pick(&[any, 8080, 5353, 9000, 9100, 443, 53]),
-        };
-        let mut p = t.packet(proto);
-        self.dress(&mut p);
+        let dports = [8080, 5353, 9000, 9100, 443, 53];
+        let t = Tuple::between(&mut self.rng, saddr, daddr, &dports);
+        let mut p = self.dressed(t, proto);
         let rng = &mut self.rng;
         match rng.below(10) {
             0..=5 => p,
@@ -1022,592 +677,134 @@ impl SvcGen {
     }
 }
 
-/// Whether a run of `prog` on `input` that ended as `o` may have counted `r`. A drop is for
-/// a flow that gets no unique tuple (`nat_failed`, and `masq_failed` on egress), or a
-/// rewrite that failed half-way (`malformed`, after the parser accepted the packet: its
-/// lengths then hold).
-fn reason_fits(prog: Prog, input: &[u8], o: Outcome, r: Reason) -> bool {
-    match o {
-        Outcome::Translated => r == Reason::Translated,
-        Outcome::Dropped => match r {
-            Reason::NatFailed => true,
-            Reason::MasqFailed => prog == Prog::TcEgress,
-            Reason::Malformed => lengths_hold6(input),
-            _ => false,
-        },
-        Outcome::Passed => {
-            IPV6_PASSES.contains(&r) && (r != Reason::XdpDeferred || prog == Prog::Xdp)
-        }
-        Outcome::Refused => false,
+impl Generator for SvcGen {
+    type Ip = Ipv6Addr;
+    type Packet = Ipv6Packet;
+    const TARGETS: Targets<Ipv6Addr> = TARGETS6;
+
+    fn rng(&mut self) -> &mut Rng {
+        &mut self.rng
     }
-}
 
-#[derive(Default)]
-struct ProgStats {
-    runs: usize,
-    refused: usize,
-    passed: usize,
-    translated: usize,
-    dropped: usize,
-    /// Translations whose input had checksums that held, all re-checked on the output.
-    sums_kept: usize,
-}
+    fn packet(t: Tuple<Ipv6Addr>, proto: u8) -> Ipv6Packet {
+        t.packet(proto)
+    }
 
-#[derive(Default)]
-struct Stats {
-    packets: BTreeMap<(Kind, Class), usize>,
-    mutations: BTreeMap<Mut6, usize>,
-    untouchable: usize,
-    progs: [ProgStats; 3],
-    /// Translations per program and kind of packet.
-    translated: BTreeMap<(Prog, Kind), usize>,
-    /// Checksums that held in a translated packet and were re-checked on its output, by name.
-    kept: BTreeMap<&'static str, usize>,
-    flushes: usize,
-}
+    fn tuple_of(p: &Ipv6Packet) -> Tuple<Ipv6Addr> {
+        Tuple::new(p.saddr, p.sport, p.daddr, p.dport)
+    }
 
-/// One run of the service test: the fixture, the generator and the counts.
-struct Fuzz6 {
-    seed: u64,
-    packets: usize,
-    f: Fixture,
-    generator: SvcGen,
-    handoff: u32,
-    outcomes: Outcomes,
-    stats: Stats,
+    /// Random flags, payload, hop limit, extension headers; a UDP checksum of 0 and an SCTP
+    /// CRC of 0 (offloaded) now and then.
+    fn dress(&mut self, p: &mut Ipv6Packet) {
+        let rng = &mut self.rng;
+        p.tcp_flags = tcp_flags(rng);
+        // Now and then a payload of more than one 512-byte chunk of the programs' UDP sum,
+        // or past one page: an XDP run then gets a multi-buffer frame (the program is
+        // frags-aware), an skb run refuses it past `SKB_RUN_MAX`.
+        let n = match rng.below(100) {
+            0 => rng.range(1400, 4000),
+            1 | 2 => rng.range(500, 1100),
+            _ => rng.below(41),
+        };
+        p.payload = rng.bytes(n);
+        p.hop_limit = rng.range(1, 256) as u8;
+        p.exts = self.chain();
+        let zero = match p.proto {
+            UDP => self.rng.percent(15),
+            SCTP => self.rng.percent(5),
+            _ => false,
+        };
+        if zero {
+            p.l4_csum = Some(0);
+        }
+    }
 }
 
 const SERVICE_TEST: &str = "ipv6_frames_for_a_service_translate_only_addresses_ports_and_checksums";
 
-impl Fuzz6 {
-    fn new(seed: u64, packets: usize) -> Self {
-        let mut rng = Rng::new(seed ^ 0x0006_5e41_ce00);
-        let hash_key = rng.u32() | 1;
-        let mut f = Fixture::with_network(dual_stack_network(Masquerade::Always), Some(hash_key));
-        let handoff = f.handoff();
-        let outcomes = Outcomes::new(&mut f);
-        Fuzz6 {
-            seed,
-            packets,
-            f,
-            generator: SvcGen::new(rng.next_u64()),
-            handoff,
-            outcomes,
-            stats: Stats::default(),
-        }
+impl Tier for SvcGen {
+    type Addr = Addr6;
+    type Mutation = Mut6;
+    const TARGET: &'static str = "fuzz6";
+    const SHARE: usize = 1;
+    const NOT_FOR_A_SERVICE: &'static [Reason] = &IPV6_OUTCOMES;
+    const KEPT: &'static [&'static str] = &["TCP", "UDP", UDP6_ZERO, "SCTP CRC32c", "ICMPv6"];
+    const BACKENDS: &'static [Ipv6Addr] = &WEB6;
+    const REPLY_FROM: &'static [Ipv6Addr] = &[VIP6, NODE6];
+    const MASQ: Ipv6Addr = NODE6;
+
+    fn case(&mut self, index: usize) -> Case<Mut6> {
+        let (kind, p) = self.base();
+        let exts = !p.exts.is_empty();
+        CASES6.case(&mut self.rng, index, kind, p.build(), |m, rng, frame| {
+            m.apply(rng, frame, exts)
+        })
     }
 
-    /// Panics with everything needed to repeat the failure.
-    fn fail(&self, case: &Case, prog: Prog, out: Option<&[u8]>, what: &str) -> ! {
-        panic!(
-            "{what}\n  packet #{} ({:?}, {:?}, mutations {:?}) through {prog:?} (order {:?})\n  \
-             in:  {}\n  out: {}\n  repeat with LB_FUZZ_SEED={:#x} LB_FUZZ_PACKETS={} cargo test \
-             -p lb-tests --test fuzz6 {SERVICE_TEST} (the same packets, in the same order)",
-            case.index,
-            case.kind,
-            case.class,
-            case.mutations,
-            case.order,
-            hex(&case.frame),
-            out.map_or("-".into(), hex),
-            self.seed,
-            self.packets,
-        )
+    fn memory(&mut self) -> &mut Memory<Ipv6Addr, Ipv6Packet> {
+        &mut self.memory
     }
 
-    fn run(&mut self) {
-        let started = Instant::now();
-        let mut index = 0;
-        let mut flows = 0;
-        while index < self.packets {
-            if flows > TABLE_CAP {
-                self.f.restore6(&Tables6::default());
-                self.generator.forget();
-                self.stats.flushes += 1;
-            }
-            let n = ROUND.min(self.packets - index);
-            let cases: Vec<Case> = (index..index + n).map(|i| self.generator.case(i)).collect();
-            for c in &cases {
-                *self.stats.packets.entry((c.kind, c.class)).or_default() += 1;
-                for m in &c.mutations {
-                    *self.stats.mutations.entry(*m).or_default() += 1;
-                }
-            }
-            let (untouchable, candidates): (Vec<Case>, Vec<Case>) =
-                cases.into_iter().partition(|c| c.untouchable);
-            self.stats.untouchable += untouchable.len();
-            for case in &candidates {
-                self.run_case(case, true);
-            }
-            flows = self.untouchable_phase(&untouchable, index).flows.len();
-            assert_eq!(
-                self.f.tables(),
-                Tables::default(),
-                "an IPv6 packet wrote an IPv4 flow or fragment entry (packets #{index}.., \
-                 LB_FUZZ_SEED={:#x})",
-                self.seed
-            );
-            index += n;
-        }
-        self.summary(started.elapsed().as_secs_f64());
+    fn foreign_change(input: &[u8], output: &[u8]) -> Option<usize> {
+        foreign_change6(input, output)
     }
 
-    /// Runs what cannot be for a service: the tables must not move, and the outcomes counted
-    /// must all be ones such a packet may have. Returns the tables.
-    fn untouchable_phase(&mut self, cases: &[Case], first: usize) -> Tables6 {
-        let before = self.f.tables6();
-        let counts_before = self.f.dp.reasons().unwrap();
-        let mut ran = [0u64; 3];
-        for case in cases {
-            for (prog, o) in self.run_case(case, false) {
-                ran[prog as usize] += u64::from(o != Outcome::Refused);
-            }
-        }
-        let after = self.f.tables6();
-        if after != before {
-            self.find_table_change(&before, cases);
-        }
-        let counts_after = self.f.dp.reasons().unwrap();
-        let round = format!(
-            "packets #{first}.. that cannot be for a service, LB_FUZZ_SEED={:#x}",
-            self.seed
-        );
-        round_counted(&counts_before, &counts_after, ran, &IPV6_OUTCOMES, &round);
-        for prog in Prog::ALL {
-            self.outcomes.moved(prog);
-        }
-        after
+    fn checksums(frame: &[u8]) -> Vec<(&'static str, bool)> {
+        checksums6(frame)
     }
 
-    /// The tables changed while only packets that cannot be for a service ran: puts them back
-    /// and runs those packets again one at a time to name the one that does it.
-    fn find_table_change(&mut self, before: &Tables6, cases: &[Case]) -> ! {
-        for case in cases {
-            self.f.restore6(before);
-            self.run_case(case, false);
-            let now = self.f.tables6();
-            if now != *before {
-                let new: Vec<String> = (now.flows.iter())
-                    .filter(|e| !before.flows.contains(e))
-                    .map(|(k, v)| {
-                        format!(
-                            "flow proto {} [{}]:{} -> [{}]:{} => [{}]:{} -> [{}]:{} flags {:#x}",
-                            k.proto,
-                            ip6(k.saddr),
-                            u16::from_be(k.sport),
-                            ip6(k.daddr),
-                            u16::from_be(k.dport),
-                            ip6(v.saddr),
-                            u16::from_be(v.sport),
-                            ip6(v.daddr),
-                            u16::from_be(v.dport),
-                            v.flags
-                        )
-                    })
-                    .chain(
-                        (now.frags.iter())
-                            .filter(|e| !before.frags.contains(e))
-                            .map(|(k, _)| format!("fragment record id {:#x}", k.id)),
-                    )
-                    .collect();
-                self.fail(
-                    case,
-                    case.order[0],
-                    None,
-                    &format!(
-                        "a packet that cannot be for a service changed lb_flows6 or lb_frags6: \
-                         {}",
-                        new.join("; ")
-                    ),
-                );
-            }
-        }
-        panic!(
-            "packets #{}.. that cannot be for a service changed the tables together but not \
-             alone; LB_FUZZ_SEED={:#x}",
-            cases.first().map_or(0, |c| c.index),
-            self.seed
-        );
+    /// IPv6 has no UDP checksum 0: a translation computes one, which must hold.
+    fn kept_as(name: &'static str) -> &'static str {
+        if name == UDP6_ZERO { "UDP" } else { name }
     }
 
-    /// Runs `case` through the three programs in its order and checks every run; `counted`:
-    /// also checks each run's outcome counters (a few syscalls per run, so only where the
-    /// outcome is not known in advance).
-    fn run_case(&mut self, case: &Case, counted: bool) -> Vec<(Prog, Outcome)> {
-        let mut done = Vec::with_capacity(3);
-        for prog in case.order {
-            let res = self.f.test_run(prog, &case.frame, None);
-            let (o, out) = self.check(case, prog, res);
-            if counted {
-                self.check_counted(case, prog, o, out.as_deref());
-            }
-            let s = &mut self.stats.progs[prog as usize];
-            s.runs += 1;
-            match o {
-                Outcome::Refused => s.refused += 1,
-                Outcome::Passed => s.passed += 1,
-                Outcome::Translated => s.translated += 1,
-                Outcome::Dropped => s.dropped += 1,
-            }
-            if o == Outcome::Translated {
-                *self.stats.translated.entry((prog, case.kind)).or_default() += 1;
-            }
-            done.push((prog, o));
-        }
-        done
+    fn lengths_hold(frame: &[u8]) -> bool {
+        lengths_hold6(frame)
     }
 
-    /// The verdict, the handoff, and what a passed or translated frame may be.
-    fn check(
-        &mut self,
-        case: &Case,
-        prog: Prog,
-        res: Result<Run, ProgramError>,
-    ) -> (Outcome, Option<Vec<u8>>) {
+    /// What an IPv6 packet may end as while not for a service (`xdp_deferred` on XDP only,
+    /// which defers to TC), and the outcomes of a packet for a service that opens no flow.
+    fn pass_fits(prog: Prog, r: Reason) -> bool {
+        (IPV6_OUTCOMES.contains(&r) || SERVICE_PASSES.contains(&r))
+            && (r != Reason::XdpDeferred || prog == Prog::Xdp)
+    }
+
+    fn passes() -> String {
+        format!("one of {IPV6_OUTCOMES:?} (xdp_deferred on XDP only) or {SERVICE_PASSES:?}")
+    }
+
+    /// Invariant 2's own part: no UDP first fragment with checksum 0 (the runner then checks
+    /// the translation against its entry).
+    fn translated(fuzz: &mut Fuzz<Self>, case: &Case<Mut6>, prog: Prog, out: &[u8]) {
         let input = &case.frame;
-        let run = match res {
-            Err(_) if refused_by_test_run(prog, input) => return (Outcome::Refused, None),
-            Err(e) => self.fail(
-                case,
-                prog,
-                None,
-                &format!("BPF_PROG_TEST_RUN failed on a frame it should run: {e:?}"),
-            ),
-            Ok(run) => run,
-        };
-        let out = run.out.as_slice();
-        let Some(outcome) = Outcome::of(prog, &run) else {
-            let what = format!("verdict {:#x} is not one {prog:?} may give", run.verdict);
-            self.fail(case, prog, Some(out), &what);
-        };
-        if let Some(meta) = run.meta.filter(|m| *m != self.handoff) {
-            self.fail(
-                case,
-                prog,
-                Some(out),
-                &format!(
-                    "XDP metadata {meta:#010x} is not the handoff {:#010x}",
-                    self.handoff
-                ),
-            );
-        }
-        if case.untouchable && outcome != Outcome::Passed {
-            self.fail(
-                case,
-                prog,
-                Some(out),
-                &format!("{outcome:?} a packet that cannot be for a service"),
-            );
-        }
-        match outcome {
-            Outcome::Passed if out != input => self.fail(
-                case,
-                prog,
-                Some(out),
-                &format!(
-                    "passed (verdict {:#x}) but changed, first at byte {}",
-                    run.verdict,
-                    (0..input.len().max(out.len()))
-                        .find(|&i| input.get(i) != out.get(i))
-                        .unwrap()
-                ),
-            ),
-            Outcome::Translated => self.check_translated(case, prog, out),
-            _ => {}
-        }
-        (outcome, Some(run.out))
-    }
-
-    /// Invariant 2 for one translated run.
-    fn check_translated(&mut self, case: &Case, prog: Prog, out: &[u8]) {
-        let input = &case.frame;
-        if let Some(at) = foreign_change6(input, out) {
-            let what = format!(
-                "translated, and changed byte {at}, which is no address, port or checksum (or \
-                 the length)"
-            );
-            self.fail(case, prog, Some(out), &what);
-        }
-        let Some(l) = ipv6(input) else {
-            self.fail(
-                case,
-                prog,
-                Some(out),
-                "translated a frame that is no IPv6 packet",
-            );
-        };
+        let Some(l) = ipv6(input) else { return };
         if l.proto == UDP
-            && matches!(l.frag, Frag6::First(_))
+            && matches!(l.frag, Frag::First(_))
             && input.get(l.l4 + 6..l.l4 + 8) == Some(&[0, 0])
         {
             let what = "translated a UDP first fragment with checksum 0, which cannot be given one";
-            self.fail(case, prog, Some(out), what);
-        }
-        // IPv6 has no UDP checksum 0: a translation computes one, which must hold.
-        let held: Vec<&str> = (checksums6(input).into_iter())
-            .filter_map(|(name, ok)| ok.then_some(name))
-            .collect();
-        let after = checksums6(out);
-        let want = |name: &'static str| if name == UDP6_ZERO { "UDP" } else { name };
-        if let Some(broken) = held.iter().find(|n| !after.contains(&(want(n), true))) {
-            let what = format!(
-                "translated, and {broken}, which held, is no valid {} checksum now (after: \
-                 {after:?})",
-                want(broken)
-            );
-            self.fail(case, prog, Some(out), &what);
-        }
-        if !held.is_empty() {
-            self.stats.progs[prog as usize].sums_kept += 1;
-        }
-        for name in held {
-            *self.stats.kept.entry(name).or_default() += 1;
-        }
-        if l.proto == lb_common::IPPROTO_ICMPV6 {
-            let Some(q) = l.quote(input) else {
-                let what = "translated an ICMPv6 message that quotes no IPv6 packet";
-                self.fail(case, prog, Some(out), what);
-            };
-            self.check_error_entry(case, prog, &l, &q, out);
-        } else {
-            self.check_flow_entry(case, prog, &l, out);
+            fuzz.fail(case, prog, Some(out), what);
         }
     }
 
-    /// A translated packet of a flow left as its entry says, in the role the entry gives it.
-    fn check_flow_entry(&mut self, case: &Case, prog: Prog, l: &Ipv6Layout, out: &[u8]) {
-        let input = &case.frame;
-        let later = matches!(l.frag, Frag6::Later(_));
-        let ports = (!later).then_some(l.l4);
-        let mut t = Tuple6::at(input, l.ip, ports);
-        if let Frag6::Later(id) = l.frag {
-            let Some(rec) = self.f.frag6(&t.frag_key(l.proto, id)) else {
-                self.fail(
-                    case,
-                    prog,
-                    Some(out),
-                    "translated a later fragment whose datagram has no record in lb_frags6",
-                );
-            };
-            (t.sport, t.dport) = (u16::from_be(rec.sport), u16::from_be(rec.dport));
-        }
-        let Some(e) = self.f.flow6(&t.key(l.proto)) else {
-            self.fail(
-                case,
-                prog,
-                Some(out),
-                &format!("translated, but lb_flows6 has no entry for its tuple {t:?}"),
-            );
-        };
-        let want = Tuple6::of_entry(&e);
-        let got = Tuple6::at(out, l.ip, ports);
-        let as_entry = if later {
-            (got.saddr, got.daddr) == (want.saddr, want.daddr)
-        } else {
-            got == want
-        };
-        let egress = prog == Prog::TcEgress;
-        let role = match (egress, e.flags & FLOW_MASQ != 0) {
-            (false, false) => WEB6.contains(&got.daddr),
-            (false, true) => t.daddr == NODE6 && got.saddr == t.saddr,
-            (true, false) => e.flags & FLOW_REPLY != 0 && [VIP6, NODE6].contains(&got.saddr),
-            (true, true) => got.saddr == NODE6 && WEB6.contains(&got.daddr),
-        };
-        if !as_entry || (e.flags & FLOW_EGRESS != 0) != egress || !role {
-            self.fail(
-                case,
-                prog,
-                Some(out),
-                &format!(
-                    "translated {t:?} to {got:?}, by the entry {want:?} (flags {:#x}): it must \
-                     leave as its entry says, by an entry of its own hook, a packet to the \
-                     service towards an IPv6 backend, a reply from the service's address, a \
-                     masqueraded one from the node's ({NODE6})",
-                    e.flags
-                ),
-            );
-        }
-        if let Frag6::First(id) = l.frag {
-            let rec = self.f.frag6(&t.frag_key(l.proto, id));
-            if rec.map(|r| (u16::from_be(r.sport), u16::from_be(r.dport)))
-                != Some((t.sport, t.dport))
-            {
-                self.fail(
-                    case,
-                    prog,
-                    Some(out),
-                    &format!(
-                        "translated a first fragment, and lb_frags6 holds {rec:?} for its \
-                         datagram, not its ports"
-                    ),
-                );
-            }
-        }
-        if !later {
-            self.generator.observe(l.proto, t, got);
-        }
+    /// Invariant 4, per round.
+    fn round_done(fuzz: &mut Fuzz<Self>, first: usize) {
+        assert_eq!(
+            fuzz.f.tables(),
+            Tables::default(),
+            "an IPv6 packet wrote an IPv4 flow or fragment entry (packets #{first}.., \
+             LB_FUZZ_SEED={:#x})",
+            fuzz.seed
+        );
     }
 
-    /// A translated ICMPv6 error left as the entry of the flow it quotes says (lb-ebpf
-    /// `icmp.rs`): the error travels against the quoted packet, so the entry keyed by the
-    /// quoted tuple reversed rewrites it; the quote becomes that entry's tuple reversed, and
-    /// the outer addresses that were the quoted ones follow.
-    fn check_error_entry(
-        &mut self,
-        case: &Case,
-        prog: Prog,
-        l: &Ipv6Layout,
-        q: &Ipv6Layout,
-        out: &[u8],
-    ) {
-        let input = &case.frame;
-        let quoted = Tuple6::at(input, q.ip, Some(q.l4));
-        let Some(e) = self.f.flow6(&quoted.reversed().key(q.proto)) else {
-            self.fail(
-                case,
-                prog,
-                Some(out),
-                &format!("translated an ICMPv6 error quoting {quoted:?}, a flow with no entry"),
-            );
-        };
-        let to = Tuple6::of_entry(&e);
-        let (outer, outer_out) = (Tuple6::at(input, l.ip, None), Tuple6::at(out, l.ip, None));
-        let want_outer = (
-            if outer.saddr == quoted.daddr {
-                to.saddr
-            } else {
-                outer.saddr
-            },
-            if outer.daddr == quoted.saddr {
-                to.daddr
-            } else {
-                outer.daddr
-            },
-        );
-        let got = Tuple6::at(out, q.ip, Some(q.l4));
-        if got != to.reversed()
-            || (outer_out.saddr, outer_out.daddr) != want_outer
-            || (e.flags & FLOW_EGRESS != 0) != (prog == Prog::TcEgress)
-        {
-            self.fail(
-                case,
-                prog,
-                Some(out),
-                &format!(
-                    "translated an ICMPv6 error quoting {quoted:?} to one quoting {got:?} from \
-                     {} to {}, by the entry {to:?} (flags {:#x}): the quote must become the \
-                     entry's tuple reversed, the error go from {} to {}",
-                    outer_out.saddr, outer_out.daddr, e.flags, want_outer.0, want_outer.1
-                ),
-            );
-        }
-    }
-
-    /// The run counted exactly one outcome, and the one its verdict implies.
-    fn check_counted(&mut self, case: &Case, prog: Prog, o: Outcome, out: Option<&[u8]>) {
-        let moved = self.outcomes.moved(prog);
-        let fits = match (o, moved.as_slice()) {
-            (Outcome::Refused, []) => true,
-            (_, [(r, 1)]) => reason_fits(prog, &case.frame, o, *r),
-            _ => false,
-        };
-        if !fits {
-            self.fail(
-                case,
-                prog,
-                out,
-                &format!(
-                    "{o:?}, and counted {moved:?}: a run counts one outcome, its own (a pass: \
-                     one of {IPV6_PASSES:?}; a drop: nat_failed, masq_failed on egress, \
-                     malformed only once the parser accepted the packet)"
-                ),
-            );
-        }
-    }
-
-    fn summary(&self, secs: f64) {
-        let s = &self.stats;
-        println!(
-            "{SERVICE_TEST}: seed {:#x}, {} packets ({} that cannot be for a service), {} runs \
-             in {secs:.1} s; tables emptied {} times",
-            self.seed,
-            self.packets,
-            s.untouchable,
-            s.progs.iter().map(|p| p.runs).sum::<usize>(),
-            s.flushes,
-        );
-        println!(
-            "  {:<16}{:>8}{:>15}{:>9}",
-            "kind", "clean", "valid-mutated", "garbage"
-        );
-        let mut kinds: Vec<Kind> = s.packets.keys().map(|(k, _)| *k).collect();
-        kinds.dedup();
-        for k in kinds {
-            let n = |c| s.packets.get(&(k, c)).copied().unwrap_or(0);
-            println!(
-                "  {:<16}{:>8}{:>15}{:>9}",
-                format!("{k:?}"),
-                n(Class::Clean),
-                n(Class::ValidMutated),
-                n(Class::Garbage)
-            );
-        }
-        let muts: Vec<String> = (s.mutations.iter())
-            .map(|(m, n)| format!("{m:?} {n}"))
-            .collect();
-        println!("  mutations: {}", muts.join(", "));
-        println!(
-            "  {:<11}{:>8}{:>9}{:>12}{:>9}{:>9}{:>11}",
-            "program", "runs", "passed", "translated", "dropped", "refused", "sums kept"
-        );
+    /// Every program counted every outcome an IPv6 packet reaches on it; the ingress programs
+    /// translated packets to the service, later fragments, ICMPv6 errors and replies to
+    /// masquerade ports; egress translated backends' replies (later fragments among them),
+    /// forwarded packets (masqueraded) and ICMPv6 errors.
+    fn assert_coverage(fuzz: &Fuzz<Self>) {
         for prog in Prog::ALL {
-            let p = &s.progs[prog as usize];
-            println!(
-                "  {:<11}{:>8}{:>9}{:>12}{:>9}{:>9}{:>11}",
-                format!("{prog:?}"),
-                p.runs,
-                p.passed,
-                p.translated,
-                p.dropped,
-                p.refused,
-                p.sums_kept
-            );
-        }
-        let counts = self.f.dp.reasons().unwrap();
-        for prog in Prog::ALL {
-            let r: Vec<String> = (counts.iter())
-                .filter(|(hook, _, n)| *hook == prog.hook() && *n > 0)
-                .map(|(_, r, n)| format!("{} {n}", Reason::ALL[*r as usize].1))
-                .collect();
-            println!("  {prog:?} counted: {}", r.join(", "));
-            let t: Vec<String> = (s.translated.iter())
-                .filter(|((p, _), _)| *p == prog)
-                .map(|((_, k), n)| format!("{k:?} {n}"))
-                .collect();
-            println!("  {prog:?} translated, by kind: {}", t.join(", "));
-        }
-        let k: Vec<String> = s.kept.iter().map(|(c, n)| format!("{c} {n}")).collect();
-        println!("  checksums kept through a translation: {}", k.join(", "));
-    }
-
-    /// The run must have reached what it is for, so that a generator gone blind fails rather
-    /// than passes: every program translated packets with valid checksums and passed others,
-    /// and counted every outcome an IPv6 packet reaches on it; every kind of checksum was
-    /// kept through a translation; the ingress programs translated packets to the service,
-    /// later fragments, ICMPv6 errors and replies to masquerade ports; egress translated
-    /// backends' replies (later fragments among them), forwarded packets (masqueraded) and
-    /// ICMPv6 errors. (Checked from [`COVERAGE_FROM`] packets on, where each of these happens
-    /// dozens of times at least.)
-    fn assert_coverage(&self) {
-        let seed = self.seed;
-        let counts = self.f.dp.reasons().unwrap();
-        for prog in Prog::ALL {
-            let p = &self.stats.progs[prog as usize];
-            assert!(
-                p.sums_kept > 0 && p.passed > 0,
-                "{prog:?} translated no packet with valid checksums, or passed none: the \
-                 generator no longer reaches it (LB_FUZZ_SEED={seed:#x})"
-            );
             for r in [
                 Reason::Translated,
                 Reason::NotService,
@@ -1617,11 +814,7 @@ impl Fuzz6 {
                 Reason::Ipv6Extension,
                 Reason::NotL4,
             ] {
-                assert!(
-                    (counts.iter()).any(|(h, x, n)| *h == prog.hook() && *x == r && *n > 0),
-                    "{prog:?} never ended as {r:?}: the generator misses a path \
-                     (LB_FUZZ_SEED={seed:#x})"
-                );
+                fuzz.assert_counted(prog, r);
             }
             let kinds: &[Kind] = if prog == Prog::TcEgress {
                 &[
@@ -1639,39 +832,20 @@ impl Fuzz6 {
                 ]
             };
             for kind in kinds {
-                assert!(
-                    self.stats.translated.contains_key(&(prog, *kind)),
-                    "{prog:?} translated no {kind:?} packet (LB_FUZZ_SEED={seed:#x})"
-                );
+                fuzz.assert_translated(&[prog], *kind);
             }
         }
-        for sum in ["TCP", "UDP", UDP6_ZERO, "SCTP CRC32c", "ICMPv6"] {
-            assert!(
-                self.stats.kept.contains_key(sum),
-                "no translation re-checked a {sum} checksum (LB_FUZZ_SEED={seed:#x})"
-            );
-        }
-        assert!(
-            (counts.iter())
-                .any(|(h, r, n)| *h == Prog::TcEgress.hook() && *r == Reason::MasqNew && *n > 0),
-            "masquerade `always` masqueraded no IPv6 flow (LB_FUZZ_SEED={seed:#x})"
-        );
     }
 }
 
 #[test]
 fn ipv6_frames_for_a_service_translate_only_addresses_ports_and_checksums() {
-    if !require_root(SERVICE_TEST) {
-        return;
-    }
-    let seed = seed_from_env("LB_FUZZ_SEED");
-    let packets = count_from_env("LB_FUZZ_PACKETS", DEFAULT_PACKETS);
-    println!("{SERVICE_TEST}: LB_FUZZ_SEED={seed:#x} LB_FUZZ_PACKETS={packets}");
-    let mut fuzz = Fuzz6::new(seed, packets);
-    fuzz.run();
-    if packets >= COVERAGE_FROM {
-        fuzz.assert_coverage();
-    }
+    run_tier(
+        SERVICE_TEST,
+        0x0006_5e41_ce00,
+        dual_stack_network(Masquerade::Always),
+        SvcGen::new,
+    );
 }
 
 /// A seed names one sequence of packets (what makes a failure repeatable); the valid class is
@@ -1684,7 +858,7 @@ fn service_generator_is_a_function_of_the_seed_and_keeps_its_classes() {
         (0..3000).map(|i| g.case(i)).collect::<Vec<_>>()
     };
     let cases = frames(42);
-    let bytes = |cases: &[Case]| cases.iter().map(|c| c.frame.clone()).collect::<Vec<_>>();
+    let bytes = |cases: &[Case<Mut6>]| cases.iter().map(|c| c.frame.clone()).collect::<Vec<_>>();
     assert_eq!(bytes(&cases), bytes(&frames(42)));
     assert_ne!(bytes(&cases), bytes(&frames(43)));
     for c in cases.iter().filter(|c| c.class != Class::Garbage) {
