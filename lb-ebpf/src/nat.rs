@@ -271,16 +271,16 @@ fn reply_flow(ctx: &Skb, hook: u32, p: &mut Packet, cfg: &Config, room: &mut Roo
     let Found::Live(e) = conntrack::find(&p.key, now, hook) else {
         return Verdict::Pass(Reason::NotService);
     };
-    // SAFETY: map value copied out (updates go through `e`).
-    let entry = unsafe { *e };
-    if entry.flags != FLOW_EGRESS | FLOW_REPLY {
+    // SAFETY: map value copied out (updates go through `e`); `update` leaves `room.entry`.
+    unsafe { conntrack::copy_entry(e, &mut room.entry) };
+    if room.entry.flags != FLOW_EGRESS | FLOW_REPLY {
         return Verdict::Pass(Reason::NotService);
     }
-    let Some(ep) = redirect::target(ctx, entry.daddr, Towards::Client, cfg) else {
+    let Some(ep) = redirect::target(ctx, room.entry.daddr, Towards::Client, cfg) else {
         return Verdict::Pass(Reason::NotRedirected);
     };
     conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
-    match apply(ctx, p, &entry, &mut room.chunk) {
+    match apply(ctx, p, &room.entry, &mut room.chunk) {
         Verdict::Translated => Verdict::Redirect(redirect::send(ctx, &ep)),
         v => v,
     }

@@ -26,7 +26,7 @@ use lb_tests::{
     require_root,
     storm::{STORM, storm},
     tools::Nginx,
-    traffic::{DualServer, DualSession, assert_uniform_over_4, tcp_ask},
+    traffic::{DualServer, DualSession, TIMEOUT, assert_uniform_over_4, http_get_from, tcp_ask},
 };
 use lb_user::dataplane::ebpf::{EbpfNetwork, be6, gc::monotonic_ns, pin_dir};
 
@@ -350,7 +350,7 @@ fn hairpin_host_ip_drain(dataplane: &str, attach: &str) {
     let other = SocketAddr::new(v6.node_backend.into(), PUBLISHED);
     let refused = topo
         .client
-        .run(|| std::net::TcpStream::connect_timeout(&other, lb_tests::traffic::TIMEOUT))
+        .run(|| std::net::TcpStream::connect_timeout(&other, TIMEOUT))
         .unwrap();
     assert!(
         refused.is_err(),
@@ -489,24 +489,6 @@ fn ipv6_fragments_and_packet_too_big_on_ebpf() {
 /// nginx's port in the backends (the storm).
 const HTTP_PORT: u16 = 80;
 
-/// One `GET /` (HTTP/1.0: nginx closes after its answer, the client after reading it, FINs
-/// both ways) from the client to `to` over its own connection: nginx's answer line
-/// (`NAME PEER_ADDR:PEER_PORT`) and the connection's own port.
-fn http_get6(topo: &Topology, to: SocketAddr) -> std::io::Result<(String, u16)> {
-    use std::io::{Read, Write};
-    topo.client
-        .run(|| {
-            let mut c = std::net::TcpStream::connect_timeout(&to, lb_tests::traffic::TIMEOUT)?;
-            c.set_read_timeout(Some(lb_tests::traffic::TIMEOUT))?;
-            c.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
-            let mut reply = String::new();
-            c.read_to_string(&mut reply)?;
-            let line = reply.lines().last().unwrap_or_default().to_owned();
-            Ok((line, c.local_addr()?.port()))
-        })
-        .unwrap()
-}
-
 /// The IPv6 twin of real_traffic.rs's storms, with masquerade `always`, through the
 /// nftables dataplane (the kernel's NAT: the yardstick) and the eBPF one on both attach
 /// modes: 100,000 connections through the IPv6 VIP to nginx on two backends; on eBPF no flow
@@ -562,8 +544,8 @@ fn ipv6_storm_of_100k_connections_then_new_ones_still_masqueraded_on_both_datapl
 
         let mut seen = BTreeMap::<String, usize>::new();
         for i in 0..50 {
-            let (line, _) = http_get6(&topo, vip)
-                .unwrap_or_else(|e| panic!("{what}: connection {i} after the storm: {e}"));
+            let (line, _) = http_get_from(&topo.client, vip, TIMEOUT)
+                .unwrap_or_else(|e| panic!("{what}: connection {i} after the storm: {e:#}"));
             let (who, peer) = line.split_once(' ').unwrap_or_default();
             let (addr, _) = peer.rsplit_once(':').unwrap_or_default();
             assert_eq!(
@@ -886,9 +868,10 @@ fn ipv6_idle_udp_and_closed_tcp_flows_expire_after_their_timeouts() {
             let s = udp6_client(&topo, SocketAddr::new(vip6.ip(), UDP_PORT));
             udp6_ask(&s, 8).unwrap_or_else(|e| panic!("{attach}: UDP: {e}"));
             ports.push((lb_common::IPPROTO_UDP, s.local_addr().unwrap().port()));
-            let (_, port) = http_get6(&topo, SocketAddr::new(vip6.ip(), HTTP_PORT))
-                .unwrap_or_else(|e| panic!("{attach}: HTTP: {e}"));
-            ports.push((lb_common::IPPROTO_TCP, port));
+            let (_, local) =
+                http_get_from(&topo.client, SocketAddr::new(vip6.ip(), HTTP_PORT), TIMEOUT)
+                    .unwrap_or_else(|e| panic!("{attach}: HTTP: {e:#}"));
+            ports.push((lb_common::IPPROTO_TCP, local.port()));
         }
         let done = monotonic_ns();
 

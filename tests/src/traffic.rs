@@ -722,8 +722,19 @@ pub fn http_get(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Res
 
 /// [`http_get`] of `peer`, of either family.
 pub fn http_get_at(ns: &Netns, peer: SocketAddr, timeout: Duration) -> Result<String> {
+    http_get_from(ns, peer, timeout).map(|(body, _)| body)
+}
+
+/// [`http_get_at`], with the connection's own address (its port names its flow; HTTP/1.0
+/// closes it both ways, FINs sent by the server and the client).
+pub fn http_get_from(
+    ns: &Netns,
+    peer: SocketAddr,
+    timeout: Duration,
+) -> Result<(String, SocketAddr)> {
     use std::io::Read as _;
     let mut stream = connect_tcp(ns, peer, timeout, "http")?;
+    let local = stream.local_addr()?;
     write!(stream, "GET / HTTP/1.0\r\nHost: {peer}\r\n\r\n")
         .map_err(|e| exchange_error(e, "http send to", peer, timeout))?;
     let mut response = String::new();
@@ -741,7 +752,7 @@ pub fn http_get_at(ns: &Netns, peer: SocketAddr, timeout: Duration) -> Result<St
         "http answer from {peer}: {:?}",
         head.lines().next().unwrap_or_default()
     );
-    Ok(body.trim_end_matches('\n').to_owned())
+    Ok((body.trim_end_matches('\n').to_owned(), local))
 }
 
 /// A TCP server on `port` of both families in a namespace (`0.0.0.0` and `[::]`, IPv6-only:
