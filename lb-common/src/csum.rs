@@ -136,6 +136,8 @@ pub const IP_SADDR: usize = 12;
 pub const IP_DADDR: usize = 16;
 
 /// IPv6 header offsets relative to the IP header.
+pub const IP6_NEXT: usize = 6;
+pub const IP6_HOP_LIMIT: usize = 7;
 pub const IP6_SADDR: usize = 8;
 pub const IP6_DADDR: usize = 24;
 

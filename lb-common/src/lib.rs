@@ -235,7 +235,7 @@ macro_rules! family_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]; `lb_config`, converted) or asked, so a program never
 /// reads a map written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 27] = [
+pub const MAP_LAYOUTS: [(&str, u32); 28] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -268,6 +268,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 27] = [
     ("lb_slots", 1),
     ("lb_slots6", 1),
     ("lb_sock_rev6", 1),
+    ("lb_endpoints6", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
@@ -276,7 +277,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 27] = [
 /// serve) or at every load (the IPv6 programs' slots), or a run's working memory: one pinned in another layout is
 /// replaced without asking, since losing it costs no connection. Every other map of another
 /// layout is refused unless the operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 11] = [
+pub const DISPOSABLE_MAPS: [&str; 12] = [
     "lb_counters",
     "lb_frags",
     "lb_frags6",
@@ -286,6 +287,7 @@ pub const DISPOSABLE_MAPS: [&str; 11] = [
     "lb_slots6",
     "lb_reasons",
     "lb_endpoints",
+    "lb_endpoints6",
     "lb_dsr_backends",
     "lb_sock",
 ];
@@ -507,9 +509,12 @@ map_layout! {
         pub masq_hole_min: u16,
         pub masq_hole_max: u16,
         pub timeouts: Timeouts,
-        /// 1 while the network's translated packets may bypass the node's stack (the fast
-        /// path, `lb_endpoints`); 0 otherwise. Once this struct's padding: a config pinned by
-        /// an lb before the fast path holds 0 there, "off", so the layout's version stands.
+        /// Which families' translated packets may bypass the node's stack (the fast path,
+        /// `lb_endpoints`, `lb_endpoints6`): [`FAST_PATH_V4`] and [`FAST_PATH_V6`] bits, as the
+        /// node's forward hooks allow each (an `ip6` table's rule stops IPv6's alone). Once
+        /// this struct's padding: a config pinned by an lb before the fast path holds 0 there,
+        /// "off"; one pinned before dual stack holds 1, IPv4's bit, which it meant; so the
+        /// layout's version stands.
         pub fast_path: u32,
     }
 }
@@ -525,7 +530,8 @@ family_layout! {
 }
 
 map_layout! {
-    /// Value of the local-endpoint map (keyed by IPv4 address, network order): a neighbour of
+    /// Value of the local-endpoint maps (keyed by address, network order: `lb_endpoints` by
+    /// IPv4's, `lb_endpoints6` by IPv6's): a neighbour of
     /// the node the fast path hands a translated packet to without the node's stack, as the
     /// controller found it in the neighbour table (and, behind a bridge, the bridge's FDB).
     pub struct Endpoint {
@@ -626,6 +632,11 @@ map_layout! {
 
 const _: () = assert!(core::mem::size_of::<SockRevKey6>() == 32);
 const _: () = assert!(core::mem::size_of::<SockRev6>() == 20);
+
+/// [`Config::fast_path`]: IPv4's translated packets may bypass the stack.
+pub const FAST_PATH_V4: u32 = 1 << 0;
+/// [`Config::fast_path`]: IPv6's may.
+pub const FAST_PATH_V6: u32 = 1 << 1;
 
 /// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
 /// (`bpf_redirect_peer`, TC ingress only) rather than out of it.

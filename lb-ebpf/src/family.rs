@@ -3,10 +3,11 @@
 //! takes its tuple. Each path is built twice, for `u32` (IPv4) and `Addr6` (IPv6).
 use core::mem::size_of;
 
-use aya_ebpf::bindings::{BPF_ANY, bpf_sock_tuple};
+use aya_ebpf::bindings::{BPF_ANY, bpf_fib_lookup as FibParams, bpf_sock_tuple};
 use lb_common::{
-    Addr6, Config, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, Reason, Service,
-    csum::{IP_DADDR, IP_SADDR, IP6_DADDR, IP6_SADDR},
+    Addr6, Config, FAST_PATH_V4, FAST_PATH_V6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts,
+    Reason, Service,
+    csum::{IP_DADDR, IP_PROTO, IP_SADDR, IP_TTL, IP6_DADDR, IP6_HOP_LIMIT, IP6_NEXT, IP6_SADDR},
 };
 
 use crate::{
@@ -58,6 +59,15 @@ pub trait Inet: FamilyMaps {
     /// Offsets of the source and destination address in the IP header.
     const SADDR: usize;
     const DADDR: usize;
+    /// Offsets of the hop count (IPv4's TTL, IPv6's hop limit) and of the protocol (IPv6's
+    /// first next header: the FIB's policy rules match it as the kernel's own lookup does).
+    const HOPS: usize;
+    const PROTO: usize;
+    /// This family's bit of `Config::fast_path`, and its `AF_*` for `bpf_fib_lookup`.
+    const FAST_PATH: u32;
+    const AF: u8;
+    /// Puts the addresses of a FIB lookup in `params`.
+    fn fib_addrs(params: &mut FibParams, saddr: Self, daddr: Self);
     /// `key`'s addresses and ports in the lookup tuple of `bpf_sk_lookup_*`; returns the
     /// tuple's size, which tells the helper the family.
     fn sock_tuple(key: &FlowKeyOf<Self>, t: &mut bpf_sock_tuple) -> u32;
@@ -90,6 +100,15 @@ impl Inet for u32 {
     }
     const SADDR: usize = IP_SADDR;
     const DADDR: usize = IP_DADDR;
+    const HOPS: usize = IP_TTL;
+    const PROTO: usize = IP_PROTO;
+    const FAST_PATH: u32 = FAST_PATH_V4;
+    const AF: u8 = 2;
+    #[inline(always)]
+    fn fib_addrs(params: &mut FibParams, saddr: u32, daddr: u32) {
+        params.__bindgen_anon_3.ipv4_src = saddr;
+        params.__bindgen_anon_4.ipv4_dst = daddr;
+    }
     #[inline(always)]
     fn sock_tuple(key: &FlowKeyOf<u32>, t: &mut bpf_sock_tuple) -> u32 {
         t.__bindgen_anon_1.ipv4.saddr = key.saddr;
@@ -155,6 +174,15 @@ impl Inet for Addr6 {
     }
     const SADDR: usize = IP6_SADDR;
     const DADDR: usize = IP6_DADDR;
+    const HOPS: usize = IP6_HOP_LIMIT;
+    const PROTO: usize = IP6_NEXT;
+    const FAST_PATH: u32 = FAST_PATH_V6;
+    const AF: u8 = 10;
+    #[inline(always)]
+    fn fib_addrs(params: &mut FibParams, saddr: Addr6, daddr: Addr6) {
+        params.__bindgen_anon_3.ipv6_src = saddr;
+        params.__bindgen_anon_4.ipv6_dst = daddr;
+    }
     #[inline(always)]
     fn sock_tuple(key: &FlowKeyOf<Addr6>, t: &mut bpf_sock_tuple) -> u32 {
         t.__bindgen_anon_1.ipv6.saddr = key.saddr;

@@ -74,9 +74,9 @@ fn xdp<A: Inet>(ctx: &parse::Xdp) -> u32 {
 }
 
 /// Ingress on the skb (`attach tc`, and beside XDP for what XDP leaves). A translated
-/// packet, here or by XDP, takes the fast path where it may (`redirect`, IPv4's so far): the
-/// helper that delivers into a veth's peer exists at TC ingress only. A DSR frame is
-/// redirected to its device's egress.
+/// packet, here or by XDP, takes the fast path where it may (`redirect`): the helper that
+/// delivers into a veth's peer exists at TC ingress only. A DSR frame is redirected to its
+/// device's egress.
 #[classifier]
 pub fn lb_tc_ingress(ctx: TcContext) -> i32 {
     let ctx = parse::Skb(ctx);
@@ -98,10 +98,9 @@ pub fn lb_tc_ingress6(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn tc_ingress<A: Inet>(ctx: &parse::Skb) -> i32 {
-    let forward = |ctx| if A::V4 { nat::forward(ctx) } else { None };
     if nat::translated_by_xdp(ctx) {
         // Counted by XDP already; only the hand-over is this run's.
-        return match forward(ctx) {
+        return match nat::forward::<A>(ctx) {
             Some(action) => {
                 stats::reason(HOOK_TC_INGRESS, Reason::Redirected);
                 action
@@ -110,24 +109,38 @@ fn tc_ingress<A: Inet>(ctx: &parse::Skb) -> i32 {
         };
     }
     let v = match nat::ingress::<_, A>(ctx, HOOK_TC_INGRESS, false) {
-        Verdict::Translated => forward(ctx).map_or(Verdict::Translated, Verdict::Redirect),
+        Verdict::Translated => {
+            nat::forward::<A>(ctx).map_or(Verdict::Translated, Verdict::Redirect)
+        }
         v => v,
     };
     tc(nat::finish(HOOK_TC_INGRESS, v))
 }
 
 /// Ingress of the node's end of a local backend's veth, attached while the network's fast
-/// path is on: replies go straight back to their clients (IPv4's; IPv6 replies take the
-/// stack so far).
+/// path is on: replies go straight back to their clients.
 #[classifier]
 pub fn lb_tc_reply(ctx: TcContext) -> i32 {
     let ctx = parse::Skb(ctx);
     let v = match parse::family(&ctx) {
-        Ok(Family::V4) => nat::reply(&ctx, HOOK_TC_REPLY),
-        Ok(Family::V6) => Verdict::Pass(Reason::NotRedirected),
+        Ok(Family::V4) => nat::reply::<u32>(&ctx, HOOK_TC_REPLY),
+        Ok(Family::V6) => {
+            jump6(&maps::JUMP6_TC, &ctx.0, HOOK_TC_REPLY);
+            return TC_ACT_UNSPEC;
+        }
         Err(r) => Verdict::Pass(r),
     };
     tc(nat::finish(HOOK_TC_REPLY, v))
+}
+
+/// `lb_tc_reply` for an IPv6 frame.
+#[classifier]
+pub fn lb_tc_reply6(ctx: TcContext) -> i32 {
+    let ctx = parse::Skb(ctx);
+    tc(nat::finish(
+        HOOK_TC_REPLY,
+        nat::reply::<Addr6>(&ctx, HOOK_TC_REPLY),
+    ))
 }
 
 /// Egress, always attached: reverse NAT of replies and masquerade.

@@ -152,6 +152,9 @@ pub static LOCAL_ADDRS6: HashMap<Addr6, u32, { MAX_LOCAL_ADDRS as usize }> = Has
 #[btf_map(name = "lb_ifaces6")]
 pub static IFACES6: HashMap<u32, Iface6, { MAX_IFACES as usize }> = HashMap::new();
 
+#[btf_map(name = "lb_endpoints6")]
+pub static ENDPOINTS6: HashMap<Addr6, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
+
 /// The maps of one address family: what the paths written once over [`Addr`] look up.
 pub trait FamilyMaps: Addr {
     fn vips() -> &'static HashMap<VipKeyOf<Self>, Service, { MAX_SERVICES as usize }, NO_PREALLOC>;
@@ -161,11 +164,21 @@ pub trait FamilyMaps: Addr {
     fn flows() -> &'static LruHashMap<FlowKeyOf<Self>, FlowOf<Self>, { MAX_FLOWS as usize }>;
     fn local_addrs() -> &'static HashMap<Self, u32, { MAX_LOCAL_ADDRS as usize }>;
     fn ifaces() -> &'static HashMap<u32, IfaceOf<Self>, { MAX_IFACES as usize }>;
+    fn endpoints() -> &'static HashMap<Self, Endpoint, { MAX_ENDPOINTS as usize }>;
 }
 
 /// Implements [`FamilyMaps`] for `$a` by the maps named.
 macro_rules! family_maps {
-    ($a:ty, $vips:ident, $ports:ident, $backends:ident, $flows:ident, $local:ident, $ifaces:ident) => {
+    (
+        $a:ty,
+        $vips:ident,
+        $ports:ident,
+        $backends:ident,
+        $flows:ident,
+        $local:ident,
+        $ifaces:ident,
+        $endpoints:ident
+    ) => {
         impl FamilyMaps for $a {
             #[inline(always)]
             fn vips()
@@ -201,11 +214,24 @@ macro_rules! family_maps {
             fn ifaces() -> &'static HashMap<u32, IfaceOf<Self>, { MAX_IFACES as usize }> {
                 &$ifaces
             }
+            #[inline(always)]
+            fn endpoints() -> &'static HashMap<Self, Endpoint, { MAX_ENDPOINTS as usize }> {
+                &$endpoints
+            }
         }
     };
 }
 
-family_maps!(u32, VIPS, PORTS, BACKENDS, FLOWS, LOCAL_ADDRS, IFACES);
+family_maps!(
+    u32,
+    VIPS,
+    PORTS,
+    BACKENDS,
+    FLOWS,
+    LOCAL_ADDRS,
+    IFACES,
+    ENDPOINTS
+);
 family_maps!(
     Addr6,
     VIPS6,
@@ -213,7 +239,8 @@ family_maps!(
     BACKENDS6,
     FLOWS6,
     LOCAL_ADDRS6,
-    IFACES6
+    IFACES6,
+    ENDPOINTS6
 );
 
 /// The working memory of the paths, a slot per hook (`family::Slot`): never persisted, never

@@ -233,30 +233,34 @@ fn egress_entry<A: Inet>(
     snat::masquerade(ctx, hook, p, cfg, now, room)
 }
 
-/// The fast path for an IPv4 packet TC ingress (or XDP before it) translated towards a
-/// backend: the TC action that hands it over, or `None` to give it to the stack (every IPv6
-/// packet, so far: `redirect` is IPv4's).
+/// The fast path for a packet of family `A` TC ingress (or XDP before it) translated towards
+/// a backend: the TC action that hands it over, or `None` to give it to the stack.
 #[inline(always)]
-pub fn forward(ctx: &Skb) -> Option<i32> {
+pub fn forward<A: Inet>(ctx: &Skb) -> Option<i32> {
     let cfg = config()?;
-    let ep = redirect::target(ctx, redirect::daddr(ctx)?, Towards::Backend, cfg)?;
-    Some(redirect::send(ctx, &ep))
+    let daddr = redirect::daddr::<A>(ctx)?;
+    let ep = redirect::target(ctx, &daddr, Towards::Backend, cfg)?;
+    Some(redirect::send::<A>(ctx, &ep))
 }
 
-/// The reply fast path for an IPv4 frame (IPv6 replies take the stack so far: `redirect` is
-/// IPv4's), at TC ingress of the node's end of a local backend's veth: a reply
-/// whose client the fast path can reach is translated here (what TC egress would have done
-/// where it leaves the node) and handed to the client. Everything else passes untouched,
-/// checked before anything is written, and is translated on its way out as without the fast
-/// path: fragments, ICMP errors, masqueraded flows, unreachable clients.
-pub fn reply(ctx: &Skb, hook: u32) -> Verdict {
+/// The reply fast path for a frame of family `A`, at TC ingress of the node's end of a local
+/// backend's veth: a reply whose client the fast path can reach is translated here (what TC
+/// egress would have done where it leaves the node) and handed to the client. Everything
+/// else passes untouched, checked before anything is written, and is translated on its way
+/// out as without the fast path: fragments, ICMP errors, masqueraded flows, unreachable
+/// clients.
+#[inline(always)]
+pub fn reply<A: Inet>(ctx: &Skb, hook: u32) -> Verdict {
     let Some(cfg) = config() else {
         return Verdict::Pass(Reason::NotService);
     };
-    let Some(slot) = u32::slot(hook) else {
+    if cfg.fast_path & A::FAST_PATH == 0 {
+        return Verdict::Pass(Reason::NotRedirected);
+    }
+    let Some(slot) = A::slot(hook) else {
         return Verdict::Pass(Reason::NotService);
     };
-    if let Err(r) = u32::parse(ctx, &mut slot.parsed) {
+    if let Err(r) = A::parse(ctx, &mut slot.parsed) {
         return Verdict::Pass(r);
     }
     match &mut slot.parsed {
@@ -266,7 +270,13 @@ pub fn reply(ctx: &Skb, hook: u32) -> Verdict {
 }
 
 #[inline(always)]
-fn reply_flow(ctx: &Skb, hook: u32, p: &mut Packet, cfg: &Config, room: &mut Room<u32>) -> Verdict {
+fn reply_flow<A: Inet>(
+    ctx: &Skb,
+    hook: u32,
+    p: &mut Packet<FlowKeyOf<A>>,
+    cfg: &Config,
+    room: &mut Room<A>,
+) -> Verdict {
     let now = conntrack::now();
     let Found::Live(e) = conntrack::find(&p.key, now, hook) else {
         return Verdict::Pass(Reason::NotService);
@@ -276,12 +286,12 @@ fn reply_flow(ctx: &Skb, hook: u32, p: &mut Packet, cfg: &Config, room: &mut Roo
     if room.entry.flags != FLOW_EGRESS | FLOW_REPLY {
         return Verdict::Pass(Reason::NotService);
     }
-    let Some(ep) = redirect::target(ctx, room.entry.daddr, Towards::Client, cfg) else {
+    let Some(ep) = redirect::target(ctx, &room.entry.daddr, Towards::Client, cfg) else {
         return Verdict::Pass(Reason::NotRedirected);
     };
     conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
     match apply(ctx, p, &room.entry, &mut room.chunk) {
-        Verdict::Translated => Verdict::Redirect(redirect::send(ctx, &ep)),
+        Verdict::Translated => Verdict::Redirect(redirect::send::<A>(ctx, &ep)),
         v => v,
     }
 }

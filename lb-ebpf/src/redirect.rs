@@ -7,11 +7,14 @@
 //! its next hop's MAC and checks the MTU): sent out of the device it names when the next hop
 //! is resolved, left to the stack (which resolves it) when not.
 //!
-//! The fast path does for the packet what forwarding would have and nothing else: the TTL
-//! goes down by one (the IP checksum follows) and the Ethernet header is the hop's (the
-//! neighbour's MAC, the node interface's own). What the stack does differently is left to
+//! Both families take it, each by its own switch (`Config::fast_path`: the controller reads
+//! each family's forward hooks, so an `ip6` table's rule stops IPv6's alone) and its own
+//! endpoints (`lb_endpoints`, `lb_endpoints6`, from the neighbour table: ARP's and neighbour
+//! discovery's). The fast path does for the packet what forwarding would have and nothing
+//! else: the TTL (IPv6: hop limit) goes down by one (IPv4's header checksum follows) and the
+//! Ethernet header is the hop's (the neighbour's MAC, the node interface's own). What the stack does differently is left to
 //! the stack, by not redirecting: a TTL about to run out (ICMP time exceeded), a packet too
-//! big for the hop (fragmentation or "fragmentation needed"), a flow the network masquerades
+//! big for the hop (fragmentation, "fragmentation needed" or ICMPv6 Packet Too Big), a flow the network masquerades
 //! (`always`, or `auto` for hairpin: SNAT happens on the way out of the stack), a reply to a
 //! client behind a bridge (bridged, never routed). Filtering is the controller's side of the
 //! contract: it sets `Config::fast_path` (and fills `lb_endpoints`) only while no
@@ -25,16 +28,15 @@ use aya_ebpf::{
 };
 use lb_common::{
     Config, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, MASQ_ALWAYS,
-    csum::{IP_CSUM, IP_DADDR, IP_PROTO, IP_SADDR, IP_TTL, Rewrite, Width},
+    csum::{IP_CSUM, Rewrite, Width},
 };
 
 use crate::{
-    maps::ENDPOINTS,
+    family::Inet,
     parse::{L3_OFF, Skb, ptr_at, read},
 };
 
 const ETH_HLEN: u32 = L3_OFF as u32;
-const AF_INET: u8 = 2;
 
 /// Which way a translated packet goes.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -47,15 +49,15 @@ pub enum Towards {
 
 /// The destination address of the packet as it stands (after its rewrite).
 #[inline(always)]
-pub fn daddr(ctx: &Skb) -> Option<u32> {
-    read(ctx, L3_OFF + IP_DADDR)
+pub fn daddr<A: Inet>(ctx: &Skb) -> Option<A> {
+    read(ctx, L3_OFF + A::DADDR)
 }
 
 /// The endpoint a packet for `daddr` going `towards` may be handed to, if the fast path may
 /// take it (see the module's rules); `None` leaves it to the stack.
 #[inline(always)]
-pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<Endpoint> {
-    if cfg.fast_path == 0 {
+pub fn target<A: Inet>(ctx: &Skb, daddr: &A, towards: Towards, cfg: &Config) -> Option<Endpoint> {
+    if cfg.fast_path & A::FAST_PATH == 0 {
         return None;
     }
     // SAFETY: the skb is the program's valid context.
@@ -64,9 +66,9 @@ pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<E
         ((*skb).ifindex, (*skb).len, (*skb).gso_size)
     };
     // SAFETY: plain data copied out (both lookups).
-    let ep = match unsafe { ENDPOINTS.get(&daddr) } {
+    let ep = match unsafe { A::endpoints().get(daddr) } {
         Some(ep) => *ep,
-        None => next_hop(ctx, daddr, ifindex, len, gso)?,
+        None => next_hop::<A>(ctx, daddr, ifindex, len, gso)?,
     };
     match towards {
         // The L3 interface the packet came in on is the one it would leave by: hairpin,
@@ -82,8 +84,8 @@ pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<E
     if gso == 0 && len > ep.mtu + ETH_HLEN {
         return None;
     }
-    let ttl: u8 = read(ctx, L3_OFF + IP_TTL)?;
-    if ttl <= 1 {
+    let hops: u8 = read(ctx, L3_OFF + A::HOPS)?;
+    if hops <= 1 {
         return None;
     }
     Some(ep)
@@ -94,21 +96,21 @@ pub fn target(ctx: &Skb, daddr: u32, towards: Towards, cfg: &Config) -> Option<E
 /// succeed outright (no route, unresolved neighbour, a packet too big for the route's MTU, a
 /// route the stack must handle), which leaves the packet to the stack.
 #[inline(always)]
-fn next_hop(ctx: &Skb, daddr: u32, ifindex: u32, len: u32, gso: u32) -> Option<Endpoint> {
-    let saddr: u32 = read(ctx, L3_OFF + IP_SADDR)?;
-    let proto: u8 = read(ctx, L3_OFF + IP_PROTO)?;
+fn next_hop<A: Inet>(ctx: &Skb, daddr: &A, ifindex: u32, len: u32, gso: u32) -> Option<Endpoint> {
+    let saddr: A = read(ctx, L3_OFF + A::SADDR)?;
+    let proto: u8 = read(ctx, L3_OFF + A::PROTO)?;
     // SAFETY: an all-zero lookup is a valid one to fill in.
     let mut params: FibParams = unsafe { core::mem::zeroed() };
-    params.family = AF_INET;
+    params.family = A::AF;
     params.l4_protocol = proto;
     params.ifindex = ifindex;
-    // The MTU is checked against the IP length (host order, unlike the addresses), except
-    // for a GSO packet, which is segmented for the route's MTU by whoever receives it.
+    // The MTU is checked against the IP length (host order, unlike the addresses; for IPv6
+    // the kernel checks it as the whole packet's too), except for a GSO packet, which is
+    // segmented for the route's MTU by whoever receives it.
     if gso == 0 {
         params.__bindgen_anon_1.tot_len = len.saturating_sub(ETH_HLEN) as u16;
     }
-    params.__bindgen_anon_3.ipv4_src = saddr;
-    params.__bindgen_anon_4.ipv4_dst = daddr;
+    A::fib_addrs(&mut params, saddr, *daddr);
     // SAFETY: the params live on the stack for the call; ctx is the program's.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -132,11 +134,11 @@ fn next_hop(ctx: &Skb, daddr: u32, ifindex: u32, len: u32, gso: u32) -> Option<E
     })
 }
 
-/// Forwards the packet to `ep` as routing would: TTL down by one, the hop's MACs, out. A
-/// failed write drops the packet (it must not leave half-forwarded).
+/// Forwards the packet to `ep` as routing would: hop count down by one, the hop's MACs, out.
+/// A failed write drops the packet (it must not leave half-forwarded).
 #[inline(always)]
-pub fn send(ctx: &Skb, ep: &Endpoint) -> i32 {
-    if forward(ctx, ep).is_none() {
+pub fn send<A: Inet>(ctx: &Skb, ep: &Endpoint) -> i32 {
+    if forward::<A>(ctx, ep).is_none() {
         return TC_ACT_SHOT as i32;
     }
     // SAFETY: helpers that only record the target on the skb's per-CPU redirect state.
@@ -150,12 +152,22 @@ pub fn send(ctx: &Skb, ep: &Endpoint) -> i32 {
 }
 
 #[inline(always)]
-fn forward(ctx: &Skb, ep: &Endpoint) -> Option<()> {
-    let old: u16 = ctx.load16(L3_OFF + IP_TTL)?;
-    // The TTL is the word's first byte in memory: in network order, its high byte.
-    let new = (u16::from_be(old) - 0x0100).to_be();
-    ctx.ip_csum(L3_OFF + IP_CSUM, u32::from(old), u32::from(new), Width::W16)?;
-    ctx.store16(L3_OFF + IP_TTL, new, false)?;
+fn forward<A: Inet>(ctx: &Skb, ep: &Endpoint) -> Option<()> {
+    // Written as the 16-bit word it shares (what IPv4's checksum update takes): IPv4's TTL is
+    // its word's first byte (before the protocol), in network order the high one; IPv6's hop
+    // limit the second (after the next header), the low one. `target` saw it above 1.
+    let hops_word = L3_OFF + (A::HOPS & !1);
+    let old: u16 = ctx.load16(hops_word)?;
+    let new = if A::HOPS & 1 == 0 {
+        (u16::from_be(old) - 0x0100).to_be()
+    } else {
+        (u16::from_be(old) - 1).to_be()
+    };
+    // IPv6 has no header checksum; IPv4's follows the TTL.
+    if A::V4 {
+        ctx.ip_csum(L3_OFF + IP_CSUM, u32::from(old), u32::from(new), Width::W16)?;
+    }
+    ctx.store16(hops_word, new, false)?;
     // In place, as the other header fields (`csum`): no checksum covers the link header.
     let macs = ptr_at::<[[u8; 6]; 2]>(ctx, 0)?;
     // SAFETY: ptr_at bounds-checked the 12 bytes.

@@ -26,7 +26,10 @@ use lb_tests::{
     require_root,
     storm::{STORM, storm},
     tools::Nginx,
-    traffic::{DualServer, DualSession, TIMEOUT, assert_uniform_over_4, http_get_from, tcp_ask},
+    traffic::{
+        DualServer, DualSession, TIMEOUT, assert_uniform_over_4, http_get_from, tcp_ask, udp6_ask,
+        udp6_client, udp6_servers,
+    },
 };
 use lb_user::dataplane::ebpf::{EbpfNetwork, be6, gc::monotonic_ns, pin_dir};
 
@@ -377,50 +380,11 @@ fn hairpin_host_ip_drain(dataplane: &str, attach: &str) {
 
 const UDP_PORT: u16 = 9090;
 
-/// A UDP server on `[::]:UDP_PORT` in each backend, answering every datagram with
-/// `NAME LEN` (the length that arrived: a datagram sent in fragments arrives whole or not at
-/// all). The sockets keep their namespaces; the threads end with the test binary.
-fn udp6_servers(topo: &Topology) {
-    for (i, ns) in topo.backends.iter().enumerate() {
-        let s = ns
-            .run(|| UdpSocket::bind(("::", UDP_PORT)))
-            .unwrap()
-            .unwrap();
-        std::thread::spawn(move || {
-            let mut buf = vec![0u8; 65536];
-            while let Ok((n, peer)) = s.recv_from(&mut buf) {
-                let _ = s.send_to(format!("b{i} {n}").as_bytes(), peer);
-            }
-        });
-    }
-}
-
-/// A connected UDP socket of the client to `to`.
-fn udp6_client(topo: &Topology, to: SocketAddr) -> UdpSocket {
-    let s = topo
-        .client
-        .run(|| UdpSocket::bind(("::", 0)))
-        .unwrap()
-        .unwrap();
-    s.connect(to).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-    s
-}
-
-/// `len` bytes to `s`'s peer, and its answer, or the error the socket reports instead
-/// (`WouldBlock`: none within the timeout).
-fn udp6_ask(s: &UdpSocket, len: usize) -> std::io::Result<String> {
-    s.send(&vec![0x5a; len])?;
-    let mut buf = [0u8; 256];
-    let n = s.recv(&mut buf)?;
-    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
-}
-
 /// Fragments: 3000 bytes over a 1500-byte link, ten datagrams to `vip`, every one answered
 /// by a backend that got it whole.
 fn fragmented_datagrams_arrive_whole(topo: &Topology, vip: SocketAddr) {
     for _ in 0..10 {
-        let s = udp6_client(topo, vip);
+        let s = udp6_client(&topo.client, vip);
         let answer =
             udp6_ask(&s, 3000).unwrap_or_else(|e| panic!("a fragmented datagram is answered: {e}"));
         assert!(answer.ends_with(" 3000"), "arrived whole: {answer}");
@@ -444,7 +408,7 @@ fn packet_too_big_reaches_the_client(topo: &Topology, vip: SocketAddr) {
             "1280",
         ])
         .unwrap();
-    let s = udp6_client(topo, vip);
+    let s = udp6_client(&topo.client, vip);
     let e = udp6_ask(&s, 1400).expect_err("the node cannot forward 1400 bytes");
     assert_eq!(
         e.raw_os_error(),
@@ -476,7 +440,7 @@ fn ipv6_fragments_and_packet_too_big_on_ebpf() {
     }
     for attach in ["tc", "xdp"] {
         let topo = Topology::dual_stack(2).unwrap();
-        udp6_servers(&topo);
+        udp6_servers(&topo, UDP_PORT);
         let (_bpffs, _, d) = start_network(&topo, "ebpf", attach, &[]);
         d.ok(&service_set(&[VIP6], &[], &topo.v6().backends));
         println!("attach {attach}");
@@ -573,7 +537,7 @@ fn ipv6_fragments_and_packet_too_big_on_nftables() {
         return;
     }
     let topo = Topology::dual_stack(2).unwrap();
-    udp6_servers(&topo);
+    udp6_servers(&topo, UDP_PORT);
     let bpffs = Bpffs::new().unwrap();
     let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
     d.ok(&network_add(&topo, "web"));
@@ -619,12 +583,14 @@ fn a_dual_stack_service_on_ebpf_serves_each_family_from_its_own_backends() {
             .unwrap_or_else(|e| panic!("{attach}: ping -6 {}: {e:#}", v6.node));
         let status = d.ok(&["status"]);
         assert!(
-            status.contains("IPv6 on the ebpf dataplane takes the stack"),
-            "{attach}: what is not served yet is said: {status}"
+            status.contains("fast: ") && !status.contains("IPv6 traffic"),
+            "{attach}: both families on the fast path: {status}"
         );
         let text = scrape(&metrics).unwrap();
+        // Translated for the stack, or handed over past it (`redirected`).
         let translated: u64 = (["xdp", "tc_ingress"].iter())
-            .map(|hook| datapath(&text, "web", hook, "translated"))
+            .flat_map(|hook| ["translated", "redirected"].map(|r| (hook, r)))
+            .map(|(hook, reason)| datapath(&text, "web", hook, reason))
             .sum();
         assert!(translated >= 800, "{attach}: every connection translated");
     }
@@ -693,7 +659,7 @@ fn node_local_ipv6_clients_reach_the_service_on_both_dataplanes() {
     for dataplane in ["ebpf", "nftables"] {
         let topo = Topology::dual_stack(2).unwrap();
         let _servers = dual_servers(&topo);
-        udp6_servers(&topo);
+        udp6_servers(&topo, UDP_PORT);
         let (_bpffs, metrics, d) = start_network(&topo, dataplane, "tc", &[]);
         d.ok(&dual_service(&topo));
         let v6 = topo.v6().clone();
@@ -848,7 +814,7 @@ fn ipv6_idle_udp_and_closed_tcp_flows_expire_after_their_timeouts() {
         let _nginx: Vec<Nginx> = (topo.backends.iter().enumerate())
             .map(|(i, ns)| Nginx::start_dual(ns, &format!("b{i}"), HTTP_PORT).unwrap())
             .collect();
-        udp6_servers(&topo);
+        udp6_servers(&topo, UDP_PORT);
         let flags = [
             "--masquerade",
             "always",
@@ -865,7 +831,7 @@ fn ipv6_idle_udp_and_closed_tcp_flows_expire_after_their_timeouts() {
         let open_port = open.local_addr().port();
         let mut ports = Vec::new();
         for _ in 0..FLOWS {
-            let s = udp6_client(&topo, SocketAddr::new(vip6.ip(), UDP_PORT));
+            let s = udp6_client(&topo.client, SocketAddr::new(vip6.ip(), UDP_PORT));
             udp6_ask(&s, 8).unwrap_or_else(|e| panic!("{attach}: UDP: {e}"));
             ports.push((lb_common::IPPROTO_UDP, s.local_addr().unwrap().port()));
             let (_, local) =
@@ -1006,12 +972,12 @@ fn ipv6_udp_with_checksum_0_is_answered_on_ebpf_and_lost_on_nftables() {
         ("nftables", "tc", false),
     ] {
         let topo = Topology::dual_stack(2).unwrap();
-        udp6_servers(&topo);
+        udp6_servers(&topo, UDP_PORT);
         let (_bpffs, _metrics, d) = start_network(&topo, dataplane, attach, &[]);
         d.ok(&service_set(&[VIP6], &[], &topo.v6().backends));
         let vip = SocketAddr::new(VIP6.parse().unwrap(), UDP_PORT);
         // The path works for a datagram with its checksum.
-        udp6_ask(&udp6_client(&topo, vip), 8)
+        udp6_ask(&udp6_client(&topo.client, vip), 8)
             .unwrap_or_else(|e| panic!("{dataplane} {attach}: a checksummed datagram: {e}"));
         assert_eq!(
             zero_checksum_datagram_answered(&topo, vip, 41000),

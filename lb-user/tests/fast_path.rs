@@ -4,9 +4,10 @@
 //! (`lb_datapath_packets_total`, reason `redirected`) and by the node's bridge, which no
 //! redirected packet crosses. Where the fast path may not or cannot go — a forward-hook rule,
 //! an unresolved neighbour — packets take the stack and meet the same fate as without lb's
-//! programs. Root only.
+//! programs. IPv6 twins on the dual-stack topology: both ways past the stack on both attach
+//! modes, and an `ip6` table's forward rule stops IPv6's fast path alone. Root only.
 use std::{
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
     time::{Duration, Instant},
 };
@@ -17,11 +18,15 @@ use lb_tests::{
     netns::{Netns, Topology},
     require_root,
     tools::link_stats,
-    traffic::{Reply, TIMEOUT, spawn_backend, spawn_backends, tcp_request, udp_request},
+    traffic::{
+        DualServer, DualSession, Reply, TIMEOUT, spawn_backend, spawn_backends, tcp_request,
+        udp_request, udp6_ask, udp6_client, udp6_servers,
+    },
 };
 use serde_json::Value;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
+const VIP6: &str = "fd99::10";
 /// Backends answer TCP on PORT and UDP on PORT + 1; the service publishes PUB → PORT and
 /// PUB + 1 → PORT + 1 on the node's addresses.
 const PORT: u16 = 8080;
@@ -34,17 +39,24 @@ fn lb() -> &'static Path {
 
 /// A daemon serving `NET` over `topo` with `extra` network flags, and its metrics address.
 fn serve(topo: &Topology, bpffs: &Bpffs, extra: &[&str]) -> (LbDaemon, String) {
+    let (d, metrics) = start(topo, bpffs, "ebpf", extra);
+    set_web(&d, &topo.backend_ips);
+    (d, metrics)
+}
+
+/// A daemon of `dataplane` with network `NET` over `topo` (`extra` flags) and no service
+/// yet, and its metrics address.
+fn start(topo: &Topology, bpffs: &Bpffs, dataplane: &str, extra: &[&str]) -> (LbDaemon, String) {
     let metrics = free_metrics_addr().unwrap();
     let d = LbDaemon::start(
         lb(),
         bpffs.path(),
-        &["--dataplane", "ebpf", "--metrics", &metrics],
+        &["--dataplane", dataplane, "--metrics", &metrics],
     )
     .expect("lb daemon starts");
     let mut add = network_add(topo, NET);
     add.extend(extra.iter().map(|s| s.to_string()));
     d.ok(&add);
-    set_web(&d, &topo.backend_ips);
     (d, metrics)
 }
 
@@ -419,5 +431,261 @@ fn replies_to_a_client_behind_a_router_take_the_fib_next_hop() {
     assert!(
         rep >= 10 * 3,
         "replies redirected over the FIB's next hop: {rep}"
+    );
+}
+
+/// Servers on every backend of the dual-stack topology: [`DualServer`] answering TCP of both
+/// families on PORT, [`udp6_servers`] UDP of IPv6 on PORT + 1 (for the test binary's life:
+/// once per topology).
+fn servers6(topo: &Topology) -> Vec<DualServer> {
+    udp6_servers(topo, PORT + 1);
+    (topo.backends.iter().enumerate())
+        .map(|(i, ns)| DualServer::start(ns, &format!("b{i}"), PORT))
+        .collect()
+}
+
+/// The IPv6 service of the dual-stack topology: [`VIP6`] (and [`VIP`]) with TCP on PORT and
+/// UDP on PORT + 1, published as PUB and PUB + 1, over every backend of both families.
+fn serve6(topo: &Topology, bpffs: &Bpffs, dataplane: &str, extra: &[&str]) -> (LbDaemon, String) {
+    let (d, metrics) = start(topo, bpffs, dataplane, extra);
+    let mut args: Vec<String> = ["service", "set", NET, "web", "--vip", VIP6, "--vip"]
+        .map(String::from)
+        .into();
+    args.push(VIP.to_string());
+    for p in [
+        format!("tcp/{PUB}:{PORT}"),
+        format!("udp/{}:{}", PUB + 1, PORT + 1),
+    ] {
+        args.extend(["--port".into(), p]);
+    }
+    let v4 = topo.backend_ips.iter().map(|b| IpAddr::V4(*b));
+    let v6 = topo.v6().backends.iter().map(|b| IpAddr::V6(*b));
+    for b in v4.chain(v6) {
+        args.extend(["--backend".into(), b.to_string()]);
+    }
+    d.ok(&args);
+    (d, metrics)
+}
+
+/// The IPv6 requests of [`ask_all`]: TCP and UDP to [`VIP6`] and to the published ports on
+/// the node's IPv6 address, each answered, TCP with the client's own address seen.
+fn ask_all6(topo: &Topology, rounds: usize) {
+    let v6 = topo.v6();
+    let vip: IpAddr = VIP6.parse().unwrap();
+    for _ in 0..rounds {
+        for to in [
+            SocketAddr::new(vip, PORT),
+            SocketAddr::new(IpAddr::V6(v6.node), PUB),
+        ] {
+            let (backend, peer) = DualSession::connect(&topo.client, to).ask();
+            assert_eq!(
+                peer.ip(),
+                IpAddr::V6(v6.client),
+                "{to}: {backend} sees the client"
+            );
+        }
+        for to in [
+            SocketAddr::new(vip, PORT + 1),
+            SocketAddr::new(IpAddr::V6(v6.node), PUB + 1),
+        ] {
+            udp6_ask(&udp6_client(&topo.client, to), 8).unwrap_or_else(|e| panic!("udp {to}: {e}"));
+        }
+    }
+}
+
+/// TCP to [`VIP`] and the published port on the node's IPv4 address (the [`DualServer`]s of
+/// [`serve6`] answer both families), each with the client's own address seen.
+fn tcp4(topo: &Topology, rounds: usize) {
+    for _ in 0..rounds {
+        for to in [
+            SocketAddr::new(IpAddr::V4(VIP), PORT),
+            SocketAddr::new(IpAddr::V4(topo.node_ip), PUB),
+        ] {
+            let (backend, peer) = DualSession::connect(&topo.client, to).ask();
+            assert_eq!(peer.ip(), IpAddr::V4(topo.client_ip), "{to}: {backend}");
+        }
+    }
+}
+
+/// [`carries_both_ways`] for IPv6: endpoints from neighbour discovery, hop limit and MACs
+/// rewritten, the FIB asked for IPv6.
+fn carries_ipv6_both_ways(attach: &str) {
+    let topo = Topology::dual_stack(2).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let _servers = servers6(&topo);
+    let (d, metrics) = serve6(&topo, &bpffs, "ebpf", &["--attach", attach]);
+    ask_all6(&topo, 3);
+    // The client and both backends, by their IPv6 neighbours (no IPv4 traffic was sent).
+    wait_fast(&d, 1 + topo.backends.len());
+    println!("{}", d.ok(&["status"]));
+    let (fwd0, rep0) = (
+        redirected(&metrics, "tc_ingress"),
+        redirected(&metrics, "tc_reply"),
+    );
+    let bridge0 = link_stats(&topo.node, "lbbr0").unwrap();
+    const ROUNDS: usize = 25;
+    ask_all6(&topo, ROUNDS);
+    let (fwd, rep) = (
+        redirected(&metrics, "tc_ingress") - fwd0,
+        redirected(&metrics, "tc_reply") - rep0,
+    );
+    let bridge = link_stats(&topo.node, "lbbr0").unwrap().since(&bridge0);
+    println!(
+        "IPv6 redirected: {fwd} towards backends, {rep} towards the client; bridge {bridge:?}"
+    );
+    let least = (ROUNDS * 2 * (3 + 1)) as u64;
+    assert!(fwd >= least, "client → backend redirected {fwd} < {least}");
+    assert!(rep >= least, "backend → client redirected {rep} < {least}");
+    // Nothing crossed the bridge but the odd neighbour solicitation.
+    assert!(
+        bridge.rx_packets + bridge.tx_packets <= 8,
+        "redirected packets skip the bridge: {bridge:?}"
+    );
+}
+
+#[test]
+fn fast_path_carries_ipv6_vip_and_published_ports_both_ways_on_tc() {
+    if require_root("fast_path_carries_ipv6_vip_and_published_ports_both_ways_on_tc") {
+        carries_ipv6_both_ways("tc");
+    }
+}
+
+#[test]
+fn fast_path_carries_ipv6_vip_and_published_ports_both_ways_on_xdp() {
+    if require_root("fast_path_carries_ipv6_vip_and_published_ports_both_ways_on_xdp") {
+        carries_ipv6_both_ways("xdp");
+    }
+}
+
+/// An `ip6` table's forward rule dropping the client drops its IPv6 service traffic with lb
+/// attached, as it does through the kernel's NAT: IPv6 steps off the fast path while IPv4,
+/// which no rule sees, stays on it; the rule gone, IPv6 is back.
+#[test]
+fn an_ip6_forward_rule_stops_the_ipv6_fast_path_alone() {
+    if !require_root("an_ip6_forward_rule_stops_the_ipv6_fast_path_alone") {
+        return;
+    }
+    let topo = Topology::dual_stack(2).unwrap();
+    let _servers = servers6(&topo);
+    let rule = format!(
+        "add table ip6 guard\n\
+         add chain ip6 guard filter_fwd {{ type filter hook forward priority 0; }}\n\
+         add rule ip6 guard filter_fwd ip6 saddr {} drop\n",
+        topo.v6().client
+    );
+    let add_rule = || {
+        topo.node
+            .sh(&format!("printf '{rule}' | nft -f -"))
+            .unwrap()
+    };
+    let ipv6_dropped = |by: &str| {
+        let short = Duration::from_millis(700);
+        let vip: IpAddr = VIP6.parse().unwrap();
+        let tcp = topo
+            .client
+            .run(|| std::net::TcpStream::connect_timeout(&SocketAddr::new(vip, PORT), short))
+            .unwrap();
+        assert!(tcp.is_err(), "{by}: TCP [{VIP6}]:{PORT} dropped: {tcp:?}");
+        let s = udp6_client(&topo.client, SocketAddr::new(vip, PORT + 1));
+        s.set_read_timeout(Some(short)).unwrap();
+        let udp = udp6_ask(&s, 8);
+        assert!(
+            udp.is_err(),
+            "{by}: UDP [{VIP6}]:{} dropped: {udp:?}",
+            PORT + 1
+        );
+    };
+    // The yardstick: the kernel's NAT serves the client over IPv6 and drops it once the rule
+    // is in.
+    {
+        let nft_bpffs = Bpffs::new().unwrap();
+        let (kernel, _m) = serve6(&topo, &nft_bpffs, "nftables", &[]);
+        ask_all6(&topo, 1);
+        add_rule();
+        ipv6_dropped("the kernel's NAT");
+        topo.node.sh("nft delete table ip6 guard").unwrap();
+        kernel.ok(&["network", "rm", NET]);
+    }
+    let bpffs = Bpffs::new().unwrap();
+    let (d, metrics) = serve6(&topo, &bpffs, "ebpf", &[]);
+    ask_all6(&topo, 2);
+    tcp4(&topo, 2);
+    wait_fast(&d, 3);
+    add_rule();
+    eventually("IPv6 steps off the fast path for the rule", || {
+        path(&d).contains("the network's IPv6 traffic (table ip6 guard chain filter_fwd")
+    });
+    let p = path(&d);
+    assert!(p.starts_with("fast: "), "IPv4 stays on it: {p}");
+    assert!(!p.contains("IPv4 traffic"), "{p}");
+    ipv6_dropped("lb eBPF");
+    let fwd0 = redirected(&metrics, "tc_ingress");
+    tcp4(&topo, 5);
+    let fwd = redirected(&metrics, "tc_ingress") - fwd0;
+    assert!(fwd >= 5 * 2 * 3, "IPv4 still redirected: {fwd}");
+    topo.node.sh("nft delete table ip6 guard").unwrap();
+    eventually("IPv6 returns to the fast path when the rule goes", || {
+        !path(&d).contains("IPv6 traffic")
+    });
+    let fwd0 = redirected(&metrics, "tc_ingress");
+    ask_all6(&topo, 5);
+    let fwd = redirected(&metrics, "tc_ingress") - fwd0;
+    assert!(fwd >= 5 * 2 * 4, "IPv6 redirected again: {fwd}");
+}
+
+/// [`replies_to_a_client_behind_a_router_take_the_fib_next_hop`] for IPv6: the remote client
+/// is no neighbour of the node, and its replies go to the next hop `bpf_fib_lookup` gives for
+/// AF_INET6, past the stack.
+#[test]
+fn ipv6_replies_to_a_client_behind_a_router_take_the_fib_next_hop() {
+    if !require_root("ipv6_replies_to_a_client_behind_a_router_take_the_fib_next_hop") {
+        return;
+    }
+    let topo = Topology::dual_stack(2).unwrap();
+    let _servers = servers6(&topo);
+    let remote: std::net::Ipv6Addr = "fd50::2".parse().unwrap();
+    topo.client
+        .ip(["-6", "addr", "add", &format!("{remote}/128"), "dev", "lo"])
+        .unwrap();
+    let gw = topo.v6().node.to_string();
+    topo.client
+        .ip([
+            "-6",
+            "route",
+            "replace",
+            "default",
+            "via",
+            &gw,
+            "src",
+            &remote.to_string(),
+        ])
+        .unwrap();
+    let client = topo.v6().client.to_string();
+    topo.node
+        .ip(["-6", "route", "add", "fd50::/64", "via", &client])
+        .unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let (d, metrics) = serve6(&topo, &bpffs, "ebpf", &[]);
+    let to = SocketAddr::new(VIP6.parse().unwrap(), PORT);
+    let ask = |n: usize| {
+        for _ in 0..n {
+            let (backend, peer) = DualSession::connect(&topo.client, to).ask();
+            assert_eq!(
+                peer.ip(),
+                IpAddr::V6(remote),
+                "{backend} sees the remote client"
+            );
+        }
+    };
+    ask(3);
+    wait_fast(&d, 2);
+    let neighbours = topo.node.ip(["-6", "neigh", "show"]).unwrap();
+    assert!(!neighbours.contains("fd50::2"), "{neighbours}");
+    let rep0 = redirected(&metrics, "tc_reply");
+    ask(10);
+    let rep = redirected(&metrics, "tc_reply") - rep0;
+    assert!(
+        rep >= 10 * 3,
+        "replies redirected over the FIB's IPv6 next hop: {rep}"
     );
 }

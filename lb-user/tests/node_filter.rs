@@ -5,7 +5,7 @@
 use std::os::fd::AsRawFd as _;
 
 use lb_tests::{netns::Netns, require_root};
-use lb_user::node::{NftEvents, forward_filters, in_netns, nft_events};
+use lb_user::node::{ForwardFilters, NftEvents, forward_filters, in_netns, nft_events};
 
 /// The node-side interfaces the fast path would use, in [`namespace`].
 const OURS: &str = "f0";
@@ -23,7 +23,7 @@ fn namespace(tag: &str) -> Netns {
 }
 
 /// `forward_filters([OURS])` inside `ns`, as the daemon calls it.
-fn reasons(ns: &Netns) -> Vec<String> {
+fn filters(ns: &Netns) -> ForwardFilters {
     in_netns(Some(ns.name()), || forward_filters(&[OURS.to_owned()]))
         .unwrap_or_else(|e| panic!("forward_filters in {}: {e:#}", ns.name()))
 }
@@ -119,14 +119,86 @@ fn nftables_chains_that_filter_forwarded_traffic_are_found() {
             ns.exec(["sh", "-ec", &format!("echo '{script}' | nft -f -")])
                 .unwrap_or_else(|e| panic!("{what}: setting up: {e:#}"));
         }
-        assert_eq!(reasons(&ns), *expected, "{what}");
+        let f = filters(&ns);
+        assert_eq!(f.v4, *expected, "{what} (IPv4)");
+        // An `ip` table's chain is IPv4's alone; every other family's sees IPv6 too.
+        let v6: &[&str] = if script.starts_with("table ip ") {
+            &[]
+        } else {
+            expected
+        };
+        assert_eq!(f.v6, v6, "{what} (IPv6)");
     }
 }
 
-/// `IPTABLES -A FORWARD -s 10.9.9.9 -j DROP` in `ns`.
+/// `IPTABLES -A FORWARD -s 10.9.9.9 -j DROP` in `ns` (`fd99::9` for an ip6tables).
 fn forward_drop(ns: &Netns, iptables: &str) {
-    ns.exec([iptables, "-A", "FORWARD", "-s", "10.9.9.9", "-j", "DROP"])
+    let source = if iptables.starts_with("ip6") {
+        "fd99::9"
+    } else {
+        "10.9.9.9"
+    };
+    ns.exec([iptables, "-A", "FORWARD", "-s", source, "-j", "DROP"])
         .unwrap();
+}
+
+/// A family's own tables stop that family's fast path alone: an `ip6` chain IPv6's, an `ip`
+/// chain IPv4's; ip6tables-nft and legacy ip6tables the same.
+#[test]
+fn ip_and_ip6_chains_filter_their_own_family_alone() {
+    if !require_root("ip_and_ip6_chains_filter_their_own_family_alone") {
+        return;
+    }
+    let ns = namespace("fam6");
+    ns.exec([
+        "sh",
+        "-ec",
+        "echo 'table ip6 f6 {\nchain fw {\ntype filter hook forward priority 0;\nip6 saddr fd99::9 drop;\n}\n}' | nft -f -",
+    ])
+    .unwrap();
+    let f = filters(&ns);
+    assert_eq!(
+        f.v6,
+        ["table ip6 f6 chain fw (hook forward, policy accept, 1 rule)"],
+        "{f:?}"
+    );
+    assert!(f.v4.is_empty(), "an ip6 chain does not stop IPv4: {f:?}");
+    let ns = namespace("fam4");
+    ns.exec([
+        "sh",
+        "-ec",
+        "echo 'table ip raw {\nchain pre {\ntype filter hook prerouting priority -300;\nip saddr 10.9.9.9 drop;\n}\n}' | nft -f -",
+    ])
+    .unwrap();
+    let f = filters(&ns);
+    assert_eq!(f.v4.len(), 1, "{f:?}");
+    assert!(f.v6.is_empty(), "an ip chain does not stop IPv6: {f:?}");
+
+    let ns = namespace("ip6nft");
+    forward_drop(&ns, "ip6tables-nft");
+    let f = filters(&ns);
+    assert_eq!(
+        f.v6,
+        ["table ip6 filter chain FORWARD (hook forward, policy accept, 1 rule)"],
+        "ip6tables-nft's FORWARD chain is table ip6 filter"
+    );
+    assert!(f.v4.is_empty(), "{f:?}");
+
+    let ns = namespace("ip6leg");
+    ns.exec(["ip6tables-legacy", "-S", "FORWARD"]).unwrap();
+    assert_eq!(
+        filters(&ns),
+        ForwardFilters::default(),
+        "an empty legacy table"
+    );
+    forward_drop(&ns, "ip6tables-legacy");
+    let f = filters(&ns);
+    assert_eq!(
+        f.v6,
+        ["legacy ip6tables table filter chain FORWARD (policy ACCEPT, 1 rule)"],
+        "a rule in legacy ip6tables FORWARD"
+    );
+    assert!(f.v4.is_empty(), "{f:?}");
 }
 
 #[test]
@@ -136,8 +208,9 @@ fn iptables_nft_forward_rules_are_found() {
     }
     let ns = namespace("iptnft");
     forward_drop(&ns, "iptables-nft");
+    assert!(filters(&ns).v6.is_empty(), "an IPv4 table stops IPv4 alone");
     assert_eq!(
-        reasons(&ns),
+        filters(&ns).v4,
         ["table ip filter chain FORWARD (hook forward, policy accept, 1 rule)"],
         "iptables-nft's FORWARD chain is table ip filter"
     );
@@ -148,6 +221,11 @@ fn legacy_iptables_forward_rules_are_found() {
     if !require_root("legacy_iptables_forward_rules_are_found") {
         return;
     }
+    let reasons = |ns: &Netns| {
+        let f = filters(ns);
+        assert!(f.v6.is_empty(), "legacy iptables stops IPv4 alone: {f:?}");
+        f.v4
+    };
     let ns = namespace("iptleg");
     // Listing loads the legacy filter table, empty: loaded alone, it filters nothing.
     ns.exec(["iptables-legacy", "-S", "FORWARD"]).unwrap();

@@ -879,3 +879,35 @@ impl DualSession {
 pub fn tcp_ask(ns: &Netns, to: SocketAddr) -> (String, SocketAddr) {
     DualSession::connect(ns, to).ask()
 }
+
+/// A UDP server on `[::]:port` in each backend of `topo`, answering every datagram with
+/// `b<i> LEN` (the length that arrived: a datagram sent in fragments arrives whole or not at
+/// all). The sockets keep their namespaces; the threads end with the test binary.
+pub fn udp6_servers(topo: &Topology, port: u16) {
+    for (i, ns) in topo.backends.iter().enumerate() {
+        let s = ns.run(|| UdpSocket::bind(("::", port))).unwrap().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65536];
+            while let Ok((n, peer)) = s.recv_from(&mut buf) {
+                let _ = s.send_to(format!("b{i} {n}").as_bytes(), peer);
+            }
+        });
+    }
+}
+
+/// A UDP socket of `ns` connected to `to` (IPv6), answers awaited for 2 s.
+pub fn udp6_client(ns: &Netns, to: SocketAddr) -> UdpSocket {
+    let s = ns.run(|| UdpSocket::bind(("::", 0))).unwrap().unwrap();
+    s.connect(to).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s
+}
+
+/// `len` bytes to `s`'s peer, and its answer, or the error the socket reports instead
+/// (`WouldBlock`: none within the timeout).
+pub fn udp6_ask(s: &UdpSocket, len: usize) -> io::Result<String> {
+    s.send(&vec![0x5a; len])?;
+    let mut buf = [0u8; 256];
+    let n = s.recv(&mut buf)?;
+    Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+}

@@ -5,15 +5,20 @@
 //! fast path is only taken where [`forward_filters`] finds nothing, and found again after every
 //! change [`nft_events`] reports.
 //!
+//! Per family: the fast path of each family is its own switch, so an `ip6` table's rule stops
+//! IPv6's fast path alone and an `ip` table's IPv4's, while `inet`, `bridge` and `netdev`
+//! chains see both ([`ForwardFilters`]).
+//!
 //! What filters (a base chain with at least one rule, or with policy drop):
-//! - hook `forward` of family ip, inet or bridge. iptables-nft's FORWARD is `table ip filter
-//!   chain FORWARD`; with `br_netfilter` the ip-family chains also see bridged traffic, so no
-//!   case of its own;
+//! - hook `forward` of family ip, ip6, inet or bridge. iptables-nft's FORWARD is `table ip
+//!   filter chain FORWARD` (ip6tables-nft's `table ip6 filter`); with `br_netfilter` the
+//!   ip-family chains also see bridged traffic, so no case of its own;
 //! - hook `ingress` or `egress` of family netdev, and hook `ingress` of family inet, on one of
 //!   the interfaces the caller names (or on any, if the chain names none): TC ingress, where
 //!   the redirect happens, runs before them, and the peer's egress is never reached;
 //! - legacy iptables' FORWARD chain (table `filter` in `/proc/net/ip_tables_names` of the
-//!   namespace), read with `iptables-legacy`.
+//!   namespace), read with `iptables-legacy`; legacy ip6tables' (`ip6_tables_names`,
+//!   `ip6tables-legacy`) for IPv6.
 //!
 //! lb's own tables (`ip lb-*` and `ip6 lb-*`, the nftables dataplane) never count: they only translate, and a
 //! leftover of that dataplane must not keep the eBPF one off its fast path.
@@ -55,10 +60,28 @@ const NFPROTO_IPV6: u8 = 10;
 const NLMSG_HDRLEN: usize = 16;
 const NFGENMSG_LEN: usize = 4;
 
-/// One reason per filtering chain found in the calling thread's network namespace (callers
-/// wrap it in [`crate::node::in_netns`]); empty when nothing can filter forwarded traffic
-/// through `devices` (the node's interfaces the fast path would send from and to).
-pub fn forward_filters(devices: &[String]) -> Result<Vec<String>> {
+/// What can filter each family's forwarded traffic: one reason per filtering chain.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ForwardFilters {
+    pub v4: Vec<String>,
+    pub v6: Vec<String>,
+}
+
+impl ForwardFilters {
+    /// The same reason for both families (what could not be read rules out neither).
+    pub fn both(reason: String) -> Self {
+        ForwardFilters {
+            v4: vec![reason.clone()],
+            v6: vec![reason],
+        }
+    }
+}
+
+/// The filtering chains found in the calling thread's network namespace (callers wrap it in
+/// [`crate::node::in_netns`]), per family; empty when nothing can filter that family's
+/// forwarded traffic through `devices` (the node's interfaces the fast path would send from
+/// and to).
+pub fn forward_filters(devices: &[String]) -> Result<ForwardFilters> {
     // Terse: set elements (an nft dataplane's maps can hold 100,000s) are not needed.
     let json =
         nft(&["-j", "-t", "list", "ruleset"], None).context("listing the nftables ruleset")?;
@@ -71,18 +94,26 @@ pub fn forward_filters(devices: &[String]) -> Result<Vec<String>> {
         None
     };
     let listed = text.as_deref().map(text_devices).unwrap_or_default();
-    let mut reasons: Vec<String> = chains
-        .into_iter()
-        .filter_map(|mut c| {
-            if c.devices.is_none() {
-                let key = (c.family.clone(), c.table.clone(), c.name.clone());
-                c.devices = Some(listed.get(&key).cloned().unwrap_or_default());
-            }
-            c.filters(devices).then(|| c.reason())
-        })
-        .collect();
-    reasons.extend(legacy_forward()?);
-    Ok(reasons)
+    let mut out = ForwardFilters::default();
+    for mut c in chains {
+        if c.devices.is_none() {
+            let key = (c.family.clone(), c.table.clone(), c.name.clone());
+            c.devices = Some(listed.get(&key).cloned().unwrap_or_default());
+        }
+        if !c.filters(devices) {
+            continue;
+        }
+        let reason = c.reason();
+        if c.family != "ip6" {
+            out.v4.push(reason.clone());
+        }
+        if c.family != "ip" {
+            out.v6.push(reason);
+        }
+    }
+    out.v4.extend(legacy_forward(&LEGACY_V4)?);
+    out.v6.extend(legacy_forward(&LEGACY_V6)?);
+    Ok(out)
 }
 
 /// A base chain that may filter forwarded traffic, whatever the devices.
@@ -158,12 +189,14 @@ fn base_chains(json: &str) -> Result<Vec<Chain>> {
         };
         let (family, table, name) = key(chain, "name");
         let device_bound = match (family.as_str(), hook, chain["type"].as_str()) {
-            ("ip" | "inet" | "bridge", "forward", _) => false,
+            ("ip" | "ip6" | "inet" | "bridge", "forward", _) => false,
             // Filter-type chains before and after routing (iptables' raw and mangle tables,
             // Docker's direct-access drops in raw PREROUTING): the redirect skips them too.
             // NAT-type chains see a connection's first packet only, for address translation
             // of its own; they are not filtering.
-            ("ip" | "inet" | "bridge", "prerouting" | "postrouting", Some("filter")) => false,
+            ("ip" | "ip6" | "inet" | "bridge", "prerouting" | "postrouting", Some("filter")) => {
+                false
+            }
             ("netdev", "ingress" | "egress", _) | ("inet", "ingress", _) => true,
             _ => continue,
         };
@@ -247,53 +280,79 @@ fn text_devices(text: &str) -> HashMap<(String, String, String), Vec<String>> {
     out
 }
 
-/// The reason legacy iptables filters forwarded traffic in the calling thread's namespace, if
-/// it does: its `filter` table is loaded there and FORWARD has a rule or policy DROP. Nothing
-/// is run when the table is not loaded (`iptables-legacy` would load it).
-fn legacy_forward() -> Result<Option<String>> {
+/// One family's legacy x_tables: the proc file listing its loaded tables, the tool that
+/// reads them, and its name in reasons.
+struct Legacy {
+    names: &'static str,
+    tool: &'static str,
+    label: &'static str,
+}
+
+const LEGACY_V4: Legacy = Legacy {
+    names: "ip_tables_names",
+    tool: "iptables-legacy",
+    label: "legacy iptables",
+};
+
+const LEGACY_V6: Legacy = Legacy {
+    names: "ip6_tables_names",
+    tool: "ip6tables-legacy",
+    label: "legacy ip6tables",
+};
+
+/// The reason `legacy`'s tables filter forwarded traffic in the calling thread's namespace,
+/// if they do: its `filter` table is loaded there and FORWARD has a rule or policy DROP.
+/// Nothing is run when the table is not loaded (the tool would load it).
+fn legacy_forward(legacy: &Legacy) -> Result<Option<String>> {
     // thread-self: /proc/net is the namespace of the process's main thread, not of the
     // thread in_netns runs this on.
-    let path = "/proc/thread-self/net/ip_tables_names";
-    let names = match std::fs::read_to_string(path) {
+    let path = format!("/proc/thread-self/net/{}", legacy.names);
+    let names = match std::fs::read_to_string(&path) {
         Ok(names) => names,
-        // ip_tables is not loaded: no legacy table anywhere.
+        // The family's x_tables are not loaded: no legacy table anywhere.
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e).with_context(|| format!("reading {path}")),
     };
     if !names.lines().any(|t| t.trim() == "filter") {
         return Ok(None);
     }
-    let out = match Command::new("iptables-legacy")
+    let out = match Command::new(legacy.tool)
         .args(["-w", "-S", "FORWARD"])
         .output()
     {
         Ok(out) => out,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Some(legacy_reason(None))),
-        Err(e) => return Err(e).context("running iptables-legacy"),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Ok(Some(legacy_reason(legacy, None)));
+        }
+        Err(e) => return Err(e).with_context(|| format!("running {}", legacy.tool)),
     };
     if !out.status.success() {
         bail!(
-            "iptables-legacy -S FORWARD failed ({}): {}",
+            "{} -S FORWARD failed ({}): {}",
+            legacy.tool,
             out.status,
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
     let listing = String::from_utf8_lossy(&out.stdout);
-    Ok(legacy_filters(&listing).then(|| legacy_reason(Some(&listing))))
+    Ok(legacy_filters(&listing).then(|| legacy_reason(legacy, Some(&listing))))
 }
 
-/// Whether `iptables-legacy -S FORWARD` output has a rule or policy DROP.
+/// Whether `iptables-legacy -S FORWARD` output (or ip6tables') has a rule or policy DROP.
 fn legacy_filters(listing: &str) -> bool {
     listing
         .lines()
         .any(|l| l.starts_with("-A FORWARD ") || l.split_whitespace().eq(["-P", "FORWARD", "DROP"]))
 }
 
-/// The reason for a loaded legacy `filter` table: from its FORWARD listing, or, without
-/// `iptables-legacy` to read it, for being loaded at all.
-fn legacy_reason(listing: Option<&str>) -> String {
+/// The reason for a loaded legacy `filter` table: from its FORWARD listing, or, without the
+/// tool to read it, for being loaded at all.
+fn legacy_reason(legacy: &Legacy, listing: Option<&str>) -> String {
     let Some(listing) = listing else {
-        return "legacy iptables table filter is loaded and iptables-legacy is not installed to read its FORWARD chain".to_owned();
+        return format!(
+            "{} table filter is loaded and {} is not installed to read its FORWARD chain",
+            legacy.label, legacy.tool
+        );
     };
     let policy = listing
         .lines()
@@ -305,7 +364,10 @@ fn legacy_reason(listing: Option<&str>) -> String {
         .filter(|l| l.starts_with("-A FORWARD "))
         .count();
     let s = if rules == 1 { "" } else { "s" };
-    format!("legacy iptables table filter chain FORWARD (policy {policy}, {rules} rule{s})")
+    format!(
+        "{} table filter chain FORWARD (policy {policy}, {rules} rule{s})",
+        legacy.label
+    )
 }
 
 /// Changes to the nftables ruleset of one namespace: a NETLINK_NETFILTER socket subscribed to
@@ -496,10 +558,14 @@ mod tests {
             "-P FORWARD ACCEPT\n-A FORWARD -s 10.0.0.1/32 -j DROP\n"
         ));
         assert_eq!(
-            legacy_reason(Some("-P FORWARD DROP\n-A FORWARD -j ACCEPT\n")),
+            legacy_reason(&LEGACY_V4, Some("-P FORWARD DROP\n-A FORWARD -j ACCEPT\n")),
             "legacy iptables table filter chain FORWARD (policy DROP, 1 rule)"
         );
-        assert!(legacy_reason(None).contains("not installed"));
+        assert_eq!(
+            legacy_reason(&LEGACY_V6, Some("-P FORWARD DROP\n")),
+            "legacy ip6tables table filter chain FORWARD (policy DROP, 0 rules)"
+        );
+        assert!(legacy_reason(&LEGACY_V4, None).contains("iptables-legacy is not installed"));
     }
 
     /// One nf_tables notification: `family`, message `msg`, attribute 1 = `table`.

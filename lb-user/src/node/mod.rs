@@ -13,6 +13,6 @@ pub mod netns;
 pub mod veth;
 pub mod watch;
 
-pub use filter::{NftEvents, forward_filters, nft_events};
+pub use filter::{ForwardFilters, NftEvents, forward_filters, nft_events};
 pub use netlink::{ALIAS_PROTO, BpfFilter, FdbEntry, Link, LinkKind, Neighbour, Netlink, NodeAddr};
 pub use netns::{in_netns, join_netns, netns_path};

@@ -518,7 +518,8 @@ pub struct Link {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Neighbour {
     pub ifindex: u32,
-    pub addr: Ipv4Addr,
+    /// ARP's (IPv4) or neighbour discovery's (IPv6).
+    pub addr: IpAddr,
     pub mac: [u8; 6],
 }
 
@@ -591,10 +592,10 @@ impl Netlink {
         })
     }
 
-    /// The IPv4 neighbours whose MAC is usable (one dump).
+    /// The neighbours of both families whose MAC is usable (one dump).
     pub fn neighbours(&self) -> Result<Vec<Neighbour>> {
         Ok(self
-            .neighbour_dump(AddressFamily::Inet, "listing neighbours")?
+            .neighbour_dump(AddressFamily::Unspec, "listing neighbours")?
             .iter()
             .filter(|m| {
                 matches!(
@@ -612,7 +613,10 @@ impl Netlink {
                 for a in &m.attributes {
                     match a {
                         NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
-                            addr = Some(*ip)
+                            addr = Some(IpAddr::V4(*ip))
+                        }
+                        NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => {
+                            addr = Some(IpAddr::V6(*ip))
                         }
                         NeighbourAttribute::LinkLayerAddress(l) => lladdr = mac(l),
                         _ => {}

@@ -41,7 +41,7 @@ use super::{
     EbpfNetwork, PROG_SOCK, PROG_TC_EGRESS, PROG_TC_INGRESS, PROG_TC_REPLY, PROG_XDP, TcMode,
 };
 use crate::{core::model::Attach, node::Netlink};
-use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_XDP};
+use lb_common::{HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_REPLY, HOOK_XDP};
 
 /// Prefix of link pin names.
 const LINK_PREFIX: &str = "link_";
@@ -183,7 +183,7 @@ where
 
 /// The IPv6 program each IPv4 one tail-calls for an IPv6 frame (lb-ebpf's `main.rs`): the
 /// IPv4 program, its twin, the program array and the slot (the hook's number).
-const IPV6_TWINS: [(&str, &str, &str, u32); 3] = [
+const IPV6_TWINS: [(&str, &str, &str, u32); 4] = [
     (PROG_XDP, "lb_xdp6", "lb_jump6_xdp", HOOK_XDP),
     (
         PROG_TC_INGRESS,
@@ -197,6 +197,7 @@ const IPV6_TWINS: [(&str, &str, &str, u32); 3] = [
         "lb_jump6_tc",
         HOOK_TC_EGRESS,
     ),
+    (PROG_TC_REPLY, "lb_tc_reply6", "lb_jump6_tc", HOOK_TC_REPLY),
 ];
 
 /// Program `prog` of `ebpf` loaded as a `T`, with its IPv6 twin (if it has one) loaded and in
@@ -224,6 +225,7 @@ impl EbpfNetwork {
         loaded_with_twin::<Xdp>(&mut self.ebpf, PROG_XDP)?;
         loaded_with_twin::<SchedClassifier>(&mut self.ebpf, PROG_TC_INGRESS)?;
         loaded_with_twin::<SchedClassifier>(&mut self.ebpf, PROG_TC_EGRESS)?;
+        loaded_with_twin::<SchedClassifier>(&mut self.ebpf, PROG_TC_REPLY)?;
         Ok(())
     }
 

@@ -459,13 +459,6 @@ impl Dataplane for EbpfDataplane {
         if cgroup::cgroup2_root()?.is_none() {
             out.push(NO_CGROUP2.to_owned());
         }
-        if network
-            .services
-            .iter()
-            .any(|s| s.families().contains(&Family::V6))
-        {
-            out.push(IPV6_NOT_YET.to_owned());
-        }
         if network.mode == Mode::Dsr {
             let dp = self.net(&network.name)?;
             for (b, why) in dp.dsr_unresolved() {
@@ -532,10 +525,6 @@ impl Dataplane for EbpfDataplane {
         Ok(out)
     }
 }
-
-/// What a network with IPv6 services is told it does not get yet on this dataplane.
-const IPV6_NOT_YET: &str =
-    "IPv6 on the ebpf dataplane takes the stack, not the fast path (not there yet for IPv6)";
 
 fn is_link_local(a: IpAddr) -> bool {
     matches!(a, IpAddr::V6(v6) if v6.is_unicast_link_local())

@@ -81,7 +81,7 @@ pub fn resolve(
         out.managed.insert((link.index, b));
         let (Some(smac), Some(n)) = (
             link.mac,
-            (neighbours.iter()).find(|n| n.ifindex == link.index && n.addr == b),
+            (neighbours.iter()).find(|n| n.ifindex == link.index && n.addr == IpAddr::V4(b)),
         ) else {
             out.unresolved.insert(
                 b,

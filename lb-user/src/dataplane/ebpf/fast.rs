@@ -3,54 +3,80 @@
 //! replies are caught where they enter the node (`lb_tc_reply`).
 //!
 //! Contracts:
-//! - The programs redirect only while `lb_config` says the fast path is on, to an endpoint of
-//!   `lb_endpoints` or to a next hop the kernel's FIB resolves. The switch is set after the
-//!   endpoints are written and cleared before they are emptied and the reply hooks go.
-//!   Each direction falls back to the stack on its own, so any mix of a filled map and
+//! - The programs redirect a family's packets only while `lb_config` says that family's fast
+//!   path is on (`FAST_PATH_V4`, `FAST_PATH_V6`), to an endpoint of its map (`lb_endpoints`,
+//!   `lb_endpoints6`) or to a next hop the kernel's FIB resolves. A family's switch is set
+//!   after its endpoints are written and cleared before they are emptied and the reply hooks
+//!   go. Each direction falls back to the stack on its own, so any mix of a filled map and
 //!   attached hooks during a change delivers every packet.
-//! - On with `fast-path on`, or with `auto` while no rule of the namespace's forward hooks
-//!   (`node::filter`) can see the network's traffic: redirected packets skip those hooks. The
+//! - On with `fast-path on`; with `auto`, each family while no rule of the namespace's
+//!   forward hooks (`node::filter`) can see that family's traffic: redirected packets skip
+//!   those hooks, so an `ip6` table's drop rule keeps IPv6 on the stack (and IPv4 fast). The
 //!   rules are read again at every apply and whenever the namespace's ruleset changes (the
-//!   watcher), and the decision with its reason is kept for `lb status`.
-//! - Endpoints come from the kernel's own tables, never guessed: a neighbour with a usable MAC
-//!   on one of the network's interfaces; behind a bridge, the port the bridge's FDB names for
-//!   that MAC. They follow neighbour and link events (the watcher); a neighbour the kernel has
-//!   not resolved is no endpoint, and its packets take the stack, which resolves it.
-use std::collections::BTreeMap;
+//!   watcher), and the decision with its reasons is kept for `lb status`.
+//! - Endpoints come from the kernel's own tables, never guessed: a neighbour (ARP's or
+//!   neighbour discovery's) with a usable MAC on one of the network's interfaces; behind a
+//!   bridge, the port the bridge's FDB names for that MAC. They follow neighbour and link
+//!   events (the watcher); a neighbour the kernel has not resolved is no endpoint, and its
+//!   packets take the stack, which resolves it.
+use std::{collections::BTreeMap, net::IpAddr};
 
 use anyhow::{Context as _, Result};
-use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint};
+use lb_common::{Addr6, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FAST_PATH_V4, FAST_PATH_V6};
 
-use super::{EbpfNetwork, TcMode, be4, sync::write_exactly};
+use super::{EbpfNetwork, TcMode, be4, be6, sync::write_exactly};
 use crate::{
     core::model::{FastPath, Network},
-    node::{FdbEntry, Link, LinkKind, Neighbour, Netlink, filter},
+    node::{FdbEntry, ForwardFilters, Link, LinkKind, Neighbour, Netlink, filter},
 };
 
 /// Which path a network's translated packets take, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PathState {
-    /// Handed to local endpoints past the stack; replies caught on these ports.
+    /// Handed to local endpoints past the stack; replies caught on these ports. `families`:
+    /// the `FAST_PATH_*` bits of the families that take it; `stack`, why the other one (if
+    /// any) does not.
     Fast {
+        families: u32,
         endpoints: usize,
         ports: Vec<String>,
+        stack: Option<String>,
     },
     /// Through the node's stack, for this reason.
     Stack(String),
 }
 
+impl PathState {
+    /// The `Config::fast_path` bits this state stands for.
+    pub fn families(&self) -> u32 {
+        match self {
+            PathState::Fast { families, .. } => *families,
+            PathState::Stack(_) => 0,
+        }
+    }
+}
+
 impl std::fmt::Display for PathState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PathState::Fast { endpoints, ports } => write!(
+            PathState::Fast {
+                endpoints,
+                ports,
+                stack,
+                ..
+            } => write!(
                 f,
-                "fast: {endpoints} local endpoint(s) reached past the stack, replies caught on {} port(s){}",
+                "fast: {endpoints} local endpoint(s) reached past the stack, replies caught on {} port(s){}{}",
                 ports.len(),
                 if ports.is_empty() {
                     String::new()
                 } else {
                     format!(" ({})", ports.join(", "))
-                }
+                },
+                stack
+                    .as_deref()
+                    .map(|s| format!("; {s}"))
+                    .unwrap_or_default()
             ),
             PathState::Stack(why) => write!(f, "stack: {why}"),
         }
@@ -60,10 +86,51 @@ impl std::fmt::Display for PathState {
 /// What the fast path reaches, from one look at the namespace's tables.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Local {
-    /// Address (network order) → endpoint.
+    /// Address (network order) → endpoint, per family.
     pub endpoints: BTreeMap<u32, Endpoint>,
+    pub endpoints6: BTreeMap<Addr6, Endpoint>,
     /// The veths plugged into the network's bridges (local backends), by name.
     pub ports: Vec<String>,
+}
+
+impl Local {
+    /// Keeps the endpoints of the families of `families` (`FAST_PATH_*` bits) alone.
+    fn only(mut self, families: u32) -> Self {
+        if families & FAST_PATH_V4 == 0 {
+            self.endpoints.clear();
+        }
+        if families & FAST_PATH_V6 == 0 {
+            self.endpoints6.clear();
+        }
+        self
+    }
+}
+
+/// Which families take the fast path under `mode` with the forward-hook rules `filters`, as
+/// `FAST_PATH_*` bits, and why each other one does not.
+fn decide(mode: FastPath, filters: &ForwardFilters) -> (u32, Vec<String>) {
+    match mode {
+        FastPath::Off => (0, vec!["fast-path off".to_owned()]),
+        FastPath::On => (FAST_PATH_V4 | FAST_PATH_V6, Vec::new()),
+        FastPath::Auto => {
+            let mut on = 0;
+            let mut why = Vec::new();
+            for (bit, rules, family) in [
+                (FAST_PATH_V4, &filters.v4, "IPv4"),
+                (FAST_PATH_V6, &filters.v6, "IPv6"),
+            ] {
+                if rules.is_empty() {
+                    on |= bit;
+                } else {
+                    why.push(format!(
+                        "rules in the forward hooks could apply to the network's {family} traffic ({}); fast-path on bypasses them",
+                        rules.join("; ")
+                    ));
+                }
+            }
+            (on, why)
+        }
+    }
 }
 
 /// The endpoints and ports of a network whose interfaces have `interfaces` as indexes.
@@ -110,17 +177,25 @@ pub fn local(
             LinkKind::Veth => (l3, ENDPOINT_PEER),
             LinkKind::Other => (l3, 0),
         };
-        out.endpoints.insert(
-            be4(n.addr),
-            Endpoint {
-                ifindex: out_link.index,
-                l3_ifindex: l3.index,
-                mtu: l3.mtu.min(out_link.mtu),
-                dmac: n.mac,
-                smac,
-                flags,
-            },
-        );
+        let ep = Endpoint {
+            ifindex: out_link.index,
+            l3_ifindex: l3.index,
+            mtu: l3.mtu.min(out_link.mtu),
+            dmac: n.mac,
+            smac,
+            flags,
+        };
+        match n.addr {
+            IpAddr::V4(a) => {
+                out.endpoints.insert(be4(a), ep);
+            }
+            // Link-local neighbours (every IPv6 neighbour has one) are never a translated
+            // packet's destination: no service, backend or client of one is accepted.
+            IpAddr::V6(a) if !a.is_unicast_link_local() && !a.is_multicast() => {
+                out.endpoints6.insert(be6(a), ep);
+            }
+            IpAddr::V6(_) => {}
+        }
     }
     out
 }
@@ -140,62 +215,70 @@ impl EbpfNetwork {
         if check_filters || self.filters.is_none() {
             // What cannot be read cannot be ruled out: the stack, saying why.
             self.filters = Some(match network.fast_path {
-                FastPath::Auto => filter::forward_filters(&network.interfaces)
-                    .unwrap_or_else(|e| vec![format!("the ruleset could not be read: {e:#}")]),
-                _ => Vec::new(),
+                FastPath::Auto => {
+                    filter::forward_filters(&network.interfaces).unwrap_or_else(|e| {
+                        ForwardFilters::both(format!("the ruleset could not be read: {e:#}"))
+                    })
+                }
+                _ => ForwardFilters::default(),
             });
         }
-        let stack = match (network.fast_path, self.filters.as_deref()) {
-            (FastPath::Off, _) => Some("fast-path off".to_owned()),
-            (FastPath::Auto, Some(rules)) if !rules.is_empty() => Some(format!(
-                "rules in the forward hooks could apply to the network's traffic ({}); fast-path on bypasses them",
-                rules.join("; ")
-            )),
-            _ => None,
-        };
-        if let Some(why) = stack {
-            self.path = Some(PathState::Stack(why));
-            self.write_switch()?;
-            self.write_endpoints(&BTreeMap::new())?;
+        let filters = self.filters.clone().unwrap_or_default();
+        let (on, why) = decide(network.fast_path, &filters);
+        let before = self.fast_path_bits();
+        if on == 0 {
+            self.path = Some(PathState::Stack(why.join("; ")));
+            self.write_switch(0)?;
+            self.write_endpoints(&Local::default())?;
             return Ok(Vec::new());
         }
-        let local = local(&nl.link_table()?, &nl.neighbours()?, &nl.fdb()?, interfaces);
+        let local = local(&nl.link_table()?, &nl.neighbours()?, &nl.fdb()?, interfaces).only(on);
         for port in &local.ports {
             self.attach_reply(nl, port, tc_mode)
                 .with_context(|| format!("attaching the reply hook to {port}"))?;
         }
-        self.write_endpoints(&local.endpoints)?;
+        // A family turned off stops redirecting before its endpoints go; one turned on
+        // starts once they are written (the module's contract).
+        self.write_switch(before & on)?;
+        self.write_endpoints(&local)?;
         self.path = Some(PathState::Fast {
-            endpoints: local.endpoints.len(),
+            families: on,
+            endpoints: local.endpoints.len() + local.endpoints6.len(),
             ports: local.ports.clone(),
+            stack: (!why.is_empty()).then(|| why.join("; ")),
         });
-        self.write_switch()?;
+        self.write_switch(on)?;
         Ok(local.ports)
     }
 
-    /// Whether the last decision put the network on the fast path (`Config::fast_path`).
-    pub(super) fn fast_path_on(&self) -> bool {
-        matches!(self.path, Some(PathState::Fast { .. }))
+    /// The `Config::fast_path` bits of the last decision.
+    pub(super) fn fast_path_bits(&self) -> u32 {
+        self.path.as_ref().map_or(0, PathState::families)
     }
 
-    /// Makes `lb_config` say what the last decision says, where the maps have been synced
-    /// once (before that, the apply's sync writes the whole config with it).
-    fn write_switch(&mut self) -> Result<()> {
-        let on = self.fast_path_on() as u32;
+    /// Makes `lb_config` hold `bits` as its fast-path switch, where the maps have been synced
+    /// once (before that, the apply's sync writes the whole config with the decision's).
+    fn write_switch(&mut self, bits: u32) -> Result<()> {
         let Some(m) = self.mirror.as_mut() else {
             return Ok(());
         };
-        m.set_fast_path(&mut self.config, on)
+        m.set_fast_path(&mut self.config, bits)
     }
 
-    /// Makes `lb_endpoints` hold exactly `want`, writing only the difference with what it
-    /// held (read once per loaded object).
-    fn write_endpoints(&mut self, want: &BTreeMap<u32, Endpoint>) -> Result<()> {
+    /// Makes `lb_endpoints` and `lb_endpoints6` hold exactly `want`'s, writing only the
+    /// difference with what they held (read once per loaded object).
+    fn write_endpoints(&mut self, want: &Local) -> Result<()> {
         write_exactly(
             &mut self.endpoints,
             &mut self.endpoint_mirror,
-            want,
+            &want.endpoints,
             "lb_endpoints",
+        )?;
+        write_exactly(
+            &mut self.endpoints6,
+            &mut self.endpoint_mirror6,
+            &want.endpoints6,
+            "lb_endpoints6",
         )
     }
 
@@ -207,7 +290,7 @@ impl EbpfNetwork {
 
 #[cfg(test)]
 mod tests {
-    use std::net::Ipv4Addr;
+    use std::net::{Ipv4Addr, Ipv6Addr};
 
     use super::*;
 
@@ -241,7 +324,7 @@ mod tests {
     fn neigh(ifindex: u32, last: u8, mac: u8) -> Neighbour {
         Neighbour {
             ifindex,
-            addr: Ipv4Addr::new(10, 0, 0, last),
+            addr: Ipv4Addr::new(10, 0, 0, last).into(),
             mac: [0xaa, 0, 0, 0, 0, mac],
         }
     }
@@ -293,6 +376,57 @@ mod tests {
         assert_eq!(ep(12), None, "no FDB entry: left to the bridge");
         assert_eq!(ep(13), None, "not the network's interface");
         assert_eq!(got.endpoints.len(), 3);
+    }
+
+    #[test]
+    fn ipv6_neighbours_are_endpoints_of_their_own_map_link_local_ones_none() {
+        let v6 = |a: &str, mac: u8| Neighbour {
+            ifindex: 3,
+            addr: a.parse::<Ipv6Addr>().unwrap().into(),
+            mac: [0xaa, 0, 0, 0, 0, mac],
+        };
+        let neighbours = [
+            neigh(3, 10, 0x10),
+            v6("fd00::10", 0x10),
+            v6("fe80::10", 0x10),
+        ];
+        let got = local(&node(), &neighbours, &[fdb(4, 3, 0x10)], &[2, 3]);
+        assert_eq!(got.endpoints.len(), 1);
+        let ep = got.endpoints6[&be6("fd00::10".parse().unwrap())];
+        assert_eq!(
+            (ep.ifindex, ep.l3_ifindex, ep.flags, ep.dmac),
+            (
+                4,
+                3,
+                ENDPOINT_PEER | ENDPOINT_BRIDGED,
+                [0xaa, 0, 0, 0, 0, 0x10]
+            ),
+            "found by its MAC in the FDB, as IPv4's"
+        );
+        assert_eq!(got.endpoints6.len(), 1, "no link-local endpoint");
+        let v4_only = got.only(FAST_PATH_V4);
+        assert!(v4_only.endpoints6.is_empty() && v4_only.endpoints.len() == 1);
+    }
+
+    #[test]
+    fn each_family_takes_the_fast_path_unless_its_own_forward_rules_could_apply() {
+        let rules = |v4: &[&str], v6: &[&str]| ForwardFilters {
+            v4: v4.iter().map(|r| r.to_string()).collect(),
+            v6: v6.iter().map(|r| r.to_string()).collect(),
+        };
+        let both = FAST_PATH_V4 | FAST_PATH_V6;
+        assert_eq!(decide(FastPath::Auto, &rules(&[], &[])), (both, vec![]));
+        let (on, why) = decide(FastPath::Auto, &rules(&[], &["table ip6 f chain fw"]));
+        assert_eq!(on, FAST_PATH_V4, "an ip6 rule stops IPv6 alone");
+        assert!(
+            why[0].contains("IPv6 traffic (table ip6 f chain fw)"),
+            "{why:?}"
+        );
+        let (on, _) = decide(FastPath::Auto, &rules(&["table ip f chain fw"], &[]));
+        assert_eq!(on, FAST_PATH_V6, "an ip rule stops IPv4 alone");
+        assert_eq!(decide(FastPath::Auto, &rules(&["a"], &["a"])).0, 0);
+        assert_eq!(decide(FastPath::On, &rules(&["a"], &["a"])).0, both);
+        assert_eq!(decide(FastPath::Off, &rules(&[], &[])).0, 0);
     }
 
     #[test]

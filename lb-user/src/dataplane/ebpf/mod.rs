@@ -157,6 +157,7 @@ pub struct EbpfNetwork {
     counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
     endpoints: HashMap<MapData, u32, Endpoint>,
+    endpoints6: HashMap<MapData, Addr6, Endpoint>,
     dsr_sessions: HashMap<MapData, FlowKey, DsrSession>,
     dsr_backends: HashMap<MapData, u32, Endpoint>,
     sock: Array<MapData, SockConfig>,
@@ -164,10 +165,12 @@ pub struct EbpfNetwork {
     dsr_mirror: Option<BTreeMap<u32, Endpoint>>,
     /// The DSR backends the last apply could not resolve, with why (`dsr`).
     dsr_unresolved: BTreeMap<std::net::Ipv4Addr, String>,
-    /// What `lb_endpoints` holds, as the last write left it (`None`: read it first).
+    /// What `lb_endpoints` and `lb_endpoints6` hold, as the last write left them (`None`:
+    /// read it first).
     endpoint_mirror: Option<BTreeMap<u32, Endpoint>>,
+    endpoint_mirror6: Option<BTreeMap<Addr6, Endpoint>>,
     /// The forward-hook rules last read in the network's namespace (`fast`).
-    filters: Option<Vec<String>>,
+    filters: Option<crate::node::ForwardFilters>,
     /// The path last decided (`fast`).
     path: Option<fast::PathState>,
     /// The hooks (`attach::hook_name`) found running, or made to run, this object's programs,
@@ -429,10 +432,12 @@ impl EbpfNetwork {
             counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
             endpoints: HashMap::try_from(take(&mut ebpf, "lb_endpoints")?)?,
+            endpoints6: HashMap::try_from(take(&mut ebpf, "lb_endpoints6")?)?,
             dsr_sessions: HashMap::try_from(take(&mut ebpf, "lb_dsr_sessions")?)?,
             dsr_backends: HashMap::try_from(take(&mut ebpf, "lb_dsr_backends")?)?,
             sock: Array::try_from(take(&mut ebpf, "lb_sock")?)?,
             endpoint_mirror: None,
+            endpoint_mirror6: None,
             dsr_mirror: None,
             dsr_unresolved: BTreeMap::new(),
             filters: None,

@@ -71,17 +71,17 @@ pub struct Mirror {
 }
 
 impl Mirror {
-    /// Writes the config held with `fast_path` set to `on`, if it differs (a config not read
-    /// or written yet is left to the next sync).
+    /// Writes the config held with `fast_path` set to `bits` (`FAST_PATH_*`), if it differs
+    /// (a config not read or written yet is left to the next sync).
     pub(super) fn set_fast_path(
         &mut self,
         map: &mut Array<MapData, Config>,
-        on: u32,
+        bits: u32,
     ) -> Result<()> {
-        let Some(mut c) = self.config.filter(|c| c.fast_path != on) else {
+        let Some(mut c) = self.config.filter(|c| c.fast_path != bits) else {
             return Ok(());
         };
-        c.fast_path = on;
+        c.fast_path = bits;
         map.set(0, c, 0).context("writing lb_config")?;
         self.config = Some(c);
         Ok(())
@@ -288,7 +288,7 @@ impl EbpfNetwork {
             masq_hole_max: hole_max,
             timeouts: plan.timeouts,
             // Decided by `fast`, which runs first in an apply.
-            fast_path: self.fast_path_on() as u32,
+            fast_path: self.fast_path_bits(),
         };
         if m.config != Some(cfg) {
             self.config.set(0, cfg, 0).context("writing lb_config")?;
@@ -604,10 +604,10 @@ fn not_found(e: &MapError) -> bool {
 /// Makes `map` hold exactly `want`, writing only the difference with `mirror` (what it held
 /// after the last write; `None`: read it first). The mirror is put back only once the map is
 /// known to match it. For maps the controller rewrites whole from the node at every apply.
-pub(super) fn write_exactly<V: aya::Pod + PartialEq>(
-    map: &mut HashMap<MapData, u32, V>,
-    mirror: &mut Option<BTreeMap<u32, V>>,
-    want: &BTreeMap<u32, V>,
+pub(super) fn write_exactly<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
+    map: &mut HashMap<MapData, K, V>,
+    mirror: &mut Option<BTreeMap<K, V>>,
+    want: &BTreeMap<K, V>,
     name: &str,
 ) -> Result<()> {
     let have = match mirror.take() {

@@ -537,7 +537,7 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
             .join(":");
         let theirs = by_mac.get(&mac).is_some_and(|ip| backends.contains(ip));
         if !theirs {
-            by_mac.insert(mac, IpAddr::V4(n.addr));
+            by_mac.insert(mac, n.addr);
         }
     }
     let mut flows = Vec::new();
