@@ -5,9 +5,10 @@
 //! `lb elements` and `lb conntrack` show IPv6 as nft and `[addr]:port` write it; the IPv6
 //! table comes and goes with the network's IPv6 sets; neighbour discovery still works with lb
 //! attached; IPv6 twins of hairpin, `host_ip`, drain, fragments and Packet Too Big. The eBPF
-//! dataplane serves the same dual-stack service on both attach modes. What cannot be served
-//! yet is refused before it is saved, with the reason: DSR of an IPv6 VIP; and the eBPF
-//! programs, serving IPv4 on a dual-stack node, leave IPv6 untouched. Root only.
+//! dataplane serves the same dual-stack service on both attach modes, both families on its
+//! fast path; IPv6 not for a service (neighbour discovery, routed traffic) passes its programs
+//! untouched. What cannot be served yet is refused before it is saved, with the reason: DSR
+//! of an IPv6 VIP. Root only.
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},

@@ -15,9 +15,9 @@ use std::{
 use lb_tests::{
     bpffs::Bpffs,
     daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
-    netns::{Netns, Topology},
+    netns::{ENDPOINT_IF, Netns, Topology},
     require_root,
-    tools::link_stats,
+    tools::{Tcpdump, link_stats},
     traffic::{
         DualServer, DualSession, Reply, TIMEOUT, spawn_backend, spawn_backends, tcp_request,
         udp_request, udp6_ask, udp6_client, udp6_servers,
@@ -540,6 +540,47 @@ fn carries_ipv6_both_ways(attach: &str) {
     assert!(
         bridge.rx_packets + bridge.tx_packets <= 8,
         "redirected packets skip the bridge: {bridge:?}"
+    );
+    hop_limit_and_checksum_as_forwarded(&topo, &metrics);
+}
+
+/// What a backend's tcpdump shows of datagrams to [`VIP6`] handed over past the stack: the
+/// hop limit one below the client's 64, as forwarding leaves it, and a UDP checksum tcpdump
+/// finds right (the client computes full checksums for this: no offload seed to mistake).
+fn hop_limit_and_checksum_as_forwarded(topo: &Topology, metrics: &str) {
+    topo.set_tx_checksum(false).unwrap();
+    let captures: Vec<Tcpdump> = (topo.backends.iter())
+        .map(|ns| {
+            let filter = format!("ip6 and udp dst port {}", PORT + 1);
+            Tcpdump::start(ns, ENDPOINT_IF, &filter, 1).unwrap()
+        })
+        .collect();
+    let fwd0 = redirected(metrics, "tc_ingress");
+    let to = SocketAddr::new(VIP6.parse().unwrap(), PORT + 1);
+    // Each from a port of its own: a flow each, spread over the backends.
+    for _ in 0..12 {
+        udp6_ask(&udp6_client(&topo.client, to), 8).unwrap_or_else(|e| panic!("udp {to}: {e}"));
+    }
+    assert!(
+        redirected(metrics, "tc_ingress") - fwd0 >= 12,
+        "past the stack"
+    );
+    let seen: String = (captures.into_iter())
+        .map(|c| c.finish(Duration::from_millis(500)).unwrap())
+        .collect();
+    println!("tcpdump in the backends:\n{seen}");
+    let packets: Vec<&str> = seen.lines().filter(|l| l.starts_with("IP6 ")).collect();
+    assert!(!packets.is_empty(), "captured: {seen}");
+    for p in packets {
+        assert!(
+            p.contains("hlim 63,"),
+            "the hop limit forwarding leaves: {p}"
+        );
+    }
+    let sums = seen.matches("[udp sum ok]").count();
+    assert!(
+        sums >= 1 && !seen.contains("bad udp cksum"),
+        "tcpdump checks the translated checksum: {seen}"
     );
 }
 
