@@ -132,9 +132,9 @@ impl Config {
              to backend 0's IPv6 address; for connections/s each wrk thread to another \
              backend's). UDP carries the IPv4 frames' {MIN_UDP_PAYLOAD}-byte payload, so its \
              frames are {} bytes ({} without FCS; IPv6's header is 20 bytes longer than \
-             IPv4's), counted, rated and voided as the IPv4 ones; TCP is iperf 2 `-V`. The \
-             eBPF fast path covers what the dataplane's fast path covers: an IPv6 packet it \
-             does not cover takes the path of the scenario without it, and is measured so.\n\n\
+             IPv4's), counted, rated and voided as the IPv4 ones; TCP is iperf 2 `-V`. On the \
+             fast scenarios an IPv6 packet the eBPF fast path does not cover takes lb's path \
+             without it, and is measured as it goes.\n\n\
              Medians and min–max are over the valid rounds; ratios are to the same run's \
              no-LB path. Scenarios: no LB (routed by the node); nft (`lb daemon --dataplane \
              nftables`, moby's ruleset); iptables (kube-proxy's chains: KUBE-SERVICES → \
