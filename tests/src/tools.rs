@@ -12,7 +12,7 @@ use std::ffi::OsStr;
 use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -299,21 +299,29 @@ fn read_for_error(path: &Path) -> String {
 // ---------------------------------------------------------------------------------------------
 // Ports
 
-/// Whether a TCP connection from `ns` to `addr:port` is accepted (within 200 ms).
-pub fn tcp_accepts(ns: &Netns, addr: Ipv4Addr, port: u16) -> Result<bool> {
-    let peer = SocketAddr::from((addr, port));
+/// Whether a TCP connection from `ns` to `addr:port` (either family) is accepted (within
+/// 200 ms).
+pub fn tcp_accepts(ns: &Netns, addr: impl Into<IpAddr>, port: u16) -> Result<bool> {
+    let peer = SocketAddr::new(addr.into(), port);
     Ok(ns
         .run(|| TcpStream::connect_timeout(&peer, Duration::from_millis(200)))?
         .is_ok())
 }
 
-/// Waits until a TCP connection from `ns` to `addr:port` is accepted; an error after `timeout`.
-pub fn wait_tcp_port(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<()> {
+/// Waits until a TCP connection from `ns` to `addr:port` (either family) is accepted; an
+/// error after `timeout`.
+pub fn wait_tcp_port(
+    ns: &Netns,
+    addr: impl Into<IpAddr>,
+    port: u16,
+    timeout: Duration,
+) -> Result<()> {
+    let peer = SocketAddr::new(addr.into(), port);
     let deadline = Instant::now() + timeout;
-    while !tcp_accepts(ns, addr, port)? {
+    while !tcp_accepts(ns, peer.ip(), port)? {
         ensure!(
             Instant::now() < deadline,
-            "nothing accepts tcp {addr}:{port} in {} after {timeout:?}",
+            "nothing accepts tcp {peer} in {} after {timeout:?}",
             ns.name()
         );
         thread::sleep(POLL);
@@ -321,12 +329,14 @@ pub fn wait_tcp_port(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -
     Ok(())
 }
 
-/// Whether some socket in `ns` listens on TCP `port` (any address), read from the namespace's
-/// `/proc/net/tcp` rather than by connecting: a server that counts connections (iperf) sees no
-/// probe.
+/// Whether some socket in `ns` listens on TCP `port` (any address of either family), read
+/// from the namespace's `/proc/net/tcp` and `tcp6` rather than by connecting: a server that
+/// counts connections (iperf) sees no probe.
 pub fn tcp_listening(ns: &Netns, port: u16) -> Result<bool> {
-    let table = proc_net(ns, "tcp")?;
-    // `sl local_address rem_address st ...`: `0100007F:1F90 00000000:0000 0A`, 0A = LISTEN.
+    let table = proc_net(ns, "tcp")? + &proc_net(ns, "tcp6")?;
+    // `sl local_address rem_address st ...`: `0100007F:1F90 00000000:0000 0A`, 0A = LISTEN
+    // (tcp6: the same with 32 hex digits of address). Each table's header line has no
+    // state `0A`.
     Ok(table.lines().skip(1).any(|line| {
         let mut fields = line.split_whitespace().skip(1);
         let local_port = fields
@@ -413,6 +423,11 @@ impl Nginx {
     /// Like [`Nginx::start`], listening on `[::]:port` too (a dual-stack backend).
     pub fn start_dual(ns: &Netns, name: &str, port: u16) -> Result<Nginx> {
         Nginx::start_with(ns, name, &[port], true)
+    }
+
+    /// [`Nginx::start_ports`] of a dual-stack backend: every port on `[::]` too.
+    pub fn start_ports_dual(ns: &Netns, name: &str, ports: &[u16]) -> Result<Nginx> {
+        Nginx::start_with(ns, name, ports, true)
     }
 
     fn start_with(ns: &Netns, name: &str, ports: &[u16], ipv6: bool) -> Result<Nginx> {
@@ -987,7 +1002,8 @@ pub enum SrcPorts {
     Range { first: u16, count: u16 },
 }
 
-/// The UDP packets [`trafgen_udp`] sends: one Ethernet/IPv4/UDP frame, repeated.
+/// The UDP packets [`trafgen_udp`] sends: one Ethernet/IPv4/UDP or Ethernet/IPv6/UDP frame
+/// (the family of the addresses, which must agree), repeated.
 #[derive(Debug, Clone)]
 pub struct UdpSpec {
     /// The interface trafgen sends on, in the namespace it runs in.
@@ -995,11 +1011,12 @@ pub struct UdpSpec {
     pub src_mac: Mac,
     /// The next hop's address (the node's interface, for a routed path).
     pub dst_mac: Mac,
-    pub src_ip: Ipv4Addr,
-    pub dst_ip: Ipv4Addr,
+    pub src_ip: IpAddr,
+    pub dst_ip: IpAddr,
     pub src_ports: SrcPorts,
     pub dst_port: u16,
-    /// UDP payload bytes; the default 18 makes 60-byte frames, 64 on a wire with its FCS.
+    /// UDP payload bytes; the default 18 makes 60-byte IPv4 frames, 64 on a wire with its
+    /// FCS (IPv6's header is 20 bytes longer: 80, and 84 with the FCS).
     pub payload_len: usize,
     pub count: u64,
     /// The CPU trafgen sends from. trafgen pins its senders itself (taskset would be undone),
@@ -1013,21 +1030,31 @@ pub const MIN_UDP_PAYLOAD: usize = 18;
 
 const ETH_HLEN: usize = 14;
 const IPV4_HLEN: usize = 20;
+const IPV6_HLEN: usize = 40;
 const UDP_HLEN: usize = 8;
 /// The ring's default frame slot holds 2048 bytes, and the namespaces' links have MTU 1500.
 const MAX_UDP_PAYLOAD: usize = 1500 - IPV4_HLEN - UDP_HLEN;
+const MAX_UDP6_PAYLOAD: usize = 1500 - IPV6_HLEN - UDP_HLEN;
+
+/// The Ethernet frame, without its FCS, of a UDP datagram of `payload_len` bytes over IPv4
+/// (`ipv6` false) or IPv6: what a [`UdpSpec`] of that family sends.
+pub fn udp_frame_len(ipv6: bool, payload_len: usize) -> usize {
+    let ip = if ipv6 { IPV6_HLEN } else { IPV4_HLEN };
+    ETH_HLEN + ip + UDP_HLEN + payload_len
+}
 
 impl UdpSpec {
-    /// `count` minimum-size packets from `src_ip:src_port` to `dst_ip:dst_port`, sent on
-    /// `ifname` from `src_mac` to `dst_mac`, on CPU 0.
+    /// `count` packets with [`MIN_UDP_PAYLOAD`] bytes of payload (minimum-size frames over
+    /// IPv4) from `src_ip:src_port` to `dst_ip:dst_port`, sent on `ifname` from `src_mac` to
+    /// `dst_mac`, on CPU 0.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         ifname: &str,
         src_mac: Mac,
         dst_mac: Mac,
-        src_ip: Ipv4Addr,
+        src_ip: impl Into<IpAddr>,
         src_port: u16,
-        dst_ip: Ipv4Addr,
+        dst_ip: impl Into<IpAddr>,
         dst_port: u16,
         count: u64,
     ) -> UdpSpec {
@@ -1035,8 +1062,8 @@ impl UdpSpec {
             ifname: ifname.to_owned(),
             src_mac,
             dst_mac,
-            src_ip,
-            dst_ip,
+            src_ip: src_ip.into(),
+            dst_ip: dst_ip.into(),
             src_ports: SrcPorts::Fixed(src_port),
             dst_port,
             payload_len: MIN_UDP_PAYLOAD,
@@ -1045,10 +1072,17 @@ impl UdpSpec {
         }
     }
 
-    /// The trafgen configuration: one frame in trafgen's byte language, with the IPv4 header
-    /// checksum (`csumip`) and the UDP checksum over the pseudo-header (`csumudp`) computed by
-    /// trafgen — again for every packet when a `dinc` port changes it.
+    /// The trafgen configuration: one IPv4 frame in trafgen's byte language, with the IPv4
+    /// header checksum (`csumip`) and the UDP checksum over the pseudo-header (`csumudp`)
+    /// computed by trafgen — again for every packet when a `dinc` port changes it. An IPv6
+    /// frame, and an IPv4 one of a 16-bit port range, are written in trafgen's header
+    /// functions ([`UdpSpec::header_config`]).
     pub fn config(&self) -> Result<String> {
+        let (src_ip, dst_ip) = match (self.src_ip, self.dst_ip) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => (s, d),
+            (IpAddr::V6(_), IpAddr::V6(_)) => return self.config6(),
+            (s, d) => bail!("trafgen: {s} and {d} are not of one family"),
+        };
         ensure!(
             self.payload_len <= MAX_UDP_PAYLOAD,
             "UDP payload {} > {MAX_UDP_PAYLOAD} does not fit a 1500-byte MTU",
@@ -1101,27 +1135,58 @@ impl UdpSpec {
             dst_mac = hex(&self.dst_mac.0),
             src_mac = hex(&self.src_mac.0),
             ip_end = udp_off - 1,
-            src_ip = dec(&self.src_ip.octets()),
-            dst_ip = dec(&self.dst_ip.octets()),
+            src_ip = dec(&src_ip.octets()),
+            dst_ip = dec(&dst_ip.octets()),
             dst_port = self.dst_port,
         ))
     }
 }
 
 impl UdpSpec {
+    /// The IPv6 frame, in trafgen's header functions: every source port form as a `dinc`
+    /// of the port (a fixed port is a range of one), and the UDP checksum over IPv6's
+    /// pseudo-header computed by trafgen for every packet (UDP over IPv6 must carry one).
+    fn config6(&self) -> Result<String> {
+        ensure!(
+            self.payload_len <= MAX_UDP6_PAYLOAD,
+            "UDP payload {} > {MAX_UDP6_PAYLOAD} does not fit a 1500-byte MTU over IPv6",
+            self.payload_len
+        );
+        let (first, count) = match self.src_ports {
+            SrcPorts::Fixed(port) => (port, 1),
+            SrcPorts::Flows { first, count } | SrcPorts::Range { first, count } => (first, count),
+        };
+        ensure!(
+            count > 0 && u32::from(first) + u32::from(count) <= 0x1_0000,
+            "{count} flows from port {first} run past port 65535"
+        );
+        let cpu = self.cpu.map(|c| format!("cpu({c}): ")).unwrap_or_default();
+        Ok(self.header_config(&cpu, first, first + (count - 1)))
+    }
+
     /// The same frame in trafgen's header functions, source port counting from `first` to
-    /// `last`; trafgen fills in lengths and checksums (`df`: the byte form's flags 0x4000).
+    /// `last` (a fixed port when they are equal); trafgen fills in lengths and checksums
+    /// (IPv4's `df`: the byte form's flags 0x4000; IPv6's hop limit as IPv4's TTL).
     fn header_config(&self, cpu: &str, first: u16, last: u16) -> String {
         let payload = if self.payload_len > 0 {
             format!("  fill(0x61, {}),\n", self.payload_len)
         } else {
             String::new()
         };
+        let (ethertype, ip) = match self.dst_ip {
+            IpAddr::V4(_) => ("0x0800", "ipv4(id=0, ttl=64, df"),
+            IpAddr::V6(_) => ("0x86dd", "ipv6(hl=64"),
+        };
+        let sp = if first == last {
+            first.to_string()
+        } else {
+            format!("dinc({first}, {last})")
+        };
         format!(
             "{cpu}{{
-  eth(da={}, sa={}, type=0x0800),
-  ipv4(id=0, ttl=64, df, sa={}, da={}),
-  udp(sp=dinc({first}, {last}), dp={}),
+  eth(da={}, sa={}, type={ethertype}),
+  {ip}, sa={}, da={}),
+  udp(sp={sp}, dp={}),
 {payload}}}
 ",
             self.dst_mac, self.src_mac, self.src_ip, self.dst_ip, self.dst_port
@@ -1362,9 +1427,25 @@ impl IperfServer {
     /// Starts `iperf -s -p PORT` in `ns` and waits until it listens (read from the namespace's
     /// socket table, so the wait is no connection iperf would count).
     pub fn start(ns: &Netns, port: u16) -> Result<IperfServer> {
+        IperfServer::start_with(ns, port, false)
+    }
+
+    /// Like [`IperfServer::start`], serving IPv6 (`iperf -s -V`), for [`iperf_client`] to
+    /// an IPv6 address: iperf 2 serves one family per server, so a dual-stack backend runs
+    /// one of each, on ports of their own.
+    pub fn start_v6(ns: &Netns, port: u16) -> Result<IperfServer> {
+        IperfServer::start_with(ns, port, true)
+    }
+
+    fn start_with(ns: &Netns, port: u16, ipv6: bool) -> Result<IperfServer> {
         let dir = TempDir::new("iperf")?;
         let log = File::create(dir.join("iperf.log")).context("creating iperf.log")?;
-        let mut cmd = in_netns(ns, None, "iperf", ["-s", "-p", &port.to_string()]);
+        let port_arg = port.to_string();
+        let mut args = vec!["-s", "-p", &port_arg];
+        if ipv6 {
+            args.push("-V");
+        }
+        let mut cmd = in_netns(ns, None, "iperf", args);
         cmd.stdout(log.try_clone()?).stderr(log);
         let process = Tool::spawn(cmd, &format!("iperf server in {}", ns.name()))?;
         let mut server = IperfServer { port, process, dir };
@@ -1400,18 +1481,20 @@ impl IperfServer {
 }
 
 /// Runs an iperf 2 TCP client from `ns` to `addr:port` for `secs` seconds (pinned to `cpu`
-/// with taskset if given) and returns the throughput it reports, in bits per second.
+/// with taskset if given) and returns the throughput it reports, in bits per second. An
+/// IPv6 `addr` is given with iperf 2's `-V`.
 pub fn iperf_client(
     ns: &Netns,
-    addr: Ipv4Addr,
+    addr: impl Into<IpAddr>,
     port: u16,
     secs: u32,
     cpu: Option<usize>,
 ) -> Result<f64> {
     ensure!(secs > 0, "iperf: 0 s would mean its default");
-    let args = [
+    let peer = SocketAddr::new(addr.into(), port);
+    let mut args = vec![
         "-c".to_owned(),
-        addr.to_string(),
+        peer.ip().to_string(),
         "-p".to_owned(),
         port.to_string(),
         "-t".to_owned(),
@@ -1419,13 +1502,12 @@ pub fn iperf_client(
         "-y".to_owned(),
         "C".to_owned(),
     ];
+    if peer.is_ipv6() {
+        args.push("-V".to_owned());
+    }
     let cmd = in_netns(ns, cpu, "iperf", &args);
     let limit = Duration::from_secs(u64::from(secs) + 15);
-    let run = run_tool(
-        cmd,
-        &format!("iperf to {addr}:{port} from {}", ns.name()),
-        limit,
-    )?;
+    let run = run_tool(cmd, &format!("iperf to {peer} from {}", ns.name()), limit)?;
     // iperf 2 exits 0 even when it cannot connect; then there is no report, only stderr.
     iperf_bits_per_sec(&run.stdout)
         .with_context(|| format!("iperf stdout: {}\nstderr: {}", run.stdout, run.stderr))
@@ -1872,6 +1954,64 @@ UdpLite: 0 0 0 0 0 0 0 0 0
             ..spec
         };
         assert!(jumbo.config().is_err());
+    }
+
+    #[test]
+    fn trafgen_config_of_ipv6_uses_header_functions_for_every_port_form() {
+        let v6 = |h: u16| std::net::Ipv6Addr::new(0xfd10, 0, 0, 0, 0, 0, 0, h);
+        let spec = UdpSpec {
+            cpu: Some(1),
+            ..UdpSpec::new(
+                "eth0",
+                Mac([0x02, 0, 0, 0, 0, 0x01]),
+                Mac([0x02, 0, 0, 0, 0, 0xfe]),
+                v6(2),
+                40000,
+                v6(0x10),
+                9,
+                3000,
+            )
+        };
+        assert_eq!(
+            spec.config().unwrap(),
+            "cpu(1): {
+  eth(da=02:00:00:00:00:fe, sa=02:00:00:00:00:01, type=0x86dd),
+  ipv6(hl=64, sa=fd10::2, da=fd10::10),
+  udp(sp=40000, dp=9),
+  fill(0x61, 18),
+}
+"
+        );
+        // 14 + 40 + 8 + 18 bytes: the IPv4 frame's payload in an IPv6 frame.
+        assert_eq!(udp_frame_len(true, MIN_UDP_PAYLOAD), 80);
+        assert_eq!(udp_frame_len(false, MIN_UDP_PAYLOAD), 60);
+        for ports in [
+            SrcPorts::Range {
+                first: 1,
+                count: 65_535,
+            },
+            SrcPorts::Flows {
+                first: 1,
+                count: 65_535,
+            },
+        ] {
+            let range = UdpSpec {
+                src_ports: ports,
+                ..spec.clone()
+            };
+            let config = range.config().unwrap();
+            assert!(config.contains("udp(sp=dinc(1, 65535), dp=9)"), "{config}");
+        }
+        let jumbo = UdpSpec {
+            payload_len: MAX_UDP6_PAYLOAD + 1,
+            ..spec.clone()
+        };
+        assert!(jumbo.config().is_err());
+        let mixed = UdpSpec {
+            src_ip: Ipv4Addr::new(10, 10, 0, 2).into(),
+            ..spec
+        };
+        assert!(mixed.config().is_err(), "one family per frame");
     }
 
     #[test]

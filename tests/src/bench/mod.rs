@@ -79,7 +79,7 @@ impl Scenario {
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Metric {
-    /// UDP 64 B packets per second delivered at the backends, one flow.
+    /// UDP 64 B (IPv4) packets per second delivered at the backends, one flow.
     Udp1,
     /// The same from 64k source ports.
     Udp64k,
@@ -90,17 +90,39 @@ pub enum Metric {
     RttP99,
     /// TCP throughput of one stream (iperf 2), bits per second.
     Tcp,
+    /// [`Metric::Udp1`] over IPv6: the same 18-byte payload, so 84-byte frames (IPv6's header
+    /// is 20 bytes longer than IPv4's).
+    Udp1V6,
+    /// [`Metric::Udp64k`] over IPv6.
+    Udp64kV6,
+    /// [`Metric::ConnPerSec`] over IPv6.
+    ConnPerSecV6,
+    /// [`Metric::Tcp`] over IPv6 (iperf 2 `-V`).
+    TcpV6,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 6] = [
+    pub const ALL: [Metric; 10] = [
         Metric::Udp1,
         Metric::Udp64k,
         Metric::ConnPerSec,
         Metric::RttP50,
         Metric::RttP99,
         Metric::Tcp,
+        Metric::Udp1V6,
+        Metric::Udp64kV6,
+        Metric::ConnPerSecV6,
+        Metric::TcpV6,
     ];
+
+    /// Whether the metric is measured over IPv6 (to the service's IPv6 VIP; no LB: to
+    /// backend 0's IPv6 address).
+    pub fn ipv6(self) -> bool {
+        matches!(
+            self,
+            Metric::Udp1V6 | Metric::Udp64kV6 | Metric::ConnPerSecV6 | Metric::TcpV6
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -110,6 +132,10 @@ impl Metric {
             Metric::RttP50 => "RTT p50",
             Metric::RttP99 => "RTT p99",
             Metric::Tcp => "TCP, 1 stream",
+            Metric::Udp1V6 => "UDP 84 B, 1 flow (IPv6)",
+            Metric::Udp64kV6 => "UDP 84 B, 64k flows (IPv6)",
+            Metric::ConnPerSecV6 => "new connections/s (IPv6)",
+            Metric::TcpV6 => "TCP, 1 stream (IPv6)",
         }
     }
 
@@ -122,6 +148,10 @@ impl Metric {
             Metric::RttP50 => "RTT p50",
             Metric::RttP99 => "RTT p99",
             Metric::Tcp => "TCP",
+            Metric::Udp1V6 => "UDP6 1 flow",
+            Metric::Udp64kV6 => "UDP6 64k flows",
+            Metric::ConnPerSecV6 => "conn/s v6",
+            Metric::TcpV6 => "TCP v6",
         }
     }
 
@@ -133,6 +163,10 @@ impl Metric {
             Metric::RttP50 => "rtt_p50_us",
             Metric::RttP99 => "rtt_p99_us",
             Metric::Tcp => "tcp_bps",
+            Metric::Udp1V6 => "udp6_1flow_pps",
+            Metric::Udp64kV6 => "udp6_64kflows_pps",
+            Metric::ConnPerSecV6 => "conn6_per_sec",
+            Metric::TcpV6 => "tcp6_bps",
         }
     }
 
@@ -149,19 +183,21 @@ impl Metric {
     /// A value as a number of [`Metric::unit`]s.
     pub fn number(self, v: f64) -> String {
         match self {
-            Metric::Udp1 | Metric::Udp64k => format!("{:.3}", v / 1e6),
-            Metric::ConnPerSec => format!("{:.1}", v / 1e3),
+            Metric::Udp1 | Metric::Udp64k | Metric::Udp1V6 | Metric::Udp64kV6 => {
+                format!("{:.3}", v / 1e6)
+            }
+            Metric::ConnPerSec | Metric::ConnPerSecV6 => format!("{:.1}", v / 1e3),
             Metric::RttP50 | Metric::RttP99 => format!("{v:.1}"),
-            Metric::Tcp => format!("{:.2}", v / 1e9),
+            Metric::Tcp | Metric::TcpV6 => format!("{:.2}", v / 1e9),
         }
     }
 
     pub fn unit(self) -> &'static str {
         match self {
-            Metric::Udp1 | Metric::Udp64k => "Mpps",
-            Metric::ConnPerSec => "k/s",
+            Metric::Udp1 | Metric::Udp64k | Metric::Udp1V6 | Metric::Udp64kV6 => "Mpps",
+            Metric::ConnPerSec | Metric::ConnPerSecV6 => "k/s",
             Metric::RttP50 | Metric::RttP99 => "µs",
-            Metric::Tcp => "Gbit/s",
+            Metric::Tcp | Metric::TcpV6 => "Gbit/s",
         }
     }
 }

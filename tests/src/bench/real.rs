@@ -1,14 +1,16 @@
-//! The real-traffic benchmark: one routed topology (client → node `lbc0` → bridge `lbbr0` →
-//! 4 backends, [`Topology::new`]), and for each round every scenario in turn (which one goes
-//! first rotates with the round): set up on the node, measured with trafgen, wrk, sockperf and
-//! iperf from the client, torn down, and the node checked to hold nothing of it any more.
+//! The real-traffic benchmark: one routed, dual-stack topology (client → node `lbc0` → bridge
+//! `lbbr0` → 4 backends, each link with both families, [`Topology::dual_stack`]), and for each
+//! round every scenario in turn (which one goes first rotates with the round): set up on the
+//! node for both families (an IPv4 and an IPv6 VIP, backends of both), measured with trafgen,
+//! wrk, sockperf and iperf from the client, torn down, and the node checked to hold nothing
+//! of it any more.
 //!
 //! Every sample is checked before it counts: UDP datagrams are counted where they reach the
 //! backends (their `eth0` rx), a connection run with SYN retransmits or wrk errors is void, a
 //! tool that fails or reports nothing makes its samples void with its error. A broken scenario
 //! is reported as broken, never as a fast number.
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -21,17 +23,22 @@ use crate::bpffs::Bpffs;
 use crate::daemon::{LbDaemon, network_add, service_set};
 use crate::netns::{ENDPOINT_IF, NODE_CLIENT_IF, Netns, Topology};
 use crate::tools::{
-    IperfServer, Nginx, SockperfServer, SrcPorts, UdpSpec, WrkOptions, iperf_client, link_mac,
-    link_stats, netstat, sockperf_ping_pong, trafgen_udp, wait_tcp_port, wrk, wrk_script,
+    IperfServer, MIN_UDP_PAYLOAD, Nginx, SockperfServer, SrcPorts, UdpSpec, WrkOptions,
+    iperf_client, link_mac, link_stats, netstat, sockperf_ping_pong, trafgen_udp, udp_frame_len,
+    wait_tcp_port, wrk, wrk_script,
 };
 
 /// Backends of the topology.
 const BACKENDS: usize = 4;
-/// The UDP port trafgen sends to; each backend binds it with a socket it never reads, so a
-/// datagram ends in a full receive buffer (a counter) rather than an ICMP error.
+/// The UDP port trafgen sends to; each backend binds it (on `[::]`, both families) with a
+/// socket it never reads, so a datagram ends in a full receive buffer (a counter) rather
+/// than an ICMP error.
 const UDP_PORT: u16 = 9;
 const SOCKPERF_PORT: u16 = 11111;
 const IPERF_PORT: u16 = 5001;
+/// The IPv6 iperf server's port (iperf 2 serves one family per server): a port of the
+/// service as the others, the same on VIP and backend.
+const IPERF6_PORT: u16 = 5002;
 /// nginx port of scenario `s` in round `r`: `HTTP_BASE + 10 r + s`, one per run, so no run
 /// meets another's TIME_WAIT sockets.
 const HTTP_BASE: u16 = 20000;
@@ -45,6 +52,9 @@ const MIN_DELIVERED: f64 = 0.9;
 /// a look at /proc/stat.
 const IDLE_BUSY: f64 = 0.15;
 const IDLE_LOOK: Duration = Duration::from_millis(250);
+/// An Ethernet frame's check sequence: the bytes a frame size on the wire counts beyond
+/// what trafgen writes.
+const FCS: usize = 4;
 /// How long a scenario may take to serve its first connection after set-up.
 const READY: Duration = Duration::from_secs(15);
 
@@ -73,7 +83,8 @@ impl Config {
             udp_packets: if quick { 200_000 } else { 1_000_000 },
             secs: if quick { 2 } else { 3 },
             // Bounded so that a machine shared with other work still finishes a full run in
-            // about 20 minutes (35 scenario rounds of 5 measurements).
+            // about half an hour (35 scenario rounds of 9 measurements: 5 over IPv4, 4 over
+            // IPv6).
             idle_wait: Duration::from_millis(if quick { 1000 } else { 3000 }),
             cpu: cpus - 1,
             only: Vec::new(),
@@ -90,13 +101,16 @@ impl Config {
             "cpu": self.cpu,
             "backends": BACKENDS,
             "min_delivered": MIN_DELIVERED,
+            "udp_frame_bytes": udp_frame_len(false, MIN_UDP_PAYLOAD) + FCS,
+            "udp6_frame_bytes": udp_frame_len(true, MIN_UDP_PAYLOAD) + FCS,
         })
     }
 
     pub fn method(&self) -> String {
         format!(
-            "One run on one topology ({BACKENDS} backends behind the node's bridge, \
-             `lb_tests::netns::Topology::new`): {} rounds; in each round every scenario is set \
+            "One run on one dual-stack topology ({BACKENDS} backends behind the node's \
+             bridge, IPv4 and IPv6 on every link, `lb_tests::netns::Topology::dual_stack`): {} \
+             rounds; in each round every scenario is set \
              up, measured and torn down in turn, and which one goes first rotates with the \
              round. Before each measurement the bench waits (at most {:?}) until all CPUs \
              together were busy less than {:.0}% over {:?} of /proc/stat. The generator (trafgen, \
@@ -113,15 +127,24 @@ impl Config {
              wrk error is void.\n\
              - RTT: sockperf UDP ping-pong, full round trips, {} s (its first 400 ms are \
              warm-up), p50 and p99.\n\
-             - TCP: iperf 2, one stream, {} s.\n\n\
+             - TCP: iperf 2, one stream, {} s.\n\
+             - IPv6 rows: the same measurements over IPv6, to the service's IPv6 VIP (no LB: \
+             to backend 0's IPv6 address; for connections/s each wrk thread to another \
+             backend's). UDP carries the IPv4 frames' {MIN_UDP_PAYLOAD}-byte payload, so its \
+             frames are {} bytes ({} without FCS; IPv6's header is 20 bytes longer than \
+             IPv4's), counted, rated and voided as the IPv4 ones; TCP is iperf 2 `-V`. On the \
+             fast scenarios an IPv6 packet the eBPF fast path does not cover takes lb's path \
+             without it, and is measured as it goes.\n\n\
              Medians and min–max are over the valid rounds; ratios are to the same run's \
              no-LB path. Scenarios: no LB (routed by the node); nft (`lb daemon --dataplane \
              nftables`, moby's ruleset); iptables (kube-proxy's chains: KUBE-SERVICES → \
-             KUBE-SVC (statistic random) → KUBE-SEP (DNAT), written with iptables-restore); \
+             KUBE-SVC (statistic random) → KUBE-SEP (DNAT), written with iptables-restore and \
+             their IPv6 twins with ip6tables-restore); \
              lb tc / lb xdp (`--dataplane ebpf`, `--attach tc|xdp --fast-path off`); \
              lb tc fast / lb xdp fast (`--fast-path auto`). Masquerade is off everywhere (the \
              backends route through the node). After each scenario the node holds no nft \
-             table, tc filter or XDP program (checked), and its conntrack table is flushed.",
+             table, tc filter, XDP program nor iptables or ip6tables chain (checked), and its \
+             conntrack table is flushed (both families).",
             self.rounds,
             self.idle_wait,
             IDLE_BUSY * 100.0,
@@ -132,6 +155,8 @@ impl Config {
             self.secs,
             self.secs.max(2),
             self.secs,
+            udp_frame_len(true, MIN_UDP_PAYLOAD) + FCS,
+            udp_frame_len(true, MIN_UDP_PAYLOAD),
         )
     }
 }
@@ -204,10 +229,15 @@ fn http_port(s: Scenario, round: usize) -> u16 {
     HTTP_BASE + 10 * round as u16 + s.index() as u16
 }
 
-/// The VIP of scenario `s`: one per scenario, so no flow of one (in a table that outlived it)
-/// is ever one of another's.
-fn vip(s: Scenario) -> Ipv4Addr {
-    Ipv4Addr::new(10, 99, 0, 10 + s.index() as u8)
+/// The VIP of scenario `s` of one family: one per scenario, so no flow of one (in a table
+/// that outlived it) is ever one of another's.
+fn vip(s: Scenario, ipv6: bool) -> IpAddr {
+    let i = s.index() as u8;
+    if ipv6 {
+        Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 0x10 + u16::from(i)).into()
+    } else {
+        Ipv4Addr::new(10, 99, 0, 10 + i).into()
+    }
 }
 
 /// Busy and total jiffies of all CPUs (`cpu` line of /proc/stat).
@@ -251,6 +281,9 @@ struct Servers {
 }
 
 impl Servers {
+    /// nginx on both families, an iperf server for each, the UDP sink on `[::]` (a
+    /// dual-stack socket: IPv4 datagrams reach it too); sockperf on IPv4 (RTT is measured
+    /// over IPv4 only).
     fn start(topo: &Topology, http_ports: &[u16]) -> Result<Servers> {
         let mut s = Servers {
             _nginx: Vec::new(),
@@ -260,11 +293,12 @@ impl Servers {
         };
         for (i, ns) in topo.backends.iter().enumerate() {
             s._nginx
-                .push(Nginx::start_ports(ns, &format!("b{i}"), http_ports)?);
+                .push(Nginx::start_ports_dual(ns, &format!("b{i}"), http_ports)?);
             s._iperf.push(IperfServer::start(ns, IPERF_PORT)?);
+            s._iperf.push(IperfServer::start_v6(ns, IPERF6_PORT)?);
             s._sockperf.push(SockperfServer::start(ns, SOCKPERF_PORT)?);
             s._udp.push(
-                ns.run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, UDP_PORT)))?
+                ns.run(|| UdpSocket::bind((Ipv6Addr::UNSPECIFIED, UDP_PORT)))?
                     .with_context(|| format!("binding udp/{UDP_PORT} in {}", ns.name()))?,
             );
         }
@@ -292,20 +326,60 @@ fn lb_ok(d: &LbDaemon, args: &[String]) -> Result<String> {
     Ok(r.stdout)
 }
 
-/// The service's ports: `PROTO/PORT`, each published and target the same.
+/// The service's ports: `PROTO/PORT`, each published and target the same (on both VIPs).
 fn ports(http: u16) -> Vec<(&'static str, u16)> {
     vec![
         ("tcp", http),
         ("udp", UDP_PORT),
         ("udp", SOCKPERF_PORT),
         ("tcp", IPERF_PORT),
+        ("tcp", IPERF6_PORT),
     ]
 }
 
-/// kube-proxy's NAT chains for `vip` (iptables mode, masquerade off): PREROUTING →
-/// KUBE-SERVICES → one KUBE-SVC chain per port choosing a KUBE-SEP chain with `statistic
-/// random` rules of probability 1/n, 1/(n-1), …, each KUBE-SEP DNATing to its backend.
-pub fn kube_proxy_rules(vip: Ipv4Addr, ports: &[(&str, u16)], backends: &[Ipv4Addr]) -> String {
+/// The tools and names of one family's kube-proxy chains: iptables or its ip6tables twin.
+#[derive(Debug, Clone, Copy)]
+struct Xtables {
+    /// `iptables`, `ip6tables`.
+    cmd: &'static str,
+    restore: &'static str,
+    save: &'static str,
+    /// The nft family of the `nat` table the nf_tables backend of `cmd` makes.
+    nft_family: &'static str,
+}
+
+impl Xtables {
+    const BOTH: [Xtables; 2] = [
+        Xtables {
+            cmd: "iptables",
+            restore: "iptables-restore",
+            save: "iptables-save",
+            nft_family: "ip",
+        },
+        Xtables {
+            cmd: "ip6tables",
+            restore: "ip6tables-restore",
+            save: "ip6tables-save",
+            nft_family: "ip6",
+        },
+    ];
+
+    fn of(ipv6: bool) -> Xtables {
+        Xtables::BOTH[usize::from(ipv6)]
+    }
+}
+
+/// kube-proxy's NAT chains for `vip` (iptables mode, masquerade off), for iptables-restore
+/// when `vip` is IPv4 and ip6tables-restore when it is IPv6 (as kube-proxy writes one
+/// ruleset per family): PREROUTING → KUBE-SERVICES → one KUBE-SVC chain per port choosing a
+/// KUBE-SEP chain with `statistic random` rules of probability 1/n, 1/(n-1), …, each KUBE-SEP
+/// DNATing to its backend (`backends` of `vip`'s family: an error otherwise).
+pub fn kube_proxy_rules(vip: IpAddr, ports: &[(&str, u16)], backends: &[IpAddr]) -> Result<String> {
+    ensure!(
+        backends.iter().all(|b| b.is_ipv6() == vip.is_ipv6()),
+        "kube-proxy's chains for {vip}: backends {backends:?} of another family"
+    );
+    let host = if vip.is_ipv6() { 128 } else { 32 };
     let mut chains = vec![
         ":PREROUTING ACCEPT [0:0]".to_owned(),
         ":KUBE-SERVICES - [0:0]".into(),
@@ -315,7 +389,7 @@ pub fn kube_proxy_rules(vip: Ipv4Addr, ports: &[(&str, u16)], backends: &[Ipv4Ad
         let svc = format!("KUBE-SVC-BENCH{p}");
         chains.push(format!(":{svc} - [0:0]"));
         rules.push(format!(
-            "-A KUBE-SERVICES -d {vip}/32 -p {proto} -m {proto} --dport {port} -j {svc}"
+            "-A KUBE-SERVICES -d {vip}/{host} -p {proto} -m {proto} --dport {port} -j {svc}"
         ));
         let n = backends.len();
         for (k, b) in backends.iter().enumerate() {
@@ -329,16 +403,18 @@ pub fn kube_proxy_rules(vip: Ipv4Addr, ports: &[(&str, u16)], backends: &[Ipv4Ad
             } else {
                 rules.push(format!("-A {svc} -j {sep}"));
             }
+            // `10.20.0.10:80`, `[fd20::10]:80`: the address:port forms of either tool.
+            let to = SocketAddr::new(*b, port);
             rules.push(format!(
-                "-A {sep} -p {proto} -m {proto} -j DNAT --to-destination {b}:{port}"
+                "-A {sep} -p {proto} -m {proto} -j DNAT --to-destination {to}"
             ));
         }
     }
-    format!(
+    Ok(format!(
         "*nat\n{}\n{}\nCOMMIT\n",
         chains.join("\n"),
         rules.join("\n")
-    )
+    ))
 }
 
 /// Runs `cmd` in `ns` with `input` on its stdin.
@@ -372,8 +448,8 @@ fn exec_stdin(ns: &Netns, cmd: &[&str], input: &str) -> Result<()> {
 impl Active {
     fn start(s: Scenario, topo: &Topology, cfg: &Config, round: usize) -> Result<Active> {
         let http = http_port(s, round);
-        let vip = vip(s);
         let ports = ports(http);
+        let v6 = topo.v6();
         let daemon = |dataplane: &str, net: &[&str]| -> Result<Active> {
             let bpffs = Bpffs::new()?;
             let daemon = LbDaemon::start(&cfg.lb, bpffs.path(), &["--dataplane", dataplane])?;
@@ -382,14 +458,23 @@ impl Active {
             add.extend(["--masquerade".into(), "never".into()]);
             lb_ok(&daemon, &add)?;
             let (p0, rest) = ports.split_first().context("ports")?;
+            let IpAddr::V4(vip4) = vip(s, false) else {
+                bail!("the IPv4 VIP of {s:?}");
+            };
+            // One service of both families: the IPv6 VIP and backends beside the IPv4 ones
+            // (the daemon sends each family to the backends of its own).
             let mut set = service_set(
                 NETWORK,
                 "svc",
                 "1",
-                vip,
+                vip4,
                 &format!("{}/{}", p0.0, p0.1),
                 &topo.backend_ips,
             );
+            set.extend(["--vip".into(), vip(s, true).to_string()]);
+            for b in &v6.backends {
+                set.extend(["--backend".into(), b.to_string()]);
+            }
             for (proto, port) in rest {
                 set.extend(["--port".into(), format!("{proto}/{port}")]);
             }
@@ -399,9 +484,26 @@ impl Active {
         let active = match s {
             Scenario::NoLb => Active::Nothing,
             Scenario::Iptables => {
-                let rules = kube_proxy_rules(vip, &ports, &topo.backend_ips);
-                exec_stdin(&topo.node, &["iptables-restore", "--noflush"], &rules)?;
-                Active::Iptables
+                let v4: Vec<IpAddr> = topo.backend_ips.iter().map(|&b| b.into()).collect();
+                let v6: Vec<IpAddr> = v6.backends.iter().map(|&b| b.into()).collect();
+                // Active before the first family is written: a failure of the second still
+                // tears the first down.
+                let active = Active::Iptables;
+                for (ipv6, backends) in [(false, v4), (true, v6)] {
+                    let written =
+                        kube_proxy_rules(vip(s, ipv6), &ports, &backends).and_then(|rules| {
+                            let restore = Xtables::of(ipv6).restore;
+                            exec_stdin(&topo.node, &[restore, "--noflush"], &rules)
+                        });
+                    if let Err(e) = written {
+                        let undone = match active.stop(topo) {
+                            Ok(()) => "torn down".to_owned(),
+                            Err(e) => format!("tearing down failed too: {e:#}"),
+                        };
+                        return Err(e.context(format!("kube-proxy's chains ({undone})")));
+                    }
+                }
+                active
             }
             Scenario::Nft => daemon("nftables", &[])?,
             Scenario::LbTc => daemon("ebpf", &["--attach", "tc", "--fast-path", "off"])?,
@@ -409,30 +511,36 @@ impl Active {
             Scenario::LbTcFast => daemon("ebpf", &["--attach", "tc", "--fast-path", "auto"])?,
             Scenario::LbXdpFast => daemon("ebpf", &["--attach", "xdp", "--fast-path", "auto"])?,
         };
-        // Served end to end before anything is measured (and the daemon has applied it).
-        let (to, port) = target(s, topo, http);
-        if let Err(e) = wait_tcp_port(&topo.client, to, port, READY) {
-            // Undone here: a scenario that never served must leave nothing behind either.
-            let undone = active.stop(topo);
-            let undone = match undone {
-                Ok(()) => "torn down".to_owned(),
-                Err(e) => format!("tearing down failed too: {e:#}"),
-            };
-            bail!("{}: not served: {e:#} ({undone})", s.name());
+        // Served end to end over each family before anything is measured (and the daemon
+        // has applied it).
+        for ipv6 in [false, true] {
+            let to = target(s, topo, ipv6, http);
+            if let Err(e) = wait_tcp_port(&topo.client, to.ip(), to.port(), READY) {
+                // Undone here: a scenario that never served must leave nothing behind either.
+                let undone = active.stop(topo);
+                let undone = match undone {
+                    Ok(()) => "torn down".to_owned(),
+                    Err(e) => format!("tearing down failed too: {e:#}"),
+                };
+                bail!("{}: not served: {e:#} ({undone})", s.name());
+            }
         }
         Ok(active)
     }
 
     /// Undoes the scenario: lb's network removed before its daemon stops (so its programs are
-    /// detached and its tables deleted by lb itself), the bench's iptables chains and their
-    /// table deleted; then the node's conntrack table flushed.
+    /// detached and its tables deleted by lb itself), the bench's iptables and ip6tables
+    /// chains and their tables deleted; then the node's conntrack table flushed.
     fn stop(self, topo: &Topology) -> Result<()> {
         match self {
             Active::Nothing => {}
             Active::Iptables => {
-                topo.node.exec(["iptables", "-t", "nat", "-F"])?;
-                topo.node.exec(["iptables", "-t", "nat", "-X"])?;
-                topo.node.exec(["nft", "delete", "table", "ip", "nat"])?;
+                for x in Xtables::BOTH {
+                    topo.node.exec([x.cmd, "-t", "nat", "-F"])?;
+                    topo.node.exec([x.cmd, "-t", "nat", "-X"])?;
+                    topo.node
+                        .exec(["nft", "delete", "table", x.nft_family, "nat"])?;
+                }
             }
             Active::Daemon { daemon, bpffs } => {
                 let rm = lb_ok(&daemon, &["network", "rm", NETWORK].map(String::from));
@@ -441,19 +549,34 @@ impl Active {
                 rm?;
             }
         }
-        // No conntrack entry of one scenario is found by the next (nothing to flush when no
-        // rule of the node ever loaded conntrack: that failure is not one).
-        let _ = topo.node.exec(["conntrack", "-F"]);
+        // No conntrack entry of one scenario is found by the next, of either family (nothing
+        // to flush when no rule of the node ever loaded conntrack: that failure is not one).
+        for family in ["ipv4", "ipv6"] {
+            let _ = topo.node.exec(["conntrack", "-F", "-f", family]);
+        }
         Ok(())
     }
 }
 
-/// Whatever of a scenario is left on the node: nft tables, tc filters, XDP programs.
+/// Whatever of a scenario is left on the node: nft tables, tc filters, XDP programs, and
+/// chains of either iptables family (whichever backend holds them).
 pub fn leftovers(node: &Netns) -> Result<Vec<String>> {
     let mut left = Vec::new();
     let ruleset = node.exec(["nft", "list", "ruleset"])?;
     if !ruleset.trim().is_empty() {
         left.push(format!("nft ruleset: {}", ruleset.trim()));
+    }
+    for x in Xtables::BOTH {
+        // Rules (`-A CHAIN ...`) and chains of our own (`:CHAIN - [0:0]`; a built-in chain
+        // has a policy instead of `-`, and a table the kernel keeps may list them empty).
+        // The save tools list what is there and create nothing.
+        let saved = node.exec([x.save])?;
+        let ours: Vec<&str> = (saved.lines())
+            .filter(|l| l.starts_with("-A ") || (l.starts_with(':') && l.contains(" - [")))
+            .collect();
+        if !ours.is_empty() {
+            left.push(format!("{} rules and chains: {ours:?}", x.cmd));
+        }
     }
     for link in node.links()? {
         for dir in ["ingress", "egress"] {
@@ -473,22 +596,33 @@ pub fn leftovers(node: &Netns) -> Result<Vec<String>> {
     Ok(left)
 }
 
-/// Where the client sends in scenario `s`: the VIP, or backend 0 without a load balancer.
-fn target(s: Scenario, topo: &Topology, port: u16) -> (Ipv4Addr, u16) {
-    match s {
-        Scenario::NoLb => (topo.backend_ips[0], port),
-        _ => (vip(s), port),
-    }
+/// Where the client sends in scenario `s` over one family: the VIP, or backend 0 without a
+/// load balancer.
+fn target(s: Scenario, topo: &Topology, ipv6: bool, port: u16) -> SocketAddr {
+    let ip = match (s, ipv6) {
+        (Scenario::NoLb, false) => topo.backend_ips[0].into(),
+        (Scenario::NoLb, true) => topo.v6().backends[0].into(),
+        _ => vip(s, ipv6),
+    };
+    SocketAddr::new(ip, port)
 }
 
 /// One measurement's result: its samples (value, void reason, detail) by metric.
 type Measured = Vec<(Metric, f64, Option<String>, Value)>;
 
-/// UDP 64 B from trafgen; delivered counted at the backends' `eth0`.
+/// UDP from trafgen, [`MIN_UDP_PAYLOAD`] bytes of payload (64-byte IPv4 frames, 84-byte
+/// IPv6 ones, FCS counted) over the metric's family; delivered counted at the backends'
+/// `eth0`.
 fn udp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Measured> {
-    let (dst, _) = target(s, topo, UDP_PORT);
+    let ipv6 = metric.ipv6();
+    let dst = target(s, topo, ipv6, UDP_PORT).ip();
+    let src: IpAddr = if ipv6 {
+        topo.v6().client.into()
+    } else {
+        topo.client_ip.into()
+    };
     let ports = match metric {
-        Metric::Udp1 => SrcPorts::Fixed(UDP_SPORT),
+        Metric::Udp1 | Metric::Udp1V6 => SrcPorts::Fixed(UDP_SPORT),
         _ => SrcPorts::Range {
             first: 1,
             count: 65_535,
@@ -501,7 +635,7 @@ fn udp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Mea
             ENDPOINT_IF,
             link_mac(&topo.client, ENDPOINT_IF)?,
             link_mac(&topo.node, NODE_CLIENT_IF)?,
-            topo.client_ip,
+            src,
             UDP_SPORT,
             dst,
             UDP_PORT,
@@ -540,14 +674,23 @@ fn udp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Mea
         "window_us": window.as_micros() as u64,
         "node_rx": node.rx_packets,
         "node_rx_dropped": node.rx_dropped,
+        "dst": dst.to_string(),
+        "frame_bytes": udp_frame_len(ipv6, spec.payload_len) + FCS,
     });
     Ok(vec![(metric, pps, void, detail)])
 }
 
-/// Connections/s with wrk, `Connection: close`.
-fn conn(topo: &Topology, s: Scenario, cfg: &Config, round: usize) -> Result<Measured> {
+/// Connections/s with wrk, `Connection: close`, over the metric's family.
+fn conn(
+    topo: &Topology,
+    s: Scenario,
+    cfg: &Config,
+    round: usize,
+    metric: Metric,
+) -> Result<Measured> {
+    let ipv6 = metric.ipv6();
     let http = http_port(s, round);
-    let (dst, port) = target(s, topo, http);
+    let to = target(s, topo, ipv6, http);
     let opts = WrkOptions {
         duration: Duration::from_secs(cfg.secs.into()),
         connections: 16,
@@ -555,24 +698,32 @@ fn conn(topo: &Topology, s: Scenario, cfg: &Config, round: usize) -> Result<Meas
         close: true,
         cpu: Some(cfg.cpu),
     };
-    let url = format!("http://{dst}:{port}/");
+    // `http://10.99.0.10:20000/`, `http://[fd99::10]:20000/`.
+    let url = format!("http://{to}/");
     let before = netstat(&topo.client)?;
     let r = match s {
         // Without a load balancer each thread has a backend of its own, as the service
         // spreads connections over all four.
         Scenario::NoLb => {
-            let addrs: Vec<String> = (topo.backend_ips.iter())
-                .map(|a| format!("\"{a}\""))
-                .collect();
+            let addrs: Vec<String> = if ipv6 {
+                (topo.v6().backends.iter())
+                    .map(|a| format!("\"{a}\""))
+                    .collect()
+            } else {
+                (topo.backend_ips.iter())
+                    .map(|a| format!("\"{a}\""))
+                    .collect()
+            };
             let script = format!(
                 "local addrs = {{{}}}\nlocal n = 0\nfunction setup(thread)\n  n = n + 1\n  \
-                 thread.addr = wrk.lookup(addrs[(n - 1) % #addrs + 1], \"{port}\")[1]\nend\n",
+                 thread.addr = wrk.lookup(addrs[(n - 1) % #addrs + 1], \"{http}\")[1]\nend\n",
                 addrs.join(", ")
             );
             wrk_script(&topo.client, &url, &opts, &script)?
         }
         _ => wrk(&topo.client, &url, &opts)?,
     };
+    // TcpExt counts both families' TCP.
     let grown = netstat(&topo.client)?.since(&before);
     let mut why = Vec::new();
     if grown.tcp_syn_retrans > 0 {
@@ -590,21 +741,20 @@ fn conn(topo: &Topology, s: Scenario, cfg: &Config, round: usize) -> Result<Meas
         "errors": r.errors(),
         "syn_retrans": grown.tcp_syn_retrans,
         "listen_overflows": grown.listen_overflows,
-        "port": port,
+        "port": http,
+        "dst": to.ip().to_string(),
     });
     let void = (!why.is_empty()).then(|| why.join(", "));
-    Ok(vec![(
-        Metric::ConnPerSec,
-        r.requests_per_sec(),
-        void,
-        detail,
-    )])
+    Ok(vec![(metric, r.requests_per_sec(), void, detail)])
 }
 
-/// Round trips with sockperf ping-pong.
+/// Round trips with sockperf ping-pong (IPv4).
 fn rtt(topo: &Topology, s: Scenario, cfg: &Config) -> Result<Measured> {
-    let (dst, port) = target(s, topo, SOCKPERF_PORT);
-    let r = sockperf_ping_pong(&topo.client, dst, port, cfg.secs.max(2), Some(cfg.cpu))?;
+    let to = target(s, topo, false, SOCKPERF_PORT);
+    let IpAddr::V4(dst) = to.ip() else {
+        bail!("sockperf's target {to} is not IPv4");
+    };
+    let r = sockperf_ping_pong(&topo.client, dst, to.port(), cfg.secs.max(2), Some(cfg.cpu))?;
     let void = (r.observations == 0).then(|| "no observation".to_owned());
     let detail = json!({"observations": r.observations, "dropped": r.dropped});
     Ok(vec![
@@ -613,24 +763,41 @@ fn rtt(topo: &Topology, s: Scenario, cfg: &Config) -> Result<Measured> {
     ])
 }
 
-/// TCP throughput of one iperf stream.
-fn tcp(topo: &Topology, s: Scenario, cfg: &Config) -> Result<Measured> {
-    let (dst, port) = target(s, topo, IPERF_PORT);
-    let bps = iperf_client(&topo.client, dst, port, cfg.secs, Some(cfg.cpu))?;
+/// TCP throughput of one iperf stream over the metric's family (iperf 2 `-V` for IPv6, to
+/// the backends' IPv6 server).
+fn tcp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Measured> {
+    let ipv6 = metric.ipv6();
+    let port = if ipv6 { IPERF6_PORT } else { IPERF_PORT };
+    let to = target(s, topo, ipv6, port);
+    let bps = iperf_client(&topo.client, to.ip(), to.port(), cfg.secs, Some(cfg.cpu))?;
     let void = (bps <= 0.0).then(|| "no bytes".to_owned());
-    Ok(vec![(Metric::Tcp, bps, void, json!({}))])
+    Ok(vec![(
+        metric,
+        bps,
+        void,
+        json!({"dst": to.ip().to_string()}),
+    )])
 }
 
-/// The metrics one measurement gives (a failed one makes each of them void).
-fn metrics_of(step: usize) -> &'static [Metric] {
-    const STEPS: [&[Metric]; 5] = [
-        &[Metric::Udp1],
-        &[Metric::Udp64k],
-        &[Metric::ConnPerSec],
-        &[Metric::RttP50, Metric::RttP99],
-        &[Metric::Tcp],
-    ];
-    STEPS[step]
+/// The measurements of a scenario, in the order they run: each gives the metrics of its
+/// entry (a failed one makes each of them void). IPv4's first, then IPv6's.
+pub const STEPS: [&[Metric]; 9] = [
+    &[Metric::Udp1],
+    &[Metric::Udp64k],
+    &[Metric::ConnPerSec],
+    &[Metric::RttP50, Metric::RttP99],
+    &[Metric::Tcp],
+    &[Metric::Udp1V6],
+    &[Metric::Udp64kV6],
+    &[Metric::ConnPerSecV6],
+    &[Metric::TcpV6],
+];
+
+/// The step of [`STEPS`] that measures `m`.
+pub fn step(m: Metric) -> usize {
+    (STEPS.iter())
+        .position(|ms| ms.contains(&m))
+        .expect("every metric is measured by a step")
 }
 
 fn measure(
@@ -640,12 +807,12 @@ fn measure(
     cfg: &Config,
     round: usize,
 ) -> Result<Measured> {
-    match step {
-        0 => udp(topo, s, cfg, Metric::Udp1),
-        1 => udp(topo, s, cfg, Metric::Udp64k),
-        2 => conn(topo, s, cfg, round),
-        3 => rtt(topo, s, cfg),
-        _ => tcp(topo, s, cfg),
+    let m = STEPS[step][0];
+    match m {
+        Metric::Udp1 | Metric::Udp64k | Metric::Udp1V6 | Metric::Udp64kV6 => udp(topo, s, cfg, m),
+        Metric::ConnPerSec | Metric::ConnPerSecV6 => conn(topo, s, cfg, round, m),
+        Metric::RttP50 | Metric::RttP99 => rtt(topo, s, cfg),
+        Metric::Tcp | Metric::TcpV6 => tcp(topo, s, cfg, m),
     }
 }
 
@@ -660,18 +827,25 @@ impl Bench {
     /// Builds the topology, starts the servers (nginx on every port of `rounds` rounds), and
     /// checks that the node starts clean.
     pub fn new(rounds: usize) -> Result<Bench> {
-        let topo = Topology::new(BACKENDS).context("building the topology")?;
+        let topo = Topology::dual_stack(BACKENDS).context("building the topology")?;
         let http_ports: Vec<u16> = (0..rounds)
             .flat_map(|r| Scenario::ALL.map(|s| http_port(s, r)))
             .collect();
         let servers = Servers::start(&topo, &http_ports)?;
-        // Every neighbour of the node resolved before the first measurement: one datagram of
-        // the node's own to each (to the backends' UDP port, which they hold; the client
-        // answers an ICMP error, which is as good).
-        for &addr in topo.backend_ips.iter().chain([&topo.client_ip]) {
+        // Every neighbour of the node resolved before the first measurement, of both
+        // families (ARP, neighbour discovery): one datagram of the node's own to each (to the
+        // backends' UDP port, which they hold; the client answers an ICMP error, which is as
+        // good).
+        let v6 = topo.v6();
+        let v4 = (topo.backend_ips.iter().chain([&topo.client_ip])).map(|&a| IpAddr::from(a));
+        let v6 = (v6.backends.iter().chain([&v6.client])).map(|&a| IpAddr::from(a));
+        for addr in v4.chain(v6) {
             topo.node
                 .run(|| {
-                    let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+                    let sock = match addr {
+                        IpAddr::V4(_) => UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?,
+                        IpAddr::V6(_) => UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0))?,
+                    };
                     sock.send_to(b"warm-up\n", (addr, UDP_PORT))
                 })?
                 .with_context(|| format!("the node sends a warm-up datagram to {addr}"))?;
@@ -685,9 +859,8 @@ impl Bench {
         })
     }
 
-    /// Scenario `s` in round `round`: set up, the measurements `steps` (0: UDP 1 flow, 1: UDP
-    /// 64k flows, 2: connections/s, 3: RTT, 4: TCP), torn down; an error if anything of it is
-    /// left on the node. A set-up or a measurement that fails makes its samples void (and
+    /// Scenario `s` in round `round`: set up, the measurements `steps` (indexes of [`STEPS`],
+    /// [`step`] finds a metric's), torn down; an error if anything of it is left on the node. A set-up or a measurement that fails makes its samples void (and
     /// notes the set-up failure), it does not end the run.
     pub fn scenario(
         &self,
@@ -714,13 +887,13 @@ impl Bench {
             };
             let measured = measured.unwrap_or_else(|e| {
                 let why = format!("{e:#}");
-                (metrics_of(step).iter())
+                (STEPS[step].iter())
                     .map(|&m| (m, 0.0, Some(why.clone()), Value::Null))
                     .collect()
             });
             for (metric, value, void, detail) in measured {
                 println!(
-                    "lb bench:   {:<20} {:>16}{}",
+                    "lb bench:   {:<26} {:>16}{}",
                     metric.name(),
                     metric.show(value),
                     void.as_deref()
@@ -766,7 +939,8 @@ pub fn run(cfg: &Config) -> Result<Outcome> {
         let n = scenarios.len();
         for k in 0..n {
             let s = scenarios[(round + k) % n];
-            samples.extend(bench.scenario(s, cfg, round, &[0, 1, 2, 3, 4], &mut notes)?);
+            let steps: Vec<usize> = (0..STEPS.len()).collect();
+            samples.extend(bench.scenario(s, cfg, round, &steps, &mut notes)?);
         }
     }
     let lb: Vec<Scenario> = (scenarios.iter().copied())
@@ -843,10 +1017,15 @@ impl Bench {
 mod tests {
     use super::*;
 
+    fn ips<T: Into<IpAddr> + Copy>(v: &[T]) -> Vec<IpAddr> {
+        v.iter().map(|&a| a.into()).collect()
+    }
+
     #[test]
     fn kube_proxy_chains_choose_each_backend_with_equal_chance() {
-        let backends = [Ipv4Addr::new(10, 20, 0, 10), Ipv4Addr::new(10, 20, 0, 11)];
-        let rules = kube_proxy_rules(Ipv4Addr::new(10, 99, 0, 12), &[("tcp", 80)], &backends);
+        let backends = ips(&[Ipv4Addr::new(10, 20, 0, 10), Ipv4Addr::new(10, 20, 0, 11)]);
+        let vip = Ipv4Addr::new(10, 99, 0, 12).into();
+        let rules = kube_proxy_rules(vip, &[("tcp", 80)], &backends).unwrap();
         assert_eq!(
             rules,
             "*nat
@@ -864,22 +1043,80 @@ mod tests {
 COMMIT
 "
         );
-        let four: Vec<Ipv4Addr> = (10..14).map(|i| Ipv4Addr::new(10, 20, 0, i)).collect();
-        let rules = kube_proxy_rules(Ipv4Addr::new(10, 99, 0, 12), &[("udp", 9)], &four);
+        let four = ips(&(10..14)
+            .map(|i| Ipv4Addr::new(10, 20, 0, i))
+            .collect::<Vec<_>>());
+        let rules = kube_proxy_rules(vip, &[("udp", 9)], &four).unwrap();
         for p in ["0.25000000000", "0.33333333333", "0.50000000000"] {
             assert!(rules.contains(&format!("--probability {p} ")), "{rules}");
         }
     }
 
     #[test]
-    fn every_scenario_and_round_has_its_own_http_port_and_vip() {
+    fn kube_proxy_ip6tables_twin_is_the_same_chains_with_ipv6_addresses() {
+        let v6 = |h: u16| IpAddr::from(Ipv6Addr::new(0xfd20, 0, 0, 0, 0, 0, 0, h));
+        let vip = IpAddr::from(Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, 0x12));
+        let rules = kube_proxy_rules(vip, &[("udp", 9)], &[v6(0x10), v6(0x11)]).unwrap();
+        assert_eq!(
+            rules,
+            "*nat
+:PREROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-BENCH0 - [0:0]
+:KUBE-SEP-BENCH0X0 - [0:0]
+:KUBE-SEP-BENCH0X1 - [0:0]
+-A PREROUTING -j KUBE-SERVICES
+-A KUBE-SERVICES -d fd99::12/128 -p udp -m udp --dport 9 -j KUBE-SVC-BENCH0
+-A KUBE-SVC-BENCH0 -m statistic --mode random --probability 0.50000000000 -j KUBE-SEP-BENCH0X0
+-A KUBE-SEP-BENCH0X0 -p udp -m udp -j DNAT --to-destination [fd20::10]:9
+-A KUBE-SVC-BENCH0 -j KUBE-SEP-BENCH0X1
+-A KUBE-SEP-BENCH0X1 -p udp -m udp -j DNAT --to-destination [fd20::11]:9
+COMMIT
+"
+        );
+        // One family per ruleset, as each restore tool takes.
+        let v4 = IpAddr::from(Ipv4Addr::new(10, 20, 0, 10));
+        assert!(kube_proxy_rules(vip, &[("udp", 9)], &[v6(0x10), v4]).is_err());
+    }
+
+    #[test]
+    fn every_scenario_and_round_has_its_own_http_port_and_vips() {
         let mut seen = std::collections::BTreeSet::new();
         for r in 0..5 {
             for s in Scenario::ALL {
                 assert!(seen.insert(http_port(s, r)), "{s:?} round {r}");
             }
         }
-        let vips: std::collections::BTreeSet<_> = Scenario::ALL.map(vip).into();
-        assert_eq!(vips.len(), Scenario::ALL.len());
+        for ipv6 in [false, true] {
+            let vips: std::collections::BTreeSet<_> = Scenario::ALL.map(|s| vip(s, ipv6)).into();
+            assert_eq!(vips.len(), Scenario::ALL.len());
+            assert!(vips.iter().all(|v| v.is_ipv6() == ipv6), "{vips:?}");
+        }
+    }
+
+    #[test]
+    fn every_metric_is_measured_once_over_its_own_family() {
+        for m in Metric::ALL {
+            let steps: Vec<usize> = (0..STEPS.len())
+                .filter(|&i| STEPS[i].contains(&m))
+                .collect();
+            assert_eq!(steps, [step(m)], "{m:?}");
+            assert!(STEPS[step(m)].iter().all(|x| x.ipv6() == m.ipv6()));
+        }
+    }
+
+    #[test]
+    fn udp_metric_names_say_the_frame_size_sent() {
+        // What a UDP row's name says is what trafgen's frame is on a wire (FCS counted).
+        for (m, ipv6) in [
+            (Metric::Udp1, false),
+            (Metric::Udp64k, false),
+            (Metric::Udp1V6, true),
+            (Metric::Udp64kV6, true),
+        ] {
+            assert_eq!(m.ipv6(), ipv6);
+            let bytes = udp_frame_len(ipv6, MIN_UDP_PAYLOAD) + FCS;
+            assert!(m.name().starts_with(&format!("UDP {bytes} B, ")), "{m:?}");
+        }
     }
 }

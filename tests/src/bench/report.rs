@@ -111,11 +111,14 @@ impl Summary {
     }
 
     /// What metric `m` is compared to: the no-LB path when it has valid samples; for
-    /// connections/s without them, the nft ruleset (the issue's fallback, said in the report).
+    /// connections/s (either family) without them, the nft ruleset (the issue's fallback,
+    /// said in the report).
     pub fn base(&self, m: Metric) -> Option<Scenario> {
         if self.cell(m, Scenario::NoLb).is_some() {
             Some(Scenario::NoLb)
-        } else if m == Metric::ConnPerSec && self.cell(m, Scenario::Nft).is_some() {
+        } else if matches!(m, Metric::ConnPerSec | Metric::ConnPerSecV6)
+            && self.cell(m, Scenario::Nft).is_some()
+        {
             Some(Scenario::Nft)
         } else {
             None
@@ -302,7 +305,8 @@ pub fn markdown(run: &Run) -> String {
     }
     let _ = writeln!(
         md,
-        "\nRTT ratios below 1 are better; every other ratio above 1 is better.\n"
+        "\nRTT ratios below 1 are better; every other ratio above 1 is better. An (IPv6) row \
+         is to the no-LB path over IPv6 of the same run.\n"
     );
 
     let _ = writeln!(md, "## Medians (min–max over valid rounds)\n");
@@ -343,6 +347,10 @@ pub fn markdown(run: &Run) -> String {
     }
     let met = targets.iter().filter(|t| t.met()).count();
     let _ = writeln!(md, "\n{met} of {} targets met.", targets.len());
+    let _ = writeln!(
+        md,
+        "\nThe issue's targets are about the IPv4 rows; the IPv6 rows have none."
+    );
 
     where_the_time_goes(&mut md, &sum, &run.profiles);
 
@@ -400,14 +408,24 @@ fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
     let _ = writeln!(
         md,
         "Time per datagram on the one CPU that runs generator and path (1 / median rate), and \
-         the difference to the no-LB path of the same run: what the scenario's path costs \
-         (+) or saves (−) per datagram.\n"
+         the difference to the no-LB path of the same run and family: what the scenario's \
+         path costs (+) or saves (−) per datagram.\n"
     );
-    let _ = writeln!(
-        md,
-        "| scenario | UDP 1 flow, ns | vs no LB | UDP 64k flows, ns | vs no LB |"
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|");
+    const UDP: [Metric; 4] = [
+        Metric::Udp1,
+        Metric::Udp64k,
+        Metric::Udp1V6,
+        Metric::Udp64kV6,
+    ];
+    let _ = write!(md, "| scenario |");
+    for m in UDP {
+        let _ = write!(md, " {}, ns | vs no LB |", m.short());
+    }
+    let _ = write!(md, "\n|---|");
+    for _ in UDP {
+        let _ = write!(md, "---|---|");
+    }
+    md.push('\n');
     let ns = |m: Metric, s: Scenario| {
         sum.cell(m, s)
             .filter(|c| c.median > 0.0)
@@ -415,7 +433,7 @@ fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
     };
     for s in Scenario::ALL {
         let _ = write!(md, "| {} |", s.name());
-        for m in [Metric::Udp1, Metric::Udp64k] {
+        for m in UDP {
             match (ns(m, s), ns(m, Scenario::NoLb)) {
                 (Some(v), Some(base)) => {
                     let _ = write!(md, " {v:.0} | {:+.0} |", v - base);
@@ -566,7 +584,8 @@ pub fn chart(run: &Run, path: &Path) -> Result<()> {
         // Headroom: the legend sits in the top right corner, above the bars.
         * 1.35;
     let draw = || -> Result<(), Box<dyn std::error::Error>> {
-        let root = SVGBackend::new(path, (1100, 520)).into_drawing_area();
+        // Wide enough for every metric's group of bars and its label (IPv6's included).
+        let root = SVGBackend::new(path, (1700, 520)).into_drawing_area();
         root.fill(&WHITE)?;
         let width = shown.len() as f64 + 1.0;
         let mut chart = ChartBuilder::on(&root)
@@ -790,6 +809,63 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("3 of 16 targets met."), "{md}");
+    }
+
+    #[test]
+    fn ipv6_rows_are_to_the_ipv6_no_lb_path_and_have_no_targets() {
+        use Metric::*;
+        use Scenario::*;
+        let samples = vec![
+            sample(NoLb, Udp1, 0, 1e6),
+            sample(LbTc, Udp1, 0, 0.5e6),
+            sample(NoLb, Udp1V6, 0, 0.8e6),
+            sample(LbTc, Udp1V6, 0, 0.6e6),
+            sample(Iptables, Udp64kV6, 0, 0.4e6),
+            void(sample(NoLb, Udp64kV6, 0, 0.0), "delivered 0 of 20000"),
+            void(sample(NoLb, ConnPerSecV6, 0, 1.0), "2 SYN retransmits"),
+            sample(Nft, ConnPerSecV6, 0, 10_000.0),
+            sample(LbXdp, ConnPerSecV6, 0, 12_000.0),
+            sample(NoLb, TcpV6, 0, 10e9),
+            sample(LbXdpFast, TcpV6, 0, 5e9),
+        ];
+        let sum = Summary::new(&samples);
+        // Each family to its own no-LB path, never to the other's.
+        let r = sum.ratio(Udp1V6, LbTc).unwrap();
+        assert!((r.value - 0.75).abs() < 1e-9 && r.to == NoLb, "{r:?}");
+        assert!((sum.ratio(Udp1, LbTc).unwrap().value - 0.5).abs() < 1e-9);
+        // No valid no-LB sample: no ratio (UDP), or nft's (connections/s, as over IPv4).
+        assert_eq!(sum.ratio(Udp64kV6, Iptables), None);
+        let r = sum.ratio(ConnPerSecV6, LbXdp).unwrap();
+        assert!((r.value - 1.2).abs() < 1e-9 && r.to == Nft, "{r:?}");
+        assert!(targets(&sum).iter().all(|t| !t.metric.ipv6()));
+
+        let r = run(samples);
+        let md = markdown(&r);
+        for row in [
+            "| UDP 84 B, 1 flow (IPv6) | 1.00 (0.800 Mpps) | - | - | 0.75 | - | - | - |",
+            "| UDP 84 B, 64k flows (IPv6) | void | - | - | - | - | - | - |",
+            "| new connections/s (IPv6) | void | 1.00 (10.0 k/s) | - | - | 1.20 | - | - |",
+            "| TCP, 1 stream (IPv6) | 1.00 (10.00 Gbit/s) | - | - | - | - | - | 0.50 |",
+            "| UDP 84 B, 1 flow (IPv6) | lb tc | 0.600 (0.600–0.600 Mpps) | 1 | 0 |",
+            "| UDP 84 B, 64k flows (IPv6) | no LB | all void [1 void] | 0 | 1 |",
+            "| TCP, 1 stream (IPv6) | lb xdp fast | 5.00 (5.00–5.00 Gbit/s) | 1 | 0 |",
+            "- new connections/s (IPv6): the no-LB path has no valid sample, so its ratios are \
+             to nft.",
+            "The issue's targets are about the IPv4 rows; the IPv6 rows have none.",
+            // 1 / 0.8 Mpps = 1250 ns, 1 / 0.6 Mpps = 1667 ns: 417 more over IPv6.
+            "| lb tc | 2000 | +1000 | - | - | 1667 | +417 | - | - |",
+        ] {
+            assert!(md.contains(row), "{row}\n{md}");
+        }
+        let j = json(&r);
+        assert_eq!(j["summary"]["udp6_1flow_pps"]["lb_tc"]["ratio"], 0.75);
+        assert_eq!(j["summary"]["conn6_per_sec"]["lb_xdp"]["ratio_to"], "nft");
+        assert_eq!(j["summary"]["tcp6_bps"]["lb_xdp_fast"]["median"], 5e9);
+        assert_eq!(j["summary"]["udp6_64kflows_pps"]["no_lb"]["void"], 1);
+        let metrics: Vec<&str> = (j["samples"].as_array().unwrap().iter())
+            .map(|s| s["metric"].as_str().unwrap())
+            .collect();
+        assert!(metrics.contains(&"tcp6_bps"), "{metrics:?}");
     }
 
     #[test]
