@@ -5,16 +5,14 @@ use core::mem::size_of;
 
 use aya_ebpf::bindings::{BPF_ANY, bpf_sock_tuple};
 use lb_common::{
-    Addr6, Config, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, Reason, Service,
+    Addr6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, Reason,
     csum::{IP_DADDR, IP_SADDR, IP6_DADDR, IP6_SADDR},
 };
 
 use crate::{
     csum::SumChunk,
-    dsr,
     maps::{FRAGS, FRAGS6, FamilyMaps, SLOTS, SLOTS6},
-    nat::{Ctx, Verdict},
-    parse::{self, Frame, Packet, Parsed},
+    parse::{self, Frame, Parsed},
 };
 
 /// Working memory of one path run: the entries and keys it builds or copies out of the flow
@@ -65,16 +63,6 @@ pub trait Inet: FamilyMaps {
     /// recording them (`frag`).
     fn frag_get(key: &FlowKeyOf<Self>, id: u32) -> Option<FragPorts>;
     fn frag_put(key: &FlowKeyOf<Self>, id: u32, ports: &FragPorts);
-    /// A DSR VIP's packet (`dsr`; IPv4 only: the controller refuses IPv6 VIPs of a `dsr`
-    /// network, so an IPv6 service never carries `SERVICE_DSR`).
-    fn dsr<C: Ctx>(
-        ctx: &C,
-        hook: u32,
-        p: &Packet<FlowKeyOf<Self>>,
-        svc: &Service,
-        cfg: &Config,
-        now: u64,
-    ) -> Verdict;
 }
 
 impl Inet for u32 {
@@ -106,17 +94,6 @@ impl Inet for u32 {
     #[inline(always)]
     fn frag_put(key: &FlowKeyOf<u32>, id: u32, ports: &FragPorts) {
         let _ = FRAGS.insert(&frag_key(key, id), ports, BPF_ANY as u64);
-    }
-    #[inline(always)]
-    fn dsr<C: Ctx>(
-        ctx: &C,
-        hook: u32,
-        p: &Packet<FlowKeyOf<u32>>,
-        svc: &Service,
-        cfg: &Config,
-        now: u64,
-    ) -> Verdict {
-        dsr::send(ctx, hook, p, svc, cfg, now)
     }
 }
 
@@ -171,16 +148,5 @@ impl Inet for Addr6 {
     #[inline(always)]
     fn frag_put(key: &FlowKeyOf<Addr6>, id: u32, ports: &FragPorts) {
         let _ = FRAGS6.insert(&frag_key6(key, id), ports, BPF_ANY as u64);
-    }
-    #[inline(always)]
-    fn dsr<C: Ctx>(
-        _ctx: &C,
-        _hook: u32,
-        _p: &Packet<FlowKeyOf<Addr6>>,
-        _svc: &Service,
-        _cfg: &Config,
-        _now: u64,
-    ) -> Verdict {
-        Verdict::Pass(Reason::NotService)
     }
 }

@@ -20,12 +20,13 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use lb_common::{
-    Addr, Addr6, Backend, Backend6, BackendKey, BackendOf, Config, Counters, DsrSession, Endpoint,
-    Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, HOOKS, Iface,
-    Iface6, IfaceOf, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS,
-    MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS,
-    MAX_SERVICES, MAX_SOCK_REV, PortKey, PortKey6, PortKeyOf, REASONS, Service, SockConfig,
-    SockRev, SockRev6, SockRevKey, SockRevKey6, VipKey, VipKey6, VipKeyOf,
+    Addr, Addr6, Backend, Backend6, BackendKey, BackendOf, Config, Counters, DsrSession,
+    DsrSession6, DsrSessionOf, Endpoint, Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf,
+    FragKey, FragKey6, FragPorts, HOOKS, Iface, Iface6, IfaceOf, LAYOUT_MAP_SLOTS,
+    MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS, MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS,
+    MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS, MAX_SERVICES, MAX_SOCK_REV, PortKey, PortKey6,
+    PortKeyOf, REASONS, Service, SockConfig, SockRev, SockRev6, SockRevKey, SockRevKey6, VipKey,
+    VipKey6, VipKeyOf,
 };
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
@@ -152,6 +153,16 @@ pub static LOCAL_ADDRS6: HashMap<Addr6, u32, { MAX_LOCAL_ADDRS as usize }> = Has
 #[btf_map(name = "lb_ifaces6")]
 pub static IFACES6: HashMap<u32, Iface6, { MAX_IFACES as usize }> = HashMap::new();
 
+#[btf_map(name = "lb_dsr_sessions6")]
+pub static DSR_SESSIONS6: LruHashMap<FlowKey6, DsrSession6, { MAX_DSR_SESSIONS as usize }> =
+    LruHashMap::new();
+
+/// The backend's MAC as the namespace's IPv6 neighbour table has it (neighbour discovery
+/// where IPv4's has ARP); the value is IPv4's, which holds no address.
+#[btf_map(name = "lb_dsr_backends6")]
+pub static DSR_BACKENDS6: HashMap<Addr6, Endpoint, { MAX_DSR_BACKENDS as usize }, NO_PREALLOC> =
+    HashMap::new();
+
 /// The maps of one address family: what the paths written once over [`Addr`] look up.
 pub trait FamilyMaps: Addr {
     fn vips() -> &'static HashMap<VipKeyOf<Self>, Service, { MAX_SERVICES as usize }, NO_PREALLOC>;
@@ -161,11 +172,15 @@ pub trait FamilyMaps: Addr {
     fn flows() -> &'static LruHashMap<FlowKeyOf<Self>, FlowOf<Self>, { MAX_FLOWS as usize }>;
     fn local_addrs() -> &'static HashMap<Self, u32, { MAX_LOCAL_ADDRS as usize }>;
     fn ifaces() -> &'static HashMap<u32, IfaceOf<Self>, { MAX_IFACES as usize }>;
+    fn dsr_sessions()
+    -> &'static LruHashMap<FlowKeyOf<Self>, DsrSessionOf<Self>, { MAX_DSR_SESSIONS as usize }>;
+    fn dsr_backends() -> &'static HashMap<Self, Endpoint, { MAX_DSR_BACKENDS as usize }, NO_PREALLOC>;
 }
 
 /// Implements [`FamilyMaps`] for `$a` by the maps named.
 macro_rules! family_maps {
-    ($a:ty, $vips:ident, $ports:ident, $backends:ident, $flows:ident, $local:ident, $ifaces:ident) => {
+    ($a:ty, $vips:ident, $ports:ident, $backends:ident, $flows:ident, $local:ident, $ifaces:ident,
+     $dsr_sessions:ident, $dsr_backends:ident) => {
         impl FamilyMaps for $a {
             #[inline(always)]
             fn vips()
@@ -201,11 +216,34 @@ macro_rules! family_maps {
             fn ifaces() -> &'static HashMap<u32, IfaceOf<Self>, { MAX_IFACES as usize }> {
                 &$ifaces
             }
+            #[inline(always)]
+            fn dsr_sessions() -> &'static LruHashMap<
+                FlowKeyOf<Self>,
+                DsrSessionOf<Self>,
+                { MAX_DSR_SESSIONS as usize },
+            > {
+                &$dsr_sessions
+            }
+            #[inline(always)]
+            fn dsr_backends()
+            -> &'static HashMap<Self, Endpoint, { MAX_DSR_BACKENDS as usize }, NO_PREALLOC> {
+                &$dsr_backends
+            }
         }
     };
 }
 
-family_maps!(u32, VIPS, PORTS, BACKENDS, FLOWS, LOCAL_ADDRS, IFACES);
+family_maps!(
+    u32,
+    VIPS,
+    PORTS,
+    BACKENDS,
+    FLOWS,
+    LOCAL_ADDRS,
+    IFACES,
+    DSR_SESSIONS,
+    DSR_BACKENDS
+);
 family_maps!(
     Addr6,
     VIPS6,
@@ -213,7 +251,9 @@ family_maps!(
     BACKENDS6,
     FLOWS6,
     LOCAL_ADDRS6,
-    IFACES6
+    IFACES6,
+    DSR_SESSIONS6,
+    DSR_BACKENDS6
 );
 
 /// The working memory of the paths, a slot per hook (`family::Slot`): never persisted, never

@@ -18,6 +18,7 @@ use lb_common::{
 use crate::{
     conntrack::{self, Found},
     csum::{self, SumChunk},
+    dsr,
     family::{Inet, Room},
     frag, icmp, lb,
     maps::CONFIG,
@@ -156,7 +157,7 @@ fn ingress_entry<C: Ctx, A: Inet>(
     if let Some(svc) = &svc
         && svc.flags & SERVICE_DSR != 0
     {
-        return Err(A::dsr(ctx, hook, p, svc, cfg, now));
+        return Err(dsr::send(ctx, hook, p, svc, cfg, now));
     }
     if let Frag::Later(_) = p.frag {
         return Err(Verdict::Pass(Reason::FragUnknown));

@@ -16,7 +16,7 @@
 //!   on one of the network's interfaces; behind a bridge, the port the bridge's FDB names for
 //!   that MAC. They follow neighbour and link events (the watcher); a neighbour the kernel has
 //!   not resolved is no endpoint, and its packets take the stack, which resolves it.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, net::IpAddr};
 
 use anyhow::{Context as _, Result};
 use lb_common::{ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint};
@@ -86,6 +86,8 @@ pub fn local(
     }
     out.ports.sort();
     for n in neighbours {
+        // The fast path hands over IPv4 only (`redirect`).
+        let IpAddr::V4(addr) = n.addr else { continue };
         if !interfaces.contains(&n.ifindex) {
             continue;
         }
@@ -111,7 +113,7 @@ pub fn local(
             LinkKind::Other => (l3, 0),
         };
         out.endpoints.insert(
-            be4(n.addr),
+            be4(addr),
             Endpoint {
                 ifindex: out_link.index,
                 l3_ifindex: l3.index,
@@ -241,7 +243,7 @@ mod tests {
     fn neigh(ifindex: u32, last: u8, mac: u8) -> Neighbour {
         Neighbour {
             ifindex,
-            addr: Ipv4Addr::new(10, 0, 0, last),
+            addr: Ipv4Addr::new(10, 0, 0, last).into(),
             mac: [0xaa, 0, 0, 0, 0, mac],
         }
     }
