@@ -8,14 +8,14 @@
 //! `flow::REFRESH_NS`). The lag is bounded by a fraction of the timeout, so a session with
 //! packets at least that often never ends, however short its timeout.
 use crate::{
-    DsrSession,
+    Addr, DsrSessionOf,
     flow::{NS_PER_SEC, REFRESH_NS},
 };
 
 /// A session whose last packet is at most `timeout_secs` old at `now` (its VIP's
 /// `Service::session_timeout`) is live; an older one counts as absent.
 #[inline(always)]
-pub fn live(s: &DsrSession, timeout_secs: u32, now: u64) -> bool {
+pub fn live<A: Addr>(s: &DsrSessionOf<A>, timeout_secs: u32, now: u64) -> bool {
     now <= s.seen_ns + u64::from(timeout_secs) * NS_PER_SEC
 }
 
@@ -33,13 +33,14 @@ pub fn refresh_ns(timeout_secs: u32) -> u64 {
 
 /// Whether a packet at `now` of live session `s` writes its time.
 #[inline(always)]
-pub fn refresh_due(s: &DsrSession, timeout_secs: u32, now: u64) -> bool {
+pub fn refresh_due<A: Addr>(s: &DsrSessionOf<A>, timeout_secs: u32, now: u64) -> bool {
     now > s.seen_ns + refresh_ns(timeout_secs)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::DsrSession;
 
     fn at(seen_ns: u64) -> DsrSession {
         DsrSession {

@@ -93,6 +93,9 @@ pub type Addr6 = [u32; 4];
 /// [`hash::flow_hash`], [`csum::set_addr`]) are written once over it, for a twin of each
 /// IPv4 map with IPv6 addresses (docs/dual-stack.md, "v4/v6 map pairs").
 pub trait Addr: Copy + Default + PartialEq + Eq + core::fmt::Debug + 'static {
+    /// The explicit padding of [`DsrSessionOf`] before its `u64`: none after IPv4's address
+    /// (the layout of an lb before dual stack), 4 bytes after IPv6's.
+    type SessionPad: Copy + Default + PartialEq + Eq + core::fmt::Debug + 'static;
     /// The address's 32-bit words (1 or 4).
     const WORDS: usize;
     /// Whether this is IPv4's (whose header has a checksum of its own).
@@ -109,6 +112,7 @@ pub trait Addr: Copy + Default + PartialEq + Eq + core::fmt::Debug + 'static {
 }
 
 impl Addr for u32 {
+    type SessionPad = [u8; 0];
     const WORDS: usize = 1;
     #[inline(always)]
     fn word(&self, _i: usize) -> u32 {
@@ -121,6 +125,7 @@ impl Addr for u32 {
 }
 
 impl Addr for Addr6 {
+    type SessionPad = [u8; 4];
     const WORDS: usize = 4;
     #[inline(always)]
     fn word(&self, i: usize) -> u32 {
@@ -235,7 +240,7 @@ macro_rules! family_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]; `lb_config`, converted) or asked, so a program never
 /// reads a map written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 28] = [
+pub const MAP_LAYOUTS: [(&str, u32); 30] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -269,6 +274,9 @@ pub const MAP_LAYOUTS: [(&str, u32); 28] = [
     ("lb_slots6", 1),
     ("lb_sock_rev6", 1),
     ("lb_endpoints6", 1),
+    // DSR of IPv6 VIPs: the twins of `lb_dsr_sessions` and `lb_dsr_backends`.
+    ("lb_dsr_sessions6", 1),
+    ("lb_dsr_backends6", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
@@ -277,7 +285,7 @@ pub const MAP_LAYOUTS: [(&str, u32); 28] = [
 /// serve) or at every load (the IPv6 programs' slots), or a run's working memory: one pinned in another layout is
 /// replaced without asking, since losing it costs no connection. Every other map of another
 /// layout is refused unless the operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 12] = [
+pub const DISPOSABLE_MAPS: [&str; 13] = [
     "lb_counters",
     "lb_frags",
     "lb_frags6",
@@ -289,6 +297,7 @@ pub const DISPOSABLE_MAPS: [&str; 12] = [
     "lb_endpoints",
     "lb_endpoints6",
     "lb_dsr_backends",
+    "lb_dsr_backends6",
     "lb_sock",
 ];
 
@@ -553,28 +562,42 @@ map_layout! {
     }
 }
 
-map_layout! {
-    /// Value of the DSR session table, keyed by the client's packet as it arrives
-    /// ([`FlowKey`]: client address and port, VIP and port, protocol): the backend the session
-    /// sticks to and the frame header that reaches it. Written by the programs only (a new
-    /// session, the time of each packet; a TCP RST deletes it); the controller reads it and
-    /// deletes what the backend's removal or the timeout ended.
-    pub struct DsrSession {
-        /// The backend (for whoever reads the table; the frame goes by MAC).
-        pub backend: u32,
-        /// The device the frame leaves by (the one it came in on, where XDP_TX is used).
-        pub ifindex: u32,
-        /// The backend's MAC (destination) and the device's own (source).
-        pub dmac: [u8; 6],
-        pub smac: [u8; 6],
-        /// The backend's counter in `lb_counters`.
-        pub counter: u32,
-        /// `bpf_ktime_get_ns` of the session's last packet (of a recent one: it lags by at
-        /// most [`dsr::refresh_ns`]); a session idle past its VIP's
-        /// [`Service::session_timeout`] counts as absent ([`dsr::live`]).
-        pub seen_ns: u64,
-    }
+/// Value of the DSR session tables (`lb_dsr_sessions`, `lb_dsr_sessions6`), keyed by the
+/// client's packet as it arrives ([`FlowKeyOf`]: client address and port, VIP and port,
+/// protocol): the backend the session sticks to and the frame header that reaches it. Written
+/// by the programs only (a new session, the time of each packet; a TCP RST deletes it); the
+/// controller reads it and deletes what the backend's removal or the timeout ended.
+///
+/// Not [`family_layout`]'s: IPv4's layout is that of an lb before dual stack (an upgrade
+/// adopts its sessions), which leaves IPv6's 4 bytes short of `seen_ns`'s alignment, so the
+/// padding is a field whose type the family gives ([`Addr::SessionPad`]: none for IPv4).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DsrSessionOf<A: Addr> {
+    /// The backend (for whoever reads the table; the frame goes by MAC).
+    pub backend: A,
+    /// The device the frame leaves by (the one it came in on, where XDP_TX is used).
+    pub ifindex: u32,
+    /// The backend's MAC (destination) and the device's own (source).
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    /// The backend's counter in `lb_counters`.
+    pub counter: u32,
+    pub _pad: A::SessionPad,
+    /// `bpf_ktime_get_ns` of the session's last packet (of a recent one: it lags by at
+    /// most [`dsr::refresh_ns`]); a session idle past its VIP's
+    /// [`Service::session_timeout`] counts as absent ([`dsr::live`]).
+    pub seen_ns: u64,
 }
+
+/// [`DsrSessionOf`] of IPv4.
+pub type DsrSession = DsrSessionOf<u32>;
+/// [`DsrSessionOf`] of IPv6.
+pub type DsrSession6 = DsrSessionOf<Addr6>;
+const _: () = assert!(core::mem::size_of::<DsrSession>() == 32);
+const _: () = assert!(core::mem::size_of::<DsrSession6>() == 48);
+family_layout!(@pod DsrSession);
+family_layout!(@pod DsrSession6);
 
 map_layout! {
     /// The one entry of `lb_sock`: the network namespace whose processes the socket programs

@@ -4,6 +4,10 @@
 //! no checksum, no flow entry. The backend owns the VIP itself and answers the client
 //! directly, so the balancer sees one direction only.
 //!
+//! Both families run this one path (`Packet<FlowKeyOf<A>>`): an IPv6 VIP's packets use the
+//! IPv6 twins of the two maps (`lb_dsr_sessions6`, `lb_dsr_backends6`, `FamilyMaps`), and
+//! everything else is the same, since only the Ethernet header is rewritten.
+//!
 //! Which backend: the session of the packet's tuple as it arrives (`lb_dsr_sessions`, keyed
 //! by the same `FlowKey` the parser builds: client address and port, VIP and port, protocol)
 //! while it is live (`lb_common::dsr`, the VIP's `session_timeout`); otherwise the flow hash
@@ -30,9 +34,10 @@
 //! without a record (it overtook its first) or without a live session passes to the stack
 //! untouched (`FragUnknown`), as on the NAT path.
 //!
-//! What never comes here, and so passes as before: ARP and non-IPv4, ICMP (a ping to the VIP
-//! is answered by the balancer's own VIP address), addresses that are no VIP, NAT VIPs and a
-//! `dsr` network's published ports. At XDP, a TCP/UDP packet whose checksum may be a
+//! What never comes here, and so passes as before: ARP and what is neither IPv4 nor IPv6,
+//! ICMP and ICMPv6 (a ping to the VIP is answered by the balancer's own VIP address; neighbour
+//! discovery for the VIP is answered by the balancer too, which is what draws the clients'
+//! frames to it), addresses that are no VIP, NAT VIPs and a `dsr` network's published ports. At XDP, a TCP/UDP packet whose checksum may be a
 //! CHECKSUM_PARTIAL seed is left to TC (`nat::xdp_can_rewrite`): XDP_TX would send the seed
 //! as if it were the sum, while the skb keeps the offload state wherever it is sent.
 //!
@@ -44,49 +49,52 @@ use aya_ebpf::{
     helpers::bpf_redirect,
 };
 use lb_common::{
-    Config, DsrSession, IPPROTO_TCP, Reason, Service,
+    Config, DsrSessionOf, FlowKeyOf, IPPROTO_TCP, Reason, Service,
     dsr::{live, refresh_due},
     flow::TCP_RST,
 };
 
 use crate::{
+    family::Inet,
     frag, lb,
-    maps::{DSR_BACKENDS, DSR_SESSIONS},
     nat::{Ctx, Verdict},
     parse::{Frag, Packet, Xdp, ptr_at},
     stats,
 };
 
 /// Sends `p`, a packet without a live flow to DSR VIP `svc`, by its session or a new one
-/// (see the module): the verdict, whose reason is the run's outcome.
+/// (see the module): the verdict, whose reason is the run's outcome. `session`: room for the
+/// session (the run's slot, `family::Room`: an IPv6 one on the stack left the IPv6 TC
+/// ingress program's frame over its 512 bytes, with the fast path's).
 #[inline(always)]
-pub fn send<C: Ctx>(
+pub fn send<C: Ctx, A: Inet>(
     ctx: &C,
     hook: u32,
-    p: &Packet,
+    p: &Packet<FlowKeyOf<A>>,
     svc: &Service,
     cfg: &Config,
     now: u64,
+    session: &mut DsrSessionOf<A>,
 ) -> Verdict {
     let rst = p.key.proto == IPPROTO_TCP && p.tcp_flags & TCP_RST != 0;
-    if let Some(s) = DSR_SESSIONS.get_ptr_mut(&p.key) {
+    if let Some(s) = A::dsr_sessions().get_ptr_mut(&p.key) {
         // SAFETY: the map owns the value; it is copied out, and only `seen_ns` is written
         // back (two CPUs writing it race to nearly the same time, either is right).
-        let session = unsafe { *s };
-        if live(&session, svc.session_timeout, now) {
+        *session = unsafe { *s };
+        if live(session, svc.session_timeout, now) {
             if rst {
-                let v = out(ctx, p, &session, Reason::DsrReset);
+                let v = out(ctx, p, session, Reason::DsrReset);
                 // After the frame is written: a RST the write failed on ends nothing.
                 if let Verdict::Dsr { .. } = v {
-                    let _ = DSR_SESSIONS.remove(&p.key);
+                    let _ = A::dsr_sessions().remove(&p.key);
                 }
                 return v;
             }
-            if refresh_due(&session, svc.session_timeout, now) {
+            if refresh_due(session, svc.session_timeout, now) {
                 // SAFETY: as above.
                 unsafe { (*s).seen_ns = now };
             }
-            return out(ctx, p, &session, Reason::DsrSession);
+            return out(ctx, p, session, Reason::DsrSession);
         }
         stats::reason(hook, Reason::EntryExpired);
     }
@@ -96,24 +104,26 @@ pub fn send<C: Ctx>(
     let Some((_, backend)) = lb::pick(&p.key, svc, cfg) else {
         return Verdict::Drop(Reason::DsrNoBackend);
     };
-    // SAFETY: plain data copied out (the key is the copy on the stack).
-    let Some(ep) = (unsafe { DSR_BACKENDS.get(&backend.addr) }).copied() else {
+    // SAFETY: read in place into the session (a copy on the stack cost the IPv6 program's
+    // frame room it has not got); the controller rewrites an entry whole, never in place.
+    let Some(ep) = (unsafe { A::dsr_backends().get(&backend.addr) }) else {
         return Verdict::Drop(Reason::DsrUnresolved);
     };
-    let session = DsrSession {
+    *session = DsrSessionOf {
         backend: backend.addr,
         ifindex: ep.ifindex,
         dmac: ep.dmac,
         smac: ep.smac,
         counter: backend.counter,
+        _pad: Default::default(),
         seen_ns: now,
     };
-    let v = out(ctx, p, &session, Reason::DsrNew);
+    let v = out(ctx, p, session, Reason::DsrNew);
     if !rst && matches!(v, Verdict::Dsr { .. }) {
         // Another CPU opening the same session meanwhile picked the same backend (same
         // tuple, same set): whichever write lands, the session is the same. A full table
         // evicts its least recently used session, which then picks by the hash again.
-        let _ = DSR_SESSIONS.insert(&p.key, &session, BPF_ANY as u64);
+        let _ = A::dsr_sessions().insert(&p.key, session, BPF_ANY as u64);
     }
     v
 }
@@ -121,7 +131,12 @@ pub fn send<C: Ctx>(
 /// Readdresses the frame to `s`'s backend and counts it; the verdict that sends it out of
 /// `s`'s device with `reason`.
 #[inline(always)]
-fn out<C: Ctx>(ctx: &C, p: &Packet, s: &DsrSession, reason: Reason) -> Verdict {
+fn out<C: Ctx, A: Inet>(
+    ctx: &C,
+    p: &Packet<FlowKeyOf<A>>,
+    s: &DsrSessionOf<A>,
+    reason: Reason,
+) -> Verdict {
     // The parser read the Ethernet header, so this only fails on a frame that shrank since.
     let Some(macs) = ptr_at::<[[u8; 6]; 2]>(ctx, 0) else {
         return Verdict::Pass(Reason::Malformed);

@@ -5,17 +5,16 @@ use core::mem::size_of;
 
 use aya_ebpf::bindings::{BPF_ANY, bpf_fib_lookup as FibParams, bpf_sock_tuple};
 use lb_common::{
-    Addr6, Config, FAST_PATH_V4, FAST_PATH_V6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts,
-    Reason, Service,
+    Addr, Addr6, DsrSessionOf, FAST_PATH_V4, FAST_PATH_V6, FlowKeyOf, FlowOf, FragKey, FragKey6,
+    FragPorts, Reason,
     csum::{IP_DADDR, IP_PROTO, IP_SADDR, IP_TTL, IP6_DADDR, IP6_HOP_LIMIT, IP6_NEXT, IP6_SADDR},
 };
 
 use crate::{
     csum::SumChunk,
-    dsr,
     maps::{FRAGS, FRAGS6, FamilyMaps, SLOTS, SLOTS6},
-    nat::{Ctx, Verdict},
-    parse::{self, Frame, Packet, Parsed},
+    parse::{self, Frame, Parsed},
+    redirect::Hop,
 };
 
 /// Working memory of one path run: the entries and keys it builds or copies out of the flow
@@ -26,7 +25,7 @@ use crate::{
 /// as separate values. A slot is used by one run at a time: program runs of one hook do not
 /// nest on a CPU.
 #[repr(C)]
-pub struct Room<A> {
+pub struct Room<A: Addr> {
     /// The entry the packet is rewritten by.
     pub entry: FlowOf<A>,
     /// A live entry's next state (`conntrack::update`), or a masquerade claim (`snat`).
@@ -37,13 +36,17 @@ pub struct Room<A> {
     pub other_key: FlowKeyOf<A>,
     /// Packet bytes being summed (`csum::fill_udp6`; IPv6's alone).
     pub chunk: SumChunk,
+    /// The fast path's next hop (`redirect`).
+    pub hop: Hop<A>,
+    /// A DSR session being followed or opened (`dsr`), for the same reason.
+    pub dsr: DsrSessionOf<A>,
 }
 
 /// A run's per-CPU slot: what it parsed (read through a reference, like the room, so that
 /// its addresses are not kept in registers spilled to the stack around every helper call)
 /// and its room.
 #[repr(C)]
-pub struct Slot<A> {
+pub struct Slot<A: Addr> {
     pub parsed: Parsed<FlowKeyOf<A>>,
     pub room: Room<A>,
 }
@@ -75,16 +78,6 @@ pub trait Inet: FamilyMaps {
     /// recording them (`frag`).
     fn frag_get(key: &FlowKeyOf<Self>, id: u32) -> Option<FragPorts>;
     fn frag_put(key: &FlowKeyOf<Self>, id: u32, ports: &FragPorts);
-    /// A DSR VIP's packet (`dsr`; IPv4 only: the controller refuses IPv6 VIPs of a `dsr`
-    /// network, so an IPv6 service never carries `SERVICE_DSR`).
-    fn dsr<C: Ctx>(
-        ctx: &C,
-        hook: u32,
-        p: &Packet<FlowKeyOf<Self>>,
-        svc: &Service,
-        cfg: &Config,
-        now: u64,
-    ) -> Verdict;
 }
 
 impl Inet for u32 {
@@ -125,17 +118,6 @@ impl Inet for u32 {
     #[inline(always)]
     fn frag_put(key: &FlowKeyOf<u32>, id: u32, ports: &FragPorts) {
         let _ = FRAGS.insert(&frag_key(key, id), ports, BPF_ANY as u64);
-    }
-    #[inline(always)]
-    fn dsr<C: Ctx>(
-        ctx: &C,
-        hook: u32,
-        p: &Packet<FlowKeyOf<u32>>,
-        svc: &Service,
-        cfg: &Config,
-        now: u64,
-    ) -> Verdict {
-        dsr::send(ctx, hook, p, svc, cfg, now)
     }
 }
 
@@ -199,16 +181,5 @@ impl Inet for Addr6 {
     #[inline(always)]
     fn frag_put(key: &FlowKeyOf<Addr6>, id: u32, ports: &FragPorts) {
         let _ = FRAGS6.insert(&frag_key6(key, id), ports, BPF_ANY as u64);
-    }
-    #[inline(always)]
-    fn dsr<C: Ctx>(
-        _ctx: &C,
-        _hook: u32,
-        _p: &Packet<FlowKeyOf<Addr6>>,
-        _svc: &Service,
-        _cfg: &Config,
-        _now: u64,
-    ) -> Verdict {
-        Verdict::Pass(Reason::NotService)
     }
 }

@@ -20,12 +20,13 @@ use aya_ebpf::{
     macros::btf_map,
 };
 use lb_common::{
-    Addr, Addr6, Backend, Backend6, BackendKey, BackendOf, Config, Counters, DsrSession, Endpoint,
-    Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, HOOKS, Iface,
-    Iface6, IfaceOf, LAYOUT_MAP_SLOTS, MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS,
-    MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS, MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS,
-    MAX_SERVICES, MAX_SOCK_REV, PortKey, PortKey6, PortKeyOf, REASONS, Service, SockConfig,
-    SockRev, SockRev6, SockRevKey, SockRevKey6, VipKey, VipKey6, VipKeyOf,
+    Addr, Addr6, Backend, Backend6, BackendKey, BackendOf, Config, Counters, DsrSession,
+    DsrSession6, DsrSessionOf, Endpoint, Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf,
+    FragKey, FragKey6, FragPorts, HOOKS, Iface, Iface6, IfaceOf, LAYOUT_MAP_SLOTS,
+    MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS, MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS,
+    MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS, MAX_SERVICES, MAX_SOCK_REV, PortKey, PortKey6,
+    PortKeyOf, REASONS, Service, SockConfig, SockRev, SockRev6, SockRevKey, SockRevKey6, VipKey,
+    VipKey6, VipKeyOf,
 };
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
@@ -155,6 +156,16 @@ pub static IFACES6: HashMap<u32, Iface6, { MAX_IFACES as usize }> = HashMap::new
 #[btf_map(name = "lb_endpoints6")]
 pub static ENDPOINTS6: HashMap<Addr6, Endpoint, { MAX_ENDPOINTS as usize }> = HashMap::new();
 
+#[btf_map(name = "lb_dsr_sessions6")]
+pub static DSR_SESSIONS6: LruHashMap<FlowKey6, DsrSession6, { MAX_DSR_SESSIONS as usize }> =
+    LruHashMap::new();
+
+/// The backend's MAC as the namespace's IPv6 neighbour table has it (neighbour discovery
+/// where IPv4's has ARP); the value is IPv4's, which holds no address.
+#[btf_map(name = "lb_dsr_backends6")]
+pub static DSR_BACKENDS6: HashMap<Addr6, Endpoint, { MAX_DSR_BACKENDS as usize }, NO_PREALLOC> =
+    HashMap::new();
+
 /// The maps of one address family: what the paths written once over [`Addr`] look up.
 pub trait FamilyMaps: Addr {
     fn vips() -> &'static HashMap<VipKeyOf<Self>, Service, { MAX_SERVICES as usize }, NO_PREALLOC>;
@@ -165,6 +176,9 @@ pub trait FamilyMaps: Addr {
     fn local_addrs() -> &'static HashMap<Self, u32, { MAX_LOCAL_ADDRS as usize }>;
     fn ifaces() -> &'static HashMap<u32, IfaceOf<Self>, { MAX_IFACES as usize }>;
     fn endpoints() -> &'static HashMap<Self, Endpoint, { MAX_ENDPOINTS as usize }>;
+    fn dsr_sessions()
+    -> &'static LruHashMap<FlowKeyOf<Self>, DsrSessionOf<Self>, { MAX_DSR_SESSIONS as usize }>;
+    fn dsr_backends() -> &'static HashMap<Self, Endpoint, { MAX_DSR_BACKENDS as usize }, NO_PREALLOC>;
 }
 
 /// Implements [`FamilyMaps`] for `$a` by the maps named.
@@ -177,7 +191,9 @@ macro_rules! family_maps {
         $flows:ident,
         $local:ident,
         $ifaces:ident,
-        $endpoints:ident
+        $endpoints:ident,
+        $dsr_sessions:ident,
+        $dsr_backends:ident
     ) => {
         impl FamilyMaps for $a {
             #[inline(always)]
@@ -218,6 +234,19 @@ macro_rules! family_maps {
             fn endpoints() -> &'static HashMap<Self, Endpoint, { MAX_ENDPOINTS as usize }> {
                 &$endpoints
             }
+            #[inline(always)]
+            fn dsr_sessions() -> &'static LruHashMap<
+                FlowKeyOf<Self>,
+                DsrSessionOf<Self>,
+                { MAX_DSR_SESSIONS as usize },
+            > {
+                &$dsr_sessions
+            }
+            #[inline(always)]
+            fn dsr_backends()
+            -> &'static HashMap<Self, Endpoint, { MAX_DSR_BACKENDS as usize }, NO_PREALLOC> {
+                &$dsr_backends
+            }
         }
     };
 }
@@ -230,7 +259,9 @@ family_maps!(
     FLOWS,
     LOCAL_ADDRS,
     IFACES,
-    ENDPOINTS
+    ENDPOINTS,
+    DSR_SESSIONS,
+    DSR_BACKENDS
 );
 family_maps!(
     Addr6,
@@ -240,7 +271,9 @@ family_maps!(
     FLOWS6,
     LOCAL_ADDRS6,
     IFACES6,
-    ENDPOINTS6
+    ENDPOINTS6,
+    DSR_SESSIONS6,
+    DSR_BACKENDS6
 );
 
 /// The working memory of the paths, a slot per hook (`family::Slot`): never persisted, never

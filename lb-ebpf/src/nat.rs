@@ -10,7 +10,8 @@
 //! dropped as martian when it is routed on input.
 use aya_ebpf::helpers::bpf_xdp_adjust_meta;
 use lb_common::{
-    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKeyOf, FlowOf, Reason, SERVICE_DSR,
+    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKeyOf, FlowOf, HOOK_TC_INGRESS, Reason,
+    SERVICE_DSR,
     csum::{L4Sum, Rewrite, set_addr, set_ports},
     flow,
 };
@@ -18,6 +19,7 @@ use lb_common::{
 use crate::{
     conntrack::{self, Found},
     csum::{self, SumChunk},
+    dsr,
     family::{Inet, Room},
     frag, icmp, lb,
     maps::CONFIG,
@@ -156,7 +158,7 @@ fn ingress_entry<C: Ctx, A: Inet>(
     if let Some(svc) = &svc
         && svc.flags & SERVICE_DSR != 0
     {
-        return Err(A::dsr(ctx, hook, p, svc, cfg, now));
+        return Err(dsr::send(ctx, hook, p, svc, cfg, now, &mut room.dsr));
     }
     if let Frag::Later(_) = p.frag {
         return Err(Verdict::Pass(Reason::FragUnknown));
@@ -238,9 +240,10 @@ fn egress_entry<A: Inet>(
 #[inline(always)]
 pub fn forward<A: Inet>(ctx: &Skb) -> Option<i32> {
     let cfg = config()?;
-    let daddr = redirect::daddr::<A>(ctx)?;
-    let ep = redirect::target(ctx, &daddr, Towards::Backend, cfg)?;
-    Some(redirect::send::<A>(ctx, &ep))
+    let hop = &mut A::slot(HOOK_TC_INGRESS)?.room.hop;
+    hop.daddr = redirect::daddr::<A>(ctx)?;
+    let ep = redirect::target(ctx, Towards::Backend, cfg, hop)?;
+    Some(redirect::send::<A>(ctx, ep))
 }
 
 /// The reply fast path for a frame of family `A`, at TC ingress of the node's end of a local
@@ -286,7 +289,9 @@ fn reply_flow<A: Inet>(
     if room.entry.flags != FLOW_EGRESS | FLOW_REPLY {
         return Verdict::Pass(Reason::NotService);
     }
-    let Some(ep) = redirect::target(ctx, &room.entry.daddr, Towards::Client, cfg) else {
+    room.hop.daddr = room.entry.daddr;
+    // A copy: the room is written below (the reply program's frame has room for it).
+    let Some(&ep) = redirect::target(ctx, Towards::Client, cfg, &mut room.hop) else {
         return Verdict::Pass(Reason::NotRedirected);
     };
     conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);

@@ -47,16 +47,34 @@ pub enum Towards {
     Client,
 }
 
+/// Room for finding a packet's next hop, in the run's slot (`family::Room`): on the stack,
+/// it left the IPv6 TC ingress program's frame, with DSR's beside it, over its 512 bytes.
+#[repr(C)]
+pub struct Hop<A> {
+    /// The packet's destination as it stands.
+    pub daddr: A,
+    /// A FIB lookup's parameters and answer.
+    pub fib: FibParams,
+    /// The endpoint that lookup gives.
+    pub ep: Endpoint,
+}
+
 /// The destination address of the packet as it stands (after its rewrite).
 #[inline(always)]
 pub fn daddr<A: Inet>(ctx: &Skb) -> Option<A> {
     read(ctx, L3_OFF + A::DADDR)
 }
 
-/// The endpoint a packet for `daddr` going `towards` may be handed to, if the fast path may
-/// take it (see the module's rules); `None` leaves it to the stack.
+/// The endpoint a packet for `hop.daddr` going `towards` may be handed to, if the fast path
+/// may take it (see the module's rules); `None` leaves it to the stack: a map's endpoint, or
+/// one a FIB lookup made in `hop`.
 #[inline(always)]
-pub fn target<A: Inet>(ctx: &Skb, daddr: &A, towards: Towards, cfg: &Config) -> Option<Endpoint> {
+pub fn target<'a, A: Inet>(
+    ctx: &Skb,
+    towards: Towards,
+    cfg: &Config,
+    hop: &'a mut Hop<A>,
+) -> Option<&'a Endpoint> {
     if cfg.fast_path & A::FAST_PATH == 0 {
         return None;
     }
@@ -65,10 +83,23 @@ pub fn target<A: Inet>(ctx: &Skb, daddr: &A, towards: Towards, cfg: &Config) -> 
         let skb = ctx.0.skb.skb;
         ((*skb).ifindex, (*skb).len, (*skb).gso_size)
     };
-    // SAFETY: plain data copied out (both lookups).
-    let ep = match unsafe { A::endpoints().get(daddr) } {
-        Some(ep) => *ep,
-        None => next_hop::<A>(ctx, daddr, ifindex, len, gso)?,
+    // SAFETY: read in place: the controller writes an endpoint whole, never in place.
+    let ep: &Endpoint = match unsafe { A::endpoints().get(&hop.daddr) } {
+        Some(ep) => ep,
+        None => {
+            next_hop::<A>(ctx, &hop.daddr, ifindex, len, gso, &mut hop.fib)?;
+            let fib = &hop.fib;
+            hop.ep = Endpoint {
+                ifindex: fib.ifindex,
+                l3_ifindex: fib.ifindex,
+                // Checked by the lookup.
+                mtu: u32::MAX - ETH_HLEN,
+                dmac: fib.dmac,
+                smac: fib.smac,
+                flags: 0,
+            };
+            &hop.ep
+        }
     };
     match towards {
         // The L3 interface the packet came in on is the one it would leave by: hairpin,
@@ -92,15 +123,22 @@ pub fn target<A: Inet>(ctx: &Skb, daddr: &A, towards: Towards, cfg: &Config) -> 
 }
 
 /// The next hop the kernel's FIB gives `daddr` (with the packet's source, as policy routing
-/// may need it), as an endpoint out of the device it names; `None` where the lookup does not
+/// may need it), left in `params` (the device it names, its MACs); `None` where the lookup does not
 /// succeed outright (no route, unresolved neighbour, a packet too big for the route's MTU, a
 /// route the stack must handle), which leaves the packet to the stack.
 #[inline(always)]
-fn next_hop<A: Inet>(ctx: &Skb, daddr: &A, ifindex: u32, len: u32, gso: u32) -> Option<Endpoint> {
+fn next_hop<A: Inet>(
+    ctx: &Skb,
+    daddr: &A,
+    ifindex: u32,
+    len: u32,
+    gso: u32,
+    params: &mut FibParams,
+) -> Option<()> {
     let saddr: A = read(ctx, L3_OFF + A::SADDR)?;
     let proto: u8 = read(ctx, L3_OFF + A::PROTO)?;
     // SAFETY: an all-zero lookup is a valid one to fill in.
-    let mut params: FibParams = unsafe { core::mem::zeroed() };
+    *params = unsafe { core::mem::zeroed() };
     params.family = A::AF;
     params.l4_protocol = proto;
     params.ifindex = ifindex;
@@ -110,28 +148,17 @@ fn next_hop<A: Inet>(ctx: &Skb, daddr: &A, ifindex: u32, len: u32, gso: u32) -> 
     if gso == 0 {
         params.__bindgen_anon_1.tot_len = len.saturating_sub(ETH_HLEN) as u16;
     }
-    A::fib_addrs(&mut params, saddr, *daddr);
-    // SAFETY: the params live on the stack for the call; ctx is the program's.
+    A::fib_addrs(params, saddr, *daddr);
+    // SAFETY: the params live in the run's slot for the call; ctx is the program's.
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.0.skb.skb.cast(),
-            &mut params,
+            params,
             size_of::<FibParams>() as i32,
             0,
         )
     };
-    if rc != i64::from(BPF_FIB_LKUP_RET_SUCCESS) {
-        return None;
-    }
-    Some(Endpoint {
-        ifindex: params.ifindex,
-        l3_ifindex: params.ifindex,
-        // Checked by the lookup.
-        mtu: u32::MAX - ETH_HLEN,
-        dmac: params.dmac,
-        smac: params.smac,
-        flags: 0,
-    })
+    (rc == i64::from(BPF_FIB_LKUP_RET_SUCCESS)).then_some(())
 }
 
 /// Forwards the packet to `ep` as routing would: hop count down by one, the hop's MACs, out.

@@ -8,10 +8,15 @@
 //! backends answer the client on the segment directly, not through the balancer, so it runs
 //! with `--masquerade always` (moby's ingress masquerades likewise): then the published port's
 //! replies come back through the balancer, while VIP traffic, never translated, still shows the
-//! backends the client's own address. Root only.
+//! backends the client's own address.
+//!
+//! The IPv6 twin (`dsr6_*`) runs the same contract, step for step, over IPv6 on the same
+//! segment ([`Switch::dual_stack`]: the VIP's IPv6 address on every backend's `lo`, the
+//! clients' neighbour solicitations for it answered by the balancer alone). Root only.
 use std::{
     collections::BTreeMap,
-    net::Ipv4Addr,
+    fmt,
+    net::{IpAddr, Ipv6Addr, SocketAddr},
     path::Path,
     time::{Duration, Instant},
 };
@@ -21,10 +26,11 @@ use lb_tests::{
     daemon::{LbDaemon, datapath, free_metrics_addr, scrape},
     plane::Plane,
     poll_until, require_root,
-    switch::{Switch, VIP},
+    switch::{Switch, VIP, VIP6},
     tools::tcp_established,
     traffic::{
-        Reply, TIMEOUT, TcpSession, UdpSession, assert_uniform_over_4, spawn_backends, tcp_request,
+        Backend, TIMEOUT, TcpSession, UdpSession, assert_uniform_over_4, parse_answer,
+        spawn_backend6, spawn_backends, tcp_request,
     },
 };
 use serde_json::Value;
@@ -45,8 +51,71 @@ fn lb() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lb"))
 }
 
+/// A backend's answer: who answered, and the client address it saw.
+struct Reply {
+    backend: String,
+    peer: SocketAddr,
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.backend, self.peer)
+    }
+}
+
 fn reply(answer: &str) -> Reply {
-    answer.parse().unwrap()
+    let (backend, peer) = parse_answer(answer).unwrap();
+    Reply { backend, peer }
+}
+
+/// The switch and the addresses of one family the contract runs over: IPv4's, or IPv6's of a
+/// [`Switch::dual_stack`].
+struct Net {
+    sw: Switch,
+    vip: IpAddr,
+    client: IpAddr,
+    balancer: IpAddr,
+    backends: Vec<IpAddr>,
+}
+
+impl Net {
+    fn v4(sw: Switch) -> Net {
+        Net {
+            vip: VIP.into(),
+            client: sw.client_ip().into(),
+            balancer: sw.balancer_ip().into(),
+            backends: sw.topo.backend_ips.iter().map(|&b| b.into()).collect(),
+            sw,
+        }
+    }
+
+    fn v6(sw: Switch) -> Net {
+        let v6 = sw.v6().clone();
+        Net {
+            vip: VIP6.into(),
+            client: v6.client.into(),
+            balancer: v6.node.into(),
+            backends: v6.backends.iter().map(|&b| b.into()).collect(),
+            sw,
+        }
+    }
+
+    /// The backends' servers: IPv4's, and IPv6's beside them on a dual-stack switch (UDP
+    /// answered from the VIP, as IPv4's is by `IP_PKTINFO`).
+    fn serve(&self) -> Vec<Backend> {
+        let mut servers = spawn_backends(&self.sw.topo, PORT, PORT).unwrap();
+        if self.vip.is_ipv6() {
+            for (i, ns) in self.sw.topo.backends.iter().enumerate() {
+                servers.push(spawn_backend6(ns, &format!("b{i}"), PORT, VIP6).unwrap());
+            }
+        }
+        servers
+    }
+
+    /// `ip -4`/`ip -6`: the family's neighbour table.
+    fn ip_family(&self) -> &'static str {
+        if self.vip.is_ipv6() { "-6" } else { "-4" }
+    }
 }
 
 /// `lb daemon` on `plane`'s dataplane, its metrics on `metrics`, the flow collector every
@@ -92,20 +161,20 @@ fn add_network(d: &LbDaemon, sw: &Switch, plane: Plane, extra: &[&str]) {
 
 /// `lb service set` of the one service: the VIP, the published port and every backend,
 /// `disabled` marked so.
-fn set_service(d: &LbDaemon, sw: &Switch, disabled: Option<Ipv4Addr>) {
+fn set_service(d: &LbDaemon, n: &Net, disabled: Option<IpAddr>) {
     let mut args: Vec<String> = [
         "service",
         "set",
         NET,
         "web",
         "--vip",
-        &VIP.to_string(),
+        &n.vip.to_string(),
         "--port",
         &format!("tcp/{PUB}:{PORT}"),
     ]
     .map(String::from)
     .into();
-    for &b in &sw.topo.backend_ips {
+    for &b in &n.backends {
         let flag = if Some(b) == disabled { ",disabled" } else { "" };
         args.extend(["--backend".into(), format!("{b}{flag}")]);
     }
@@ -119,32 +188,29 @@ fn backend_index(name: &str) -> usize {
 }
 
 /// The address of the backend that answered as `name`.
-fn backend_ip(sw: &Switch, name: &str) -> Ipv4Addr {
-    sw.topo.backend_ips[backend_index(name)]
+fn backend_ip(n: &Net, name: &str) -> IpAddr {
+    n.backends[backend_index(name)]
 }
 
 /// One request on a fresh TCP connection to the VIP, answered by a backend that saw the
 /// client itself.
-fn ask_vip_tcp(sw: &Switch) -> Reply {
+fn ask_vip_tcp(n: &Net) -> Reply {
     let r = reply(
-        &tcp_request(sw.client(), VIP, PORT, TIMEOUT).unwrap_or_else(|e| panic!("tcp VIP: {e:#}")),
+        &tcp_request(n.sw.client(), n.vip, PORT, TIMEOUT)
+            .unwrap_or_else(|e| panic!("tcp VIP: {e:#}")),
     );
-    assert_eq!(
-        *r.peer.ip(),
-        sw.client_ip(),
-        "the backend sees the client: {r}"
-    );
+    assert_eq!(r.peer.ip(), n.client, "the backend sees the client: {r}");
     r
 }
 
 /// Until new connections to the VIP have reached every backend: the controller resolves the
 /// backends' MACs after the network is applied, and until then a backend takes no new
 /// sessions (so a count taken earlier would be skewed by setup, not by the hash).
-fn wait_all_backends(d: &LbDaemon, sw: &Switch) {
+fn wait_all_backends(d: &LbDaemon, n: &Net) {
     let mut seen = BTreeMap::new();
     let short = Duration::from_millis(500);
     let all = poll_until(PATIENCE, || {
-        if let Ok(a) = tcp_request(sw.client(), VIP, PORT, short) {
+        if let Ok(a) = tcp_request(n.sw.client(), n.vip, PORT, short) {
             *seen.entry(reply(&a).backend).or_insert(0) += 1;
         }
         seen.len() == BACKENDS
@@ -172,32 +238,45 @@ fn session(d: &LbDaemon, proto: &str, client: &str) -> Option<Value> {
 
 /// A DSR session row: state `dsr`, the VIP and port as its frontend, `backend` as its
 /// backend (`IP:PORT`, the VIP's port, as NAT rows show a backend), and its idle time.
-fn assert_dsr_row(row: &Value, backend: Ipv4Addr) {
+fn assert_dsr_row(n: &Net, row: &Value, backend: IpAddr) {
     assert_eq!(row["state"], "dsr", "{row}");
-    assert_eq!(row["frontend"], format!("{VIP}:{PORT}"), "{row}");
-    assert_eq!(row["backend"], format!("{backend}:{PORT}"), "{row}");
+    assert_eq!(
+        row["frontend"],
+        SocketAddr::new(n.vip, PORT).to_string(),
+        "{row}"
+    );
+    assert_eq!(
+        row["backend"],
+        SocketAddr::new(backend, PORT).to_string(),
+        "{row}"
+    );
     assert!(
         row["idle_secs"].is_u64(),
         "a DSR session shows its idle time: {row}"
     );
 }
 
-/// The whole contract on one dataplane; see each step.
-fn dsr(plane: Plane) {
-    let sw = Switch::new(BACKENDS, true).unwrap();
+/// The whole contract on one dataplane, over IPv4 or (`v6`) IPv6; see each step.
+fn dsr(plane: Plane, v6: bool) {
+    let n = if v6 {
+        Net::v6(Switch::dual_stack(BACKENDS, true).unwrap())
+    } else {
+        Net::v4(Switch::new(BACKENDS, true).unwrap())
+    };
+    let sw = &n.sw;
     if plane == Plane::Xdp {
         // XDP leaves a packet whose checksum may be a CHECKSUM_PARTIAL seed (what a veth
         // carries from a sender with offload on) to TC: the client computes its checksums,
         // so XDP sends every VIP frame itself (XDP_TX, to the XDP program of its peer).
         sw.client().set_tx_checksum("eth0", false).unwrap();
     }
-    let _servers = spawn_backends(&sw.topo, PORT, PORT).unwrap();
+    let _servers = n.serve();
     let bpffs = Bpffs::new().unwrap();
     let metrics = free_metrics_addr().unwrap();
     let mut d = start(plane, &bpffs, &metrics);
-    add_network(&d, &sw, plane, &[]);
-    set_service(&d, &sw, None);
-    wait_all_backends(&d, &sw);
+    add_network(&d, sw, plane, &[]);
+    set_service(&d, &n, None);
+    wait_all_backends(&d, &n);
     println!("{}", d.ok(&["status"]));
     if plane == Plane::Xdp {
         let w = warnings(&d);
@@ -207,15 +286,15 @@ fn dsr(plane: Plane) {
         );
     }
 
-    spread_and_bypass(&d, &sw);
-    counted(&d, &sw, plane, &metrics);
-    real_server_elements(&d, &sw);
-    let long = sticky_after_disable(&d, &sw);
+    spread_and_bypass(&d, &n);
+    counted(&d, &n, plane, &metrics);
+    real_server_elements(&d, &n);
+    let long = sticky_after_disable(&d, &n);
     let long = survives_restart(&mut d, long);
-    rst_ends_the_session(&d, &sw, &long);
+    rst_ends_the_session(&d, &n, &long);
     drop(long);
-    published_port_is_nat(&sw);
-    idle_udp_session_expires(&d, &sw, plane);
+    published_port_is_nat(&d, &n, &metrics);
+    idle_udp_session_expires(&d, &n, plane);
 }
 
 /// 400 TCP connections and 100 UDP queries from connected sockets: all answered, from the VIP
@@ -224,26 +303,23 @@ fn dsr(plane: Plane) {
 /// client's, none by the balancer's port, while every client packet to the VIP went to the
 /// balancer (only the balancer answers ARP for the VIP) and the balancer sent it on to each
 /// backend.
-fn spread_and_bypass(d: &LbDaemon, sw: &Switch) {
+fn spread_and_bypass(d: &LbDaemon, n: &Net) {
+    let sw = &n.sw;
     const TCP: usize = 400;
     const UDP: usize = 100;
     sw.reset_counts().unwrap();
     let mut tcp: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..TCP {
-        *tcp.entry(ask_vip_tcp(sw).backend).or_default() += 1;
+        *tcp.entry(ask_vip_tcp(n).backend).or_default() += 1;
     }
     let mut udp: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..UDP {
         let r = reply(
-            &UdpSession::connected(sw.client(), VIP, PORT, TIMEOUT)
+            &UdpSession::connected(sw.client(), n.vip, PORT, TIMEOUT)
                 .and_then(|mut s| s.ask())
                 .unwrap_or_else(|e| panic!("udp VIP: {e:#}\nstatus: {}", d.network_status(NET))),
         );
-        assert_eq!(
-            *r.peer.ip(),
-            sw.client_ip(),
-            "the backend sees the client: {r}"
-        );
+        assert_eq!(r.peer.ip(), n.client, "the backend sees the client: {r}");
         *udp.entry(r.backend).or_default() += 1;
     }
     assert_uniform_over_4(&tcp, "400 TCP connections to the VIP");
@@ -251,7 +327,7 @@ fn spread_and_bypass(d: &LbDaemon, sw: &Switch) {
 
     let hops = sw.counts().unwrap();
     println!("at the switch:\n{hops}");
-    let replies = hops.select(|h| h.src == VIP);
+    let replies = hops.select(|h| h.src == n.vip);
     let backend_ports: Vec<String> = (0..BACKENDS).map(|i| sw.backend_port(i)).collect();
     let total = replies.packets(|_| true);
     // A TCP exchange is at least SYN-ACK and the answer from the backend; a query one datagram.
@@ -269,7 +345,7 @@ fn spread_and_bypass(d: &LbDaemon, sw: &Switch) {
         total,
         "every reply goes from a backend's port to the client's:\n{replies}"
     );
-    let requests = hops.select(|h| h.src == sw.client_ip() && h.dst == VIP);
+    let requests = hops.select(|h| h.src == n.client && h.dst == n.vip);
     assert_eq!(
         requests.packets(|h| h.in_port == sw.client_port() && h.out_port == sw.balancer_port()),
         requests.packets(|h| h.in_port == sw.client_port()),
@@ -291,11 +367,12 @@ fn spread_and_bypass(d: &LbDaemon, sw: &Switch) {
 /// the balancer sent it, at least one per connection and query; nftables: the sessions it
 /// started), eBPF counts the sessions opened by the program that took them, and `lb status`
 /// counts live sessions as flows in state `dsr`.
-fn counted(d: &LbDaemon, sw: &Switch, plane: Plane, metrics: &str) {
+fn counted(d: &LbDaemon, n: &Net, plane: Plane, metrics: &str) {
     let text = scrape(metrics).unwrap();
-    for b in &sw.topo.backend_ips {
+    let vip = n.vip;
+    for b in &n.backends {
         let series = format!(
-            "lb_packets_total{{network=\"{NET}\",service=\"web\",frontend=\"{VIP}\",backend=\"{b}\"}} "
+            "lb_packets_total{{network=\"{NET}\",service=\"web\",frontend=\"{vip}\",backend=\"{b}\"}} "
         );
         let n: u64 = (text.lines())
             .find_map(|l| l.strip_prefix(&series))
@@ -335,11 +412,11 @@ fn counted(d: &LbDaemon, sw: &Switch, plane: Plane, metrics: &str) {
 }
 
 /// `lb elements` prints the real-server partition of the VIP over the 4 backends.
-fn real_server_elements(d: &LbDaemon, sw: &Switch) {
+fn real_server_elements(d: &LbDaemon, n: &Net) {
     let elements = d.ok(&["elements", NET]);
     println!("{elements}");
-    let prefix = format!("real-server {VIP} . ");
-    let mut backends: Vec<Ipv4Addr> = (elements.lines())
+    let prefix = format!("real-server {} . ", n.vip);
+    let mut backends: Vec<IpAddr> = (elements.lines())
         .filter_map(|l| l.strip_prefix(&prefix))
         .map(|rest| {
             let (interval, backend) = rest
@@ -355,29 +432,28 @@ fn real_server_elements(d: &LbDaemon, sw: &Switch) {
         })
         .collect();
     backends.sort();
-    assert_eq!(
-        backends, sw.topo.backend_ips,
-        "one interval per backend:\n{elements}"
-    );
+    let mut want = n.backends.clone();
+    want.sort();
+    assert_eq!(backends, want, "one interval per backend:\n{elements}");
 }
 
 /// 8 long-lived connections, then the backend of the first disabled: every connection keeps
 /// answering from its own backend, the disabled one's included, and 40 new connections all
 /// go elsewhere. Returns the connections with their backends.
-fn sticky_after_disable(d: &LbDaemon, sw: &Switch) -> Vec<(TcpSession, String)> {
+fn sticky_after_disable(d: &LbDaemon, n: &Net) -> Vec<(TcpSession, String)> {
     let mut long: Vec<(TcpSession, String)> = (0..LONG_LIVED)
         .map(|_| {
-            let mut s = TcpSession::connect(sw.client(), VIP, PORT, TIMEOUT).unwrap();
+            let mut s = TcpSession::connect(n.sw.client(), n.vip, PORT, TIMEOUT).unwrap();
             let backend = reply(&s.ask().unwrap()).backend;
             (s, backend)
         })
         .collect();
     let victim = long[0].1.clone();
-    set_service(d, sw, Some(backend_ip(sw, &victim)));
+    set_service(d, n, Some(backend_ip(n, &victim)));
     println!("{victim} disabled");
     ask_long_lived(&mut long, "after its backend was disabled");
     for _ in 0..40 {
-        let r = ask_vip_tcp(sw);
+        let r = ask_vip_tcp(n);
         assert_ne!(
             r.backend, victim,
             "a new connection went to the disabled backend"
@@ -427,17 +503,17 @@ fn survives_restart(
 /// the connection, and once the backend has seen the RST — which passed the balancer first —
 /// the session is no longer listed, while the long-lived ones still are. The RST ends the
 /// session on the packet path, so no timeout (60 s by default) is waited for.
-fn rst_ends_the_session(d: &LbDaemon, sw: &Switch, long: &[(TcpSession, String)]) {
-    let mut s = TcpSession::connect(sw.client(), VIP, PORT, TIMEOUT).unwrap();
+fn rst_ends_the_session(d: &LbDaemon, n: &Net, long: &[(TcpSession, String)]) {
+    let mut s = TcpSession::connect(n.sw.client(), n.vip, PORT, TIMEOUT).unwrap();
     let r = reply(&s.ask().unwrap());
     let port = s.local_addr().unwrap().port();
-    let client = format!("{}:{port}", sw.client_ip());
+    let client = SocketAddr::new(n.client, port).to_string();
     let row = session(d, "tcp", &client)
         .unwrap_or_else(|| panic!("no session of {client}: {:?}", d.conntrack(NET)));
     println!("before the RST: {row}");
-    assert_dsr_row(&row, backend_ip(sw, &r.backend));
+    assert_dsr_row(n, &row, backend_ip(n, &r.backend));
 
-    let backend = &sw.topo.backends[backend_index(&r.backend)];
+    let backend = &n.sw.topo.backends[backend_index(&r.backend)];
     assert!(tcp_established(backend, port).unwrap());
     let reset = Instant::now();
     s.reset().unwrap();
@@ -454,10 +530,10 @@ fn rst_ends_the_session(d: &LbDaemon, sw: &Switch, long: &[(TcpSession, String)]
         "the RST ends the session at once: {after:?}"
     );
     for (s, backend) in long {
-        let client = format!("{}:{}", sw.client_ip(), s.local_addr().unwrap().port());
+        let client = SocketAddr::new(n.client, s.local_addr().unwrap().port()).to_string();
         let row = session(d, "tcp", &client)
             .unwrap_or_else(|| panic!("the long-lived {client} ({backend}) is still listed"));
-        assert_dsr_row(&row, backend_ip(sw, backend));
+        assert_dsr_row(n, &row, backend_ip(n, backend));
     }
 }
 
@@ -465,38 +541,40 @@ fn rst_ends_the_session(d: &LbDaemon, sw: &Switch, long: &[(TcpSession, String)]
 /// balancer: masquerade `always`) and every packet of the exchange passes the balancer's port
 /// — backend → balancer, balancer → client — and no backend answers the client with its own
 /// address.
-fn published_port_is_nat(sw: &Switch) {
+fn published_port_is_nat(d: &LbDaemon, n: &Net, metrics: &str) {
+    let sw = &n.sw;
     sw.reset_counts().unwrap();
     let r = reply(
-        &tcp_request(sw.client(), sw.balancer_ip(), PUB, TIMEOUT)
-            .unwrap_or_else(|e| panic!("tcp {}:{PUB}: {e:#}", sw.balancer_ip())),
+        &tcp_request(sw.client(), n.balancer, PUB, TIMEOUT).unwrap_or_else(|e| {
+            panic!(
+                "tcp {}: {e:#}\nflows: {:?}\nat the switch:\n{}\nmetrics:\n{}",
+                SocketAddr::new(n.balancer, PUB),
+                d.conntrack(NET),
+                sw.counts().unwrap(),
+                scrape(metrics).unwrap_or_default()
+            )
+        }),
     );
-    assert_eq!(*r.peer.ip(), sw.balancer_ip(), "masqueraded: {r}");
-    let (backend, i) = (backend_ip(sw, &r.backend), backend_index(&r.backend));
+    assert_eq!(r.peer.ip(), n.balancer, "masqueraded: {r}");
+    let (backend, i) = (backend_ip(n, &r.backend), backend_index(&r.backend));
     let hops = sw.counts().unwrap();
     println!("published port, answered by {}:\n{hops}", r.backend);
     let (balancer, client) = (sw.balancer_port(), sw.client_port());
     let hop = |src, dst, from: &str, to: &str| {
         hops.packets(|h| h.src == src && h.dst == dst && h.in_port == from && h.out_port == to)
     };
+    assert!(hop(n.client, n.balancer, client, balancer) > 0, "{hops}");
     assert!(
-        hop(sw.client_ip(), sw.balancer_ip(), client, balancer) > 0,
+        hop(n.balancer, backend, balancer, &sw.backend_port(i)) > 0,
         "{hops}"
     );
     assert!(
-        hop(sw.balancer_ip(), backend, balancer, &sw.backend_port(i)) > 0,
+        hop(backend, n.balancer, &sw.backend_port(i), balancer) > 0,
         "{hops}"
     );
-    assert!(
-        hop(backend, sw.balancer_ip(), &sw.backend_port(i), balancer) > 0,
-        "{hops}"
-    );
-    assert!(
-        hop(sw.balancer_ip(), sw.client_ip(), balancer, client) > 0,
-        "{hops}"
-    );
+    assert!(hop(n.balancer, n.client, balancer, client) > 0, "{hops}");
     assert_eq!(
-        hops.packets(|h| h.dst == sw.client_ip() && sw.topo.backend_ips.contains(&h.src)),
+        hops.packets(|h| h.dst == n.client && n.backends.contains(&h.src)),
         0,
         "no backend answers the client with its own address:\n{hops}"
     );
@@ -505,17 +583,17 @@ fn published_port_is_nat(sw: &Switch) {
 /// With `--timeout dsr=2` (the network added again with it), a UDP session is listed with at
 /// most 2 s left, and once idle past that it is no longer listed; the same socket is then
 /// served again (a new session).
-fn idle_udp_session_expires(d: &LbDaemon, sw: &Switch, plane: Plane) {
+fn idle_udp_session_expires(d: &LbDaemon, n: &Net, plane: Plane) {
     d.ok(&["network", "rm", NET]);
-    add_network(d, sw, plane, &["--timeout", "dsr=2"]);
-    set_service(d, sw, None);
-    wait_all_backends(d, sw);
-    let mut u = UdpSession::connected(sw.client(), VIP, PORT, TIMEOUT).unwrap();
+    add_network(d, &n.sw, plane, &["--timeout", "dsr=2"]);
+    set_service(d, n, None);
+    wait_all_backends(d, n);
+    let mut u = UdpSession::connected(n.sw.client(), n.vip, PORT, TIMEOUT).unwrap();
     let r = reply(&u.ask().unwrap());
-    let client = format!("{}:{}", sw.client_ip(), u.local_addr().unwrap().port());
+    let client = SocketAddr::new(n.client, u.local_addr().unwrap().port()).to_string();
     let row = session(d, "udp", &client)
         .unwrap_or_else(|| panic!("no session of {client}: {:?}", d.conntrack(NET)));
-    assert_dsr_row(&row, backend_ip(sw, &r.backend));
+    assert_dsr_row(n, &row, backend_ip(n, &r.backend));
     let left = row["expires_secs"].as_u64().unwrap_or(u64::MAX);
     assert!(left <= 2, "the dsr timeout applies: {row}");
     let gone = poll_until(PATIENCE, || session(d, "udp", &client).is_none());
@@ -532,22 +610,78 @@ fn idle_udp_session_expires(d: &LbDaemon, sw: &Switch, plane: Plane) {
 #[test]
 fn dsr_on_ebpf_tc() {
     if require_root("dsr_on_ebpf_tc") {
-        dsr(Plane::Tc);
+        dsr(Plane::Tc, false);
     }
 }
 
 #[test]
 fn dsr_on_ebpf_xdp() {
     if require_root("dsr_on_ebpf_xdp") {
-        dsr(Plane::Xdp);
+        dsr(Plane::Xdp, false);
     }
 }
 
 #[test]
 fn dsr_on_nftables() {
     if require_root("dsr_on_nftables") {
-        dsr(Plane::Nft);
+        dsr(Plane::Nft, false);
     }
+}
+
+#[test]
+fn dsr6_on_ebpf_tc() {
+    if require_root("dsr6_on_ebpf_tc") {
+        dsr(Plane::Tc, true);
+    }
+}
+
+#[test]
+fn dsr6_on_ebpf_xdp() {
+    if require_root("dsr6_on_ebpf_xdp") {
+        dsr(Plane::Xdp, true);
+    }
+}
+
+/// The nftables dataplane refuses an IPv6 VIP in a dsr network before anything is saved,
+/// with the reason and the way out (`dataplane::nft::dsr::refuse_ipv6`: nft 1.0.6 cannot
+/// learn a session keyed by IPv6 addresses), and keeps serving the network's IPv4 VIP.
+#[test]
+fn dsr6_on_nftables_is_refused_with_the_reason() {
+    if !require_root("dsr6_on_nftables_is_refused_with_the_reason") {
+        return;
+    }
+    let n = Net::v6(Switch::dual_stack(2, false).unwrap());
+    let _servers = n.serve();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(Plane::Nft, &bpffs, &free_metrics_addr().unwrap());
+    add_network(&d, &n.sw, Plane::Nft, &[]);
+    let r = d.cli(&[
+        "service",
+        "set",
+        NET,
+        "web",
+        "--vip",
+        &VIP6.to_string(),
+        "--backend",
+        &n.backends[0].to_string(),
+    ]);
+    println!("{r:?}");
+    assert!(!r.ok(), "{r:?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "VIP {VIP6} is IPv6, and the nftables DSR table serves IPv4 VIPs only (nft 1.0.6 cannot learn a session keyed by IPv6 addresses): use the ebpf dataplane"
+        )),
+        "{}",
+        r.stderr
+    );
+    let state = d.ok(&["state"]);
+    assert!(!state.contains(&VIP6.to_string()), "nothing saved: {state}");
+    let v4 = Net::v4(n.sw);
+    set_service(&d, &v4, None);
+    let served = poll_until(PATIENCE, || {
+        tcp_request(v4.sw.client(), v4.vip, PORT, Duration::from_millis(500)).is_ok()
+    });
+    assert!(served.is_some(), "the IPv4 VIP is served by DSR");
 }
 
 /// XDP_TX out of the balancer's veth reaches the switch only through the peer's (`sw0`) XDP
@@ -559,15 +693,15 @@ fn dsr_on_xdp_warns_when_the_balancers_peer_has_no_xdp_program() {
     if !require_root("dsr_on_xdp_warns_when_the_balancers_peer_has_no_xdp_program") {
         return;
     }
-    let mut sw = Switch::new(BACKENDS, false).unwrap();
-    sw.set_balancer_peer_gro(true).unwrap();
+    let mut n = Net::v4(Switch::new(BACKENDS, false).unwrap());
+    n.sw.set_balancer_peer_gro(true).unwrap();
     // Full checksums from the client, so that XDP (not TC) sends the VIP frames.
-    sw.client().set_tx_checksum("eth0", false).unwrap();
-    let _servers = spawn_backends(&sw.topo, PORT, PORT).unwrap();
+    n.sw.client().set_tx_checksum("eth0", false).unwrap();
+    let _servers = n.serve();
     let bpffs = Bpffs::new().unwrap();
     let d = start(Plane::Xdp, &bpffs, &free_metrics_addr().unwrap());
-    add_network(&d, &sw, Plane::Xdp, &[]);
-    set_service(&d, &sw, None);
+    add_network(&d, &n.sw, Plane::Xdp, &[]);
+    set_service(&d, &n, None);
     let missing = |w: &[String]| w.iter().any(|w| w.contains("has no XDP program"));
     let warned = poll_until(PATIENCE, || missing(&warnings(&d)));
     assert!(warned.is_some(), "no warning: {}", d.network_status(NET));
@@ -582,71 +716,94 @@ fn dsr_on_xdp_warns_when_the_balancers_peer_has_no_xdp_program() {
             .and_then(|mut s| s.ask())
     };
     assert!(
-        ask(&sw).is_err(),
+        ask(&n.sw).is_err(),
         "a query answered although XDP_TX frames to a GRO-only peer are lost (the warning would be wrong)"
     );
 
-    sw.attach_balancer_peer_xdp().unwrap();
+    n.sw.attach_balancer_peer_xdp().unwrap();
     let gone = poll_until(PATIENCE, || !missing(&warnings(&d)));
     assert!(gone.is_some(), "the warning stays: {:?}", warnings(&d));
-    let r = reply(&ask(&sw).expect("answered once the peer has an XDP program"));
-    assert_eq!(*r.peer.ip(), sw.client_ip(), "{r}");
+    let r = reply(&ask(&n.sw).expect("answered once the peer has an XDP program"));
+    assert_eq!(r.peer.ip(), n.client, "{r}");
 }
 
 /// A backend the balancer cannot reach by MAC (on the segment's subnet, but no host answers
-/// ARP for it) gets no new sessions on eBPF: every connection is served by the others, and
-/// `lb status` says why. The daemon keeps the backends resolved with managed neighbour
-/// entries of its own (`managed extern_learn`), and removes them with the network.
-#[test]
-fn dsr_unresolved_backend_gets_no_sessions_and_status_says_why() {
-    if !require_root("dsr_unresolved_backend_gets_no_sessions_and_status_says_why") {
-        return;
-    }
-    let sw = Switch::new(2, false).unwrap();
-    let _servers = spawn_backends(&sw.topo, PORT, PORT).unwrap();
+/// ARP, or neighbour solicitation for IPv6, for it) gets no new sessions on eBPF: every
+/// connection is served by the others, and `lb status` says why. The daemon keeps the
+/// backends resolved with managed neighbour entries of its own (`managed extern_learn`), and
+/// removes them with the network.
+fn unresolved_backend_gets_no_sessions(v6: bool) {
+    let (n, ghost): (Net, IpAddr) = if v6 {
+        let sw = Switch::dual_stack(2, false).unwrap();
+        (
+            Net::v6(sw),
+            Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, 0x200).into(),
+        )
+    } else {
+        (
+            Net::v4(Switch::new(2, false).unwrap()),
+            [10, 30, 0, 200].into(),
+        )
+    };
+    let _servers = n.serve();
     let bpffs = Bpffs::new().unwrap();
     let d = start(Plane::Tc, &bpffs, &free_metrics_addr().unwrap());
-    add_network(&d, &sw, Plane::Tc, &[]);
-    let ghost = Ipv4Addr::new(10, 30, 0, 200);
-    let mut args: Vec<String> = ["service", "set", NET, "web", "--vip", &VIP.to_string()]
+    add_network(&d, &n.sw, Plane::Tc, &[]);
+    let mut args: Vec<String> = ["service", "set", NET, "web", "--vip", &n.vip.to_string()]
         .map(String::from)
         .into();
-    for b in sw.topo.backend_ips.iter().chain([&ghost]) {
+    for b in n.backends.iter().chain([&ghost]) {
         args.extend(["--backend".into(), b.to_string()]);
     }
     d.ok(&args);
     let why = format!("dsr backend {ghost} gets no new sessions");
     let warned = poll_until(PATIENCE, || warnings(&d).iter().any(|w| w.contains(&why)));
     assert!(warned.is_some(), "{why}: {:?}", warnings(&d));
+    println!("{:?}", warnings(&d));
     let mut seen = BTreeMap::new();
     for _ in 0..40 {
-        *seen.entry(ask_vip_tcp(&sw).backend).or_insert(0) += 1;
+        *seen.entry(ask_vip_tcp(&n).backend).or_insert(0) += 1;
     }
     assert_eq!(
         seen.len(),
         2,
         "both real backends serve, nothing is lost: {seen:?}"
     );
-    let managed = |sw: &Switch| -> Vec<String> {
-        (sw.balancer()
-            .ip(["-4", "neigh", "show", "nud", "all"])
+    let managed = |n: &Net| -> Vec<String> {
+        (n.sw
+            .balancer()
+            .ip([n.ip_family(), "neigh", "show", "nud", "all"])
             .unwrap()
             .lines())
         .filter(|l| l.contains("managed") && l.contains("extern_learn"))
         .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
         .collect()
     };
-    let mut ours = managed(&sw);
+    let mut ours = managed(&n);
     ours.sort();
-    let mut want: Vec<String> = (sw.topo.backend_ips.iter().chain([&ghost]))
+    let mut want: Vec<String> = (n.backends.iter().chain([&ghost]))
         .map(|b| b.to_string())
         .collect();
     want.sort();
     assert_eq!(ours, want, "lb keeps every backend resolved");
     d.ok(&["network", "rm", NET]);
     assert_eq!(
-        managed(&sw),
+        managed(&n),
         Vec::<String>::new(),
         "removed with the network"
     );
+}
+
+#[test]
+fn dsr_unresolved_backend_gets_no_sessions_and_status_says_why() {
+    if require_root("dsr_unresolved_backend_gets_no_sessions_and_status_says_why") {
+        unresolved_backend_gets_no_sessions(false);
+    }
+}
+
+#[test]
+fn dsr6_unresolved_backend_gets_no_sessions_and_status_says_why() {
+    if require_root("dsr6_unresolved_backend_gets_no_sessions_and_status_says_why") {
+        unresolved_backend_gets_no_sessions(true);
+    }
 }

@@ -29,7 +29,7 @@ use lb_user::{
     },
 };
 
-use crate::packet::Ipv4Packet;
+use crate::packet::{Ipv4Packet, Ipv6Packet};
 
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
@@ -521,6 +521,18 @@ pub fn key(p: &Ipv4Packet) -> FlowKey {
     FlowKey {
         saddr: be4(p.saddr),
         daddr: be4(p.daddr),
+        sport: p.sport.to_be(),
+        dport: p.dport.to_be(),
+        proto: p.proto,
+        _pad: [0; 3],
+    }
+}
+
+/// [`key`] of an IPv6 packet.
+pub fn key6(p: &Ipv6Packet) -> FlowKey6 {
+    FlowKey6 {
+        saddr: ebpf::be6(p.saddr),
+        daddr: ebpf::be6(p.daddr),
         sport: p.sport.to_be(),
         dport: p.dport.to_be(),
         proto: p.proto,

@@ -533,7 +533,7 @@ impl Topology {
     /// addresses the kernel gives every interface go through duplicate address detection,
     /// and until they are through, neighbour discovery and the first datagrams of a path
     /// may be lost (a fragmented UDP datagram sent at once was, 1 time in 3).
-    fn settle_ipv6(&self) -> Result<()> {
+    pub(crate) fn settle_ipv6(&self) -> Result<()> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         for ns in self.namespaces() {
             while !ns
@@ -555,6 +555,34 @@ impl Topology {
     /// The IPv6 addresses of a [`Topology::dual_stack`].
     pub fn v6(&self) -> &Ipv6Addrs {
         self.ipv6.as_ref().expect("a dual-stack topology")
+    }
+
+    /// [`Topology::single_interface`] with IPv6 beside IPv4 on the segment: node fd30::1/64,
+    /// client fd30::2/64, backend i fd30::(10+i)/64 (hex), all on `eth0`, on-link only as the
+    /// IPv4 side is (the client reaches everything on the segment directly); the node
+    /// forwards IPv6. Returned once the link-local addresses are through duplicate address
+    /// detection, as [`Topology::dual_stack`].
+    pub fn single_interface_dual_stack(n_backends: usize) -> Result<Topology> {
+        let mut topo = Topology::single_interface(n_backends)?;
+        let v6 = |host: u16| Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, host);
+        let addrs = Ipv6Addrs {
+            client: v6(2),
+            node: v6(1),
+            node_backend: v6(1),
+            backends: (0..n_backends).map(|i| v6(0x10 + i as u16)).collect(),
+        };
+        for ns in topo.namespaces() {
+            ns.enable_ipv6()?;
+        }
+        topo.node.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        topo.node.add_ipv6(addrs.node, ENDPOINT_IF)?;
+        topo.client.add_ipv6(addrs.client, ENDPOINT_IF)?;
+        for (backend, &addr) in topo.backends.iter().zip(&addrs.backends) {
+            backend.add_ipv6(addr, ENDPOINT_IF)?;
+        }
+        topo.ipv6 = Some(addrs);
+        topo.settle_ipv6()?;
+        Ok(topo)
     }
 
     /// Moby's LB sandbox: the node has ONE interface, `eth0` 10.30.0.1/24, on the same L2

@@ -4,7 +4,7 @@
 //! It is [`Topology::single_interface`] (every host has `lo` + `eth0` on one /24, the segment a
 //! bridge in its own `switch` namespace), set up as a DSR segment is:
 //! ```text
-//!            switch (br0; nft bridge table `lbt_switch` counts every IPv4 hop)
+//!            switch (br0; nft bridge table `lbt_switch` counts every IPv4 and IPv6 hop)
 //!   sw0 ─ balancer 10.30.0.1   (lb's dsr network; lb's VIP alias on eth0 answers ARP)
 //!   sw1 ─ client   10.30.0.2   (arp_announce 2)
 //!   sw2 ─ b0       10.30.0.10  ┐ VIP 10.30.0.100/32 on lo, arp_ignore 1, arp_announce 2:
@@ -29,13 +29,13 @@
 //!   frame (nothing is a service).
 //!
 //! The switch's counters are an nftables `bridge` table in the switch namespace (one this
-//! harness created, holding nothing else): a dynamic set with a counter per (source, destination,
-//! ingress port, egress port) of every IPv4 packet the bridge forwards. A flooded frame counts
+//! harness created, holding nothing else): a dynamic set per family with a counter per (source,
+//! destination, ingress port, egress port) of every IPv4 and IPv6 packet the bridge forwards. A flooded frame counts
 //! once per port it goes out by. So "every reply went backend → client, none through the
 //! balancer's port" is a query over [`Hops`].
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{Context, Result};
 use aya::programs::{Xdp, XdpMode};
@@ -49,10 +49,14 @@ use crate::netns::{ENDPOINT_IF, Netns, SWITCH_CLIENT_PORT, SWITCH_NODE_PORT, Top
 
 /// The VIP of the topology: on the segment's /24, owned by every backend.
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 30, 0, 100);
+/// The IPv6 VIP of [`Switch::dual_stack`]: on the segment's /64, owned by every backend.
+pub const VIP6: Ipv6Addr = Ipv6Addr::new(0xfd30, 0, 0, 0, 0, 0, 0, 0x100);
 
-/// The nftables table (family bridge) of the switch namespace, and its set of hop counters.
+/// The nftables table (family bridge) of the switch namespace, and its sets of hop counters
+/// (IPv4's and IPv6's).
 const TABLE: &str = "lbt_switch";
 const HOPS: &str = "hops";
+const HOPS6: &str = "hops6";
 
 /// See the module documentation. Dropping it deletes every namespace, the switch's table with
 /// its own, and the program on the balancer's switch port with its namespace.
@@ -76,8 +80,29 @@ impl Switch {
     /// A client, a balancer and `n_backends` backends on one switch, as in the module
     /// documentation; the balancer's switch port runs an XDP program iff `balancer_peer_xdp`.
     pub fn new(n_backends: usize, balancer_peer_xdp: bool) -> Result<Switch> {
+        Switch::on(Topology::single_interface(n_backends)?, balancer_peer_xdp)
+    }
+
+    /// [`Switch::new`] with IPv6 beside IPv4 ([`Topology::single_interface_dual_stack`]),
+    /// [`VIP6`] on every backend's `lo` too. IPv6 needs nothing in place of `arp_ignore`: a
+    /// host answers a neighbour solicitation only for an address of the interface it came in
+    /// on, so only the balancer (lb's alias on `eth0`) answers for the VIP; nor of
+    /// `arp_announce`: a solicitation is sent from an address of the interface it leaves by.
+    pub fn dual_stack(n_backends: usize, balancer_peer_xdp: bool) -> Result<Switch> {
+        let sw = Switch::on(
+            Topology::single_interface_dual_stack(n_backends)?,
+            balancer_peer_xdp,
+        )?;
+        let vip = format!("{VIP6}/128");
+        for backend in &sw.topo.backends {
+            backend.ip(["-6", "addr", "add", &vip, "dev", "lo", "nodad"])?;
+        }
+        Ok(sw)
+    }
+
+    fn on(topo: Topology, balancer_peer_xdp: bool) -> Result<Switch> {
         let mut sw = Switch {
-            topo: Topology::single_interface(n_backends)?,
+            topo,
             peer_xdp: None,
         };
         let vip = format!("{VIP}/32");
@@ -103,9 +128,16 @@ impl Switch {
                  counter\n\
                  size 4096\n\
                }}\n\
+               set {HOPS6} {{\n\
+                 type ipv6_addr . ipv6_addr . ifname . ifname\n\
+                 flags dynamic\n\
+                 counter\n\
+                 size 4096\n\
+               }}\n\
                chain forward {{\n\
                  type filter hook forward priority 0; policy accept;\n\
                  ether type ip add @{HOPS} {{ ip saddr . ip daddr . iifname . oifname }}\n\
+                 ether type ip6 add @{HOPS6} {{ ip6 saddr . ip6 daddr . iifname . oifname }}\n\
                }}\n\
              }}\n\
              EOF"
@@ -125,6 +157,11 @@ impl Switch {
 
     pub fn balancer_ip(&self) -> Ipv4Addr {
         self.topo.node_ip
+    }
+
+    /// The IPv6 addresses of a [`Switch::dual_stack`].
+    pub fn v6(&self) -> &crate::netns::Ipv6Addrs {
+        self.topo.v6()
     }
 
     pub fn client(&self) -> &Netns {
@@ -189,27 +226,36 @@ impl Switch {
         self.peer_xdp = None;
     }
 
-    /// The switch's counters so far (since it was made, or since [`Switch::reset_counts`]).
+    /// The switch's counters of both families so far (since it was made, or since
+    /// [`Switch::reset_counts`]).
     pub fn counts(&self) -> Result<Hops> {
-        let out = self
-            .switch()
-            .exec(["nft", "-j", "list", "set", "bridge", TABLE, HOPS])?;
-        Hops::parse(&out).with_context(|| format!("`nft -j list set bridge {TABLE} {HOPS}`: {out}"))
+        let mut all = Hops::default();
+        for set in [HOPS, HOPS6] {
+            let out = self
+                .switch()
+                .exec(["nft", "-j", "list", "set", "bridge", TABLE, set])?;
+            let hops = Hops::parse(&out)
+                .with_context(|| format!("`nft -j list set bridge {TABLE} {set}`: {out}"))?;
+            all.0.extend(hops.0);
+        }
+        Ok(all)
     }
 
     /// Forgets every counter.
     pub fn reset_counts(&self) -> Result<()> {
-        self.switch()
-            .exec(["nft", "flush", "set", "bridge", TABLE, HOPS])
-            .map(drop)
+        for set in [HOPS, HOPS6] {
+            self.switch()
+                .exec(["nft", "flush", "set", "bridge", TABLE, set])?;
+        }
+        Ok(())
     }
 }
 
 /// Packets of one source, destination, and ports of the switch they came in and went out by.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Hop {
-    pub src: Ipv4Addr,
-    pub dst: Ipv4Addr,
+    pub src: IpAddr,
+    pub dst: IpAddr,
     pub in_port: String,
     pub out_port: String,
 }

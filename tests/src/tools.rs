@@ -352,7 +352,9 @@ pub fn tcp_listening(ns: &Netns, port: u16) -> Result<bool> {
 /// from the namespace's `/proc/net/tcp`: a server's side of a client's connection, until a RST
 /// (or the server's own close) ends it.
 pub fn tcp_established(ns: &Netns, remote_port: u16) -> Result<bool> {
-    let table = proc_net(ns, "tcp")?;
+    // IPv4's and IPv6's tables, whose lines have the same fields (a kernel without IPv6 has
+    // no tcp6, and no IPv6 connection).
+    let table = proc_net(ns, "tcp")? + &proc_net(ns, "tcp6").unwrap_or_default();
     // `sl local_address rem_address st ...`, 01 = ESTABLISHED.
     Ok(table.lines().skip(1).any(|line| {
         let mut fields = line.split_whitespace().skip(2);

@@ -10,7 +10,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket};
+use std::net::{
+    IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, SocketAddrV4, TcpListener, TcpStream,
+    UdpSocket,
+};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,6 +104,11 @@ pub fn spawn_backend(ns: &Netns, name: &str, tcp_port: u16, udp_port: u16) -> Re
                 ns.name()
             )
         })?;
+    serve(name, listener, udp)
+}
+
+/// Answers on `listener` and `udp` as backend `name` until dropped.
+fn serve(name: &str, listener: TcpListener, udp: UdpSocket) -> Result<Backend> {
     let (listener, udp) = (Arc::new(listener), Arc::new(udp));
     let shared = Arc::new(Shared::default());
     let mut backend = Backend {
@@ -128,6 +136,21 @@ pub fn spawn_backend(ns: &Netns, name: &str, tcp_port: u16, udp_port: u16) -> Re
     Ok(backend)
 }
 
+/// [`spawn_backend`] on IPv6 beside it (the namespace has IPv6 on; `bindv6only` is set so
+/// that `[::]` leaves IPv4's ports to the IPv4 server): TCP on `[::]:port`, UDP on
+/// `[udp_at]:port`, the one address its datagrams are answered from (a direct-server-return
+/// backend's VIP: an IPv6 socket on `[::]` would answer from the address the route picks).
+pub fn spawn_backend6(ns: &Netns, name: &str, port: u16, udp_at: Ipv6Addr) -> Result<Backend> {
+    ns.sysctl("net.ipv6.bindv6only", "1")?;
+    let (listener, udp) = ns
+        .run(|| {
+            let udp = UdpSocket::bind((udp_at, port))?;
+            io::Result::Ok((TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))?, udp))
+        })?
+        .with_context(|| format!("backend {name}: bind tcp/[::]:{port}, udp/[{udp_at}]:{port}"))?;
+    serve(name, listener, udp)
+}
+
 /// One backend per namespace of `topo.backends`, named `b0`, `b1`, ...
 pub fn spawn_backends(topo: &Topology, tcp_port: u16, udp_port: u16) -> Result<Vec<Backend>> {
     topo.backends
@@ -150,17 +173,22 @@ fn spawn(name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<(
         .with_context(|| format!("spawn thread {name}"))
 }
 
+/// The answer line to `peer`: a [`Reply`] (an IPv6 peer as `[addr]:port`, which
+/// [`parse_answer`] reads).
 fn reply_line(name: &str, peer: SocketAddr) -> Option<String> {
-    match peer {
-        SocketAddr::V4(peer) => Some(format!(
-            "{}\n",
-            Reply {
-                backend: name.to_owned(),
-                peer
-            }
-        )),
-        SocketAddr::V6(_) => None,
-    }
+    Some(format!("{name} {peer}\n"))
+}
+
+/// A backend's answer line of either family: (backend, the client address it saw).
+pub fn parse_answer(line: &str) -> Result<(String, SocketAddr)> {
+    let (backend, peer) = line
+        .trim_end()
+        .split_once(' ')
+        .with_context(|| format!("not a backend reply: {line:?}"))?;
+    let peer = peer
+        .parse()
+        .with_context(|| format!("bad peer in backend reply {line:?}"))?;
+    Ok((backend.to_owned(), peer))
 }
 
 fn accept_loop(name: &str, listener: &TcpListener, shared: &Shared) {
@@ -240,6 +268,20 @@ fn serve_http(mut lines: BufReader<&TcpStream>, answer: &str) {
 
 fn udp_loop(name: &str, udp: &UdpSocket, shared: &Shared) {
     let mut buf = [0u8; 2048];
+    // An IPv6 backend's socket is bound to the one address it answers at
+    // ([`spawn_backend6`]): its answers leave from it without a control message.
+    if udp.local_addr().is_ok_and(|a| a.is_ipv6()) {
+        while !shared.stopping() {
+            if let Ok((n, peer)) = udp.recv_from(&mut buf)
+                && n > 0
+                && let Some(answer) = reply_line(name, peer)
+                && !shared.stopping()
+            {
+                let _ = udp.send_to(answer.as_bytes(), peer);
+            }
+        }
+        return;
+    }
     while !shared.stopping() {
         if let Ok(Some((peer, local))) = recv_with_local(udp, &mut buf)
             && let Some(answer) = reply_line(name, peer.into())
@@ -441,15 +483,20 @@ fn connect_tcp(
 /// backend lb picked for it) stays the same for its whole life.
 pub struct TcpSession {
     lines: BufReader<TcpStream>,
-    peer: SocketAddrV4,
+    peer: SocketAddr,
     timeout: Duration,
 }
 
 impl TcpSession {
     /// Connects from `ns` to `addr:port`; connect, every send and every read time out after
     /// `timeout`.
-    pub fn connect(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<TcpSession> {
-        let peer = SocketAddrV4::new(addr, port);
+    pub fn connect(
+        ns: &Netns,
+        addr: impl Into<IpAddr>,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<TcpSession> {
+        let peer = SocketAddr::new(addr.into(), port);
         let stream = connect_tcp(ns, peer, timeout, "tcp")?;
         Ok(TcpSession {
             lines: BufReader::new(stream),
@@ -484,7 +531,7 @@ impl TcpSession {
         stream.set_write_timeout(Some(timeout))?;
         Ok(TcpSession {
             lines: BufReader::new(stream),
-            peer,
+            peer: peer.into(),
             timeout,
         })
     }
@@ -607,20 +654,31 @@ fn bound_connect(local_port: u16, peer: SocketAddrV4, timeout: Duration) -> io::
 /// A UDP socket bound in a namespace (one source port for its whole life), asking one peer.
 pub struct UdpSession {
     sock: UdpSocket,
-    peer: SocketAddrV4,
+    peer: SocketAddr,
     timeout: Duration,
 }
 
 impl UdpSession {
-    /// Binds an ephemeral port on 0.0.0.0 in `ns` for talking to `addr:port`.
-    pub fn connect(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<UdpSession> {
+    /// Binds an ephemeral port on 0.0.0.0 (`[::]` for an IPv6 `addr`) in `ns` for talking to
+    /// `addr:port`.
+    pub fn connect(
+        ns: &Netns,
+        addr: impl Into<IpAddr>,
+        port: u16,
+        timeout: Duration,
+    ) -> Result<UdpSession> {
+        let addr = addr.into();
+        let any = match addr {
+            IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
         let sock = ns
-            .run(|| UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)))?
+            .run(|| UdpSocket::bind((any, 0)))?
             .with_context(|| format!("udp bind in {}", ns.name()))?;
         sock.set_read_timeout(Some(timeout))?;
         Ok(UdpSession {
             sock,
-            peer: SocketAddrV4::new(addr, port),
+            peer: SocketAddr::new(addr, port),
             timeout,
         })
     }
@@ -631,7 +689,7 @@ impl UdpSession {
     /// of the VIP) is never seen and the ask times out.
     pub fn connected(
         ns: &Netns,
-        addr: Ipv4Addr,
+        addr: impl Into<IpAddr>,
         port: u16,
         timeout: Duration,
     ) -> Result<UdpSession> {
@@ -658,7 +716,7 @@ impl UdpSession {
             .recv_from(&mut buf)
             .map_err(|e| exchange_error(e, "udp answer from", peer, timeout))?;
         ensure!(
-            from == SocketAddr::V4(peer),
+            from == peer,
             "udp answer for {peer} came from {from}: {:?}",
             String::from_utf8_lossy(&buf[..n])
         );
@@ -674,7 +732,12 @@ impl UdpSession {
 }
 
 /// One request on a fresh TCP connection from `ns` to `addr:port`: the answer line.
-pub fn tcp_request(ns: &Netns, addr: Ipv4Addr, port: u16, timeout: Duration) -> Result<String> {
+pub fn tcp_request(
+    ns: &Netns,
+    addr: impl Into<IpAddr>,
+    port: u16,
+    timeout: Duration,
+) -> Result<String> {
     TcpSession::connect(ns, addr, port, timeout)?.ask()
 }
 

@@ -4,25 +4,31 @@
 //! `lb_dsr_backends` — the controller's MAC resolution, not this part — is written by the
 //! tests directly, as the controller would from the neighbour table. Root only.
 //!
+//! IPv6 VIPs take the same path with the IPv6 maps (`lb_dsr_sessions6`, `lb_dsr_backends6`):
+//! the `*_ipv6` cases run the fixture's dual-stack network (`web` with `VIP6` and `WEB6`)
+//! through the programs' IPv6 twins, with the same frame checks.
+//!
 //! A test run's packet comes in on loopback (ifindex 1: an XDP run's `ingress_ifindex`, a TC
 //! run's device), so a backend resolved on ifindex 1 is "on the device the frame came in on"
 //! (XDP_TX), any other ifindex another device (XDP_REDIRECT). A test run only reports a
 //! redirect; nothing is sent.
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lb_common::{
-    DsrSession, Endpoint, FlowKey, Reason, SERVICE_DSR,
+    Addr, DsrSession, DsrSession6, Endpoint, FlowKey, FlowKey6, FlowKeyOf, Reason, SERVICE_DSR,
     flow::NS_PER_SEC,
     hash::{bucket, flow_hash},
     slot_for_bucket,
 };
 use lb_tests::{
     fixture::{
-        CLIENT, EMPTY_BACKEND, EMPTY_VIP, Fixture, NODE, Prog, TC_ACT_OK, TC_ACT_SHOT, VIP, WEB,
-        XDP_DROP, XDP_PASS, expect_untouched, key, network, reason_count,
+        CLIENT, EMPTY_BACKEND, EMPTY_VIP, Fixture, NODE, Prog, TC_ACT_OK, TC_ACT_SHOT, VIP, VIP6,
+        WEB, WEB6, XDP_DROP, XDP_PASS, dual_stack_network, expect_untouched, key, key6, network,
+        reason_count,
     },
     packet::{
-        Ipv4Packet, TCP_ACK, TCP_PSH, TCP_RST, arp_request, icmp_message, ip_of, pseudo_seed,
+        Ext, Ipv4Packet, Ipv6Packet, TCP_ACK, TCP_PSH, TCP_RST, arp_request, icmp_message, ip_of,
+        pseudo_seed,
     },
     require_root,
 };
@@ -32,7 +38,7 @@ use lb_user::{
         elements::{Interval, REAL_SERVER, dsr_elements},
         model::{Masquerade, Mode, Network},
     },
-    dataplane::ebpf::{MapAddr, ServiceKey, be4, gc::monotonic_ns},
+    dataplane::ebpf::{MapAddr, ServiceKey, be4, be6, gc::monotonic_ns},
 };
 
 const XDP_TX: u32 = 3;
@@ -51,10 +57,16 @@ const TIMEOUT: u32 = 30;
 const HASH_KEY: u32 = 0x0d5e_2024;
 /// The programs the DSR path runs in.
 const INGRESS: [Prog; 2] = [Prog::Xdp, Prog::TcIngress];
+/// The IPv6 client of the `*_ipv6` cases.
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0xfd10, 0, 0, 0, 0, 0, 0, 2);
 
-/// A backend's MAC in these tests: its address in the low four bytes.
-fn mac_of(ip: Ipv4Addr) -> [u8; 6] {
-    let [a, b, c, d] = ip.octets();
+/// A backend's MAC in these tests: the low four bytes of its address.
+fn mac_of(ip: impl Into<IpAddr>) -> [u8; 6] {
+    let low = match ip.into() {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => v6.octets()[12..].try_into().unwrap(),
+    };
+    let [a, b, c, d] = low;
     [0x02, 0xbb, a, b, c, d]
 }
 
@@ -63,6 +75,12 @@ fn backend_by_mac(mac: &[u8]) -> Ipv4Addr {
         .copied()
         .find(|ip| mac_of(*ip) == mac)
         .unwrap_or_else(|| panic!("destination MAC {mac:02x?} is no backend's"))
+}
+
+fn backend6_by_mac(mac: &[u8]) -> Ipv6Addr {
+    (WEB6.iter().copied())
+        .find(|ip| mac_of(*ip) == mac)
+        .unwrap_or_else(|| panic!("destination MAC {mac:02x?} is no IPv6 backend's"))
 }
 
 /// The fixture's network (`web`: VIP with 3 backends and published ports, `empty`: a VIP
@@ -74,8 +92,9 @@ fn dsr_network() -> Network {
     net
 }
 
-/// Writes `ip`'s `lb_dsr_backends` entry: reached out of `ifindex`.
-fn resolve(f: &mut Fixture, ip: Ipv4Addr, ifindex: u32) {
+/// Writes `ip`'s `lb_dsr_backends` (`lb_dsr_backends6`) entry: reached out of `ifindex`.
+fn resolve(f: &mut Fixture, ip: impl Into<IpAddr>, ifindex: u32) {
+    let ip = ip.into();
     let ep = Endpoint {
         ifindex,
         l3_ifindex: ifindex,
@@ -84,9 +103,11 @@ fn resolve(f: &mut Fixture, ip: Ipv4Addr, ifindex: u32) {
         smac: DEV_MAC,
         flags: 0,
     };
-    f.dp.dsr_backends_mut()
-        .insert(be4(ip), ep, 0)
-        .expect("writing lb_dsr_backends");
+    match ip {
+        IpAddr::V4(v4) => f.dp.dsr_backends_mut().insert(be4(v4), ep, 0),
+        IpAddr::V6(v6) => f.dp.dsr_backends6_mut().insert(be6(v6), ep, 0),
+    }
+    .expect("writing the DSR backend map");
 }
 
 /// A dsr fixture with every backend resolved on the ingress device.
@@ -105,6 +126,31 @@ fn fixture() -> Option<Fixture> {
     Some(f)
 }
 
+/// [`fixture`] of the dual-stack network: `web`'s IPv6 VIP and backends, resolved likewise.
+fn fixture6() -> Option<Fixture> {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("dsr_prog")
+        .to_owned();
+    if !require_root(&name) {
+        return None;
+    }
+    let mut net = dual_stack_network(Masquerade::Never);
+    net.mode = Mode::Dsr;
+    net.timeouts.dsr = Some(TIMEOUT);
+    let mut f = Fixture::with_network(net, Some(HASH_KEY));
+    for ip in WEB6 {
+        resolve(&mut f, ip, RUN_IFINDEX);
+    }
+    Some(f)
+}
+
+fn session6(f: &Fixture, k: &FlowKey6) -> Option<DsrSession6> {
+    (f.dp.dsr_sessions6().into_iter())
+        .find(|(sk, _)| sk == k)
+        .map(|(_, s)| s)
+}
+
 fn session(f: &Fixture, k: &FlowKey) -> Option<DsrSession> {
     (f.dp.dsr_sessions().into_iter())
         .find(|(sk, _)| sk == k)
@@ -121,24 +167,37 @@ fn put_session(f: &mut Fixture, k: &FlowKey, s: DsrSession) {
 /// composed set's member at `slot_for_bucket`, which must be the one the rendered
 /// `real-server` element of that bucket names (what `lb elements` prints).
 fn hashed_backend(f: &Fixture, p: &Ipv4Packet) -> Ipv4Addr {
-    let hash_key = f.dp.config().unwrap().hash_key;
-    let b = bucket(flow_hash(&key(p), hash_key));
-    let composed = compose(&f.net);
-    let set = &composed.vips[&IpAddr::V4(p.daddr)];
-    let slot = slot_for_bucket(b, set.len() as u32).expect("a set with backends");
-    let IpAddr::V4(by_slot) = set[slot as usize] else {
+    let IpAddr::V4(b) = hashed_of(f, p.daddr.into(), &key(p)) else {
         panic!("an IPv4 VIP's set holds IPv4 backends")
     };
-    let prefix = format!("{} . ", p.daddr);
+    b
+}
+
+fn hashed_backend6(f: &Fixture, p: &Ipv6Packet) -> Ipv6Addr {
+    let IpAddr::V6(b) = hashed_of(f, p.daddr.into(), &key6(p)) else {
+        panic!("an IPv6 VIP's set holds IPv6 backends")
+    };
+    b
+}
+
+/// [`hashed_backend`] of tuple `k` to `vip`, of either family.
+fn hashed_of<A: Addr>(f: &Fixture, vip: IpAddr, k: &FlowKeyOf<A>) -> IpAddr {
+    let hash_key = f.dp.config().unwrap().hash_key;
+    let b = bucket(flow_hash(k, hash_key));
+    let composed = compose(&f.net);
+    let set = &composed.vips[&vip];
+    let slot = slot_for_bucket(b, set.len() as u32).expect("a set with backends");
+    let by_slot = set[slot as usize];
+    let prefix = format!("{vip} . ");
     let by_element = (dsr_elements(&composed).into_iter())
         .filter(|e| e.map == REAL_SERVER)
         .find_map(|e| {
             let interval: Interval = e.key.strip_prefix(&prefix)?.parse().unwrap();
             interval
                 .contains(b)
-                .then(|| e.value.parse::<Ipv4Addr>().unwrap())
+                .then(|| e.value.parse::<IpAddr>().unwrap())
         })
-        .unwrap_or_else(|| panic!("no real-server element of {} holds bucket {b}", p.daddr));
+        .unwrap_or_else(|| panic!("no real-server element of {vip} holds bucket {b}"));
     assert_eq!(
         by_slot, by_element,
         "slot {slot} and the rendered element agree"
@@ -172,6 +231,16 @@ fn expect_dsr(f: &mut Fixture, prog: Prog, p: &Ipv4Packet, ifindex: u32) -> Ipv4
 }
 
 fn expect_dsr_frame(f: &mut Fixture, prog: Prog, input: &[u8], ifindex: u32) -> Ipv4Addr {
+    backend_by_mac(&expect_dsr_mac(f, prog, input, ifindex))
+}
+
+/// [`expect_dsr`] of an IPv6 packet (its program is the hook's IPv6 twin, by tail call).
+fn expect_dsr6(f: &mut Fixture, prog: Prog, input: &[u8], ifindex: u32) -> Ipv6Addr {
+    backend6_by_mac(&expect_dsr_mac(f, prog, input, ifindex))
+}
+
+/// The checks of [`expect_dsr`] on a frame of either family; returns its destination MAC.
+fn expect_dsr_mac(f: &mut Fixture, prog: Prog, input: &[u8], ifindex: u32) -> [u8; 6] {
     let run = f.test_run(prog, input, None).expect("test run");
     assert_eq!(run.verdict, sent(prog, ifindex), "{prog:?}: verdict");
     assert_eq!(run.out.len(), input.len(), "{prog:?}: same length");
@@ -187,10 +256,10 @@ fn expect_dsr_frame(f: &mut Fixture, prog: Prog, input: &[u8], ifindex: u32) -> 
     );
     assert_eq!(run.meta, None, "{prog:?}: no handoff to TC");
     assert!(
-        f.dp.flow_entries().is_empty(),
+        f.dp.flow_entries().is_empty() && f.dp.flow_entries6().is_empty(),
         "{prog:?}: DSR writes no flow entry"
     );
-    backend_by_mac(&run.out[..6])
+    run.out[..6].try_into().unwrap()
 }
 
 /// Runs `input` through `prog`, which must drop it, untouched.
@@ -247,6 +316,7 @@ fn a_new_session_goes_to_the_hashed_backend_by_mac_with_l3_l4_untouched() {
                     dmac: mac_of(backend),
                     smac: DEV_MAC,
                     counter: counter_of(&f, VIP, backend),
+                    _pad: [],
                     seen_ns: s.seen_ns,
                 },
                 "{prog:?}: the session of {p:?}"
@@ -371,6 +441,7 @@ fn an_expired_session_is_picked_again() {
             dmac: mac_of(other),
             smac: DEV_MAC,
             counter,
+            _pad: [],
             seen_ns,
         };
         let timeout_ns = u64::from(TIMEOUT) * NS_PER_SEC;
@@ -509,6 +580,7 @@ fn a_vip_without_backends_drops_what_no_session_carries() {
             dmac: mac_of(EMPTY_BACKEND),
             smac: DEV_MAC,
             counter: 0,
+            _pad: [],
             seen_ns: monotonic_ns(),
         };
         put_session(&mut f, &key(&p), s);
@@ -608,4 +680,210 @@ fn xdp_leaves_a_possible_checksum_partial_seed_to_tc() {
     assert!(f.dp.dsr_sessions().is_empty(), "XDP opened nothing");
     expect_dsr_frame(&mut f, Prog::TcIngress, &input, RUN_IFINDEX);
     assert!(session(&f, &key(&p)).is_some(), "TC opened the session");
+}
+
+/// An IPv6 DSR VIP: a new session goes to the hashed backend by MAC with every byte from the
+/// EtherType on unchanged (TCP, UDP and SCTP), the session entry in `lb_dsr_sessions6` holds
+/// backend, device, MACs, counter and time, and the session's later packets follow it after
+/// the set changed. The IPv6 twin of the first two IPv4 cases.
+#[test]
+fn an_ipv6_vip_opens_and_follows_sessions_by_mac_with_l3_l4_untouched() {
+    let Some(mut f) = fixture6() else { return };
+    let (svc, _) = f.dp.current_services().unwrap()[&ServiceKey::Vip(MapAddr::V6(be6(VIP6)))];
+    assert_eq!(
+        (svc.flags & SERVICE_DSR, svc.session_timeout),
+        (SERVICE_DSR, TIMEOUT),
+        "sync marked the IPv6 VIP dsr"
+    );
+    let held = f.dp.current_services().unwrap();
+    let (_, set) = &held[&ServiceKey::Vip(MapAddr::V6(be6(VIP6)))];
+    let counter_of6 = |ip: Ipv6Addr| {
+        (set.iter().find(|b| b.addr == MapAddr::V6(be6(ip))))
+            .unwrap_or_else(|| panic!("{ip} is in the IPv6 VIP's set"))
+            .counter
+    };
+    for (i, prog) in INGRESS.into_iter().enumerate() {
+        let before = count(&f, prog, Reason::DsrNew);
+        let mut used = std::collections::BTreeSet::new();
+        for (j, sport) in (42000 + 100 * i as u16..).take(30).enumerate() {
+            let p = match j % 3 {
+                0 => Ipv6Packet::tcp(CLIENT6, sport, VIP6, 443),
+                1 => Ipv6Packet::udp(CLIENT6, sport, VIP6, 53),
+                _ => Ipv6Packet::sctp(CLIENT6, sport, VIP6, 9000),
+            };
+            let t0 = monotonic_ns();
+            let backend = expect_dsr6(&mut f, prog, &p.build(), RUN_IFINDEX);
+            assert_eq!(
+                backend,
+                hashed_backend6(&f, &p),
+                "{prog:?}: the hashed backend"
+            );
+            let s = session6(&f, &key6(&p)).expect("a session entry in lb_dsr_sessions6");
+            assert_eq!(
+                s,
+                DsrSession6 {
+                    backend: be6(backend),
+                    ifindex: RUN_IFINDEX,
+                    dmac: mac_of(backend),
+                    smac: DEV_MAC,
+                    counter: counter_of6(backend),
+                    _pad: [0; 4],
+                    seen_ns: s.seen_ns,
+                },
+                "{prog:?}: the session of {p:?}"
+            );
+            assert!(
+                (t0..=monotonic_ns()).contains(&s.seen_ns),
+                "{prog:?}: seen now"
+            );
+            used.insert(backend);
+        }
+        assert_eq!(
+            used.len(),
+            WEB6.len(),
+            "{prog:?}: 30 clients use every backend"
+        );
+        assert_eq!(count(&f, prog, Reason::DsrNew), before + 30, "{prog:?}");
+    }
+    assert!(f.dp.dsr_sessions().is_empty(), "nothing in IPv4's table");
+
+    let syn = Ipv6Packet::tcp(CLIENT6, 42400, VIP6, 443);
+    let first = expect_dsr6(&mut f, Prog::TcIngress, &syn.build(), RUN_IFINDEX);
+    for b in &mut f.net.services[0].backends {
+        b.disabled = b.ip == IpAddr::V6(first);
+    }
+    f.sync();
+    assert_ne!(
+        hashed_backend6(&f, &syn),
+        first,
+        "the hash now gives another"
+    );
+    let ack = Ipv6Packet {
+        tcp_flags: TCP_ACK | TCP_PSH,
+        payload: b"GET / HTTP/1.1".to_vec(),
+        ..syn.clone()
+    };
+    for prog in INGRESS {
+        let before = count(&f, prog, Reason::DsrSession);
+        assert_eq!(
+            expect_dsr6(&mut f, prog, &ack.build(), RUN_IFINDEX),
+            first,
+            "{prog:?}: the session's backend"
+        );
+        assert_eq!(count(&f, prog, Reason::DsrSession), before + 1, "{prog:?}");
+    }
+}
+
+/// An IPv6 session's TCP RST goes by the session and ends it; with no backend the VIP drops
+/// what no session carries; an unresolved backend gets no session until resolved.
+#[test]
+fn ipv6_rst_no_backend_and_unresolved_as_ipv4() {
+    let Some(mut f) = fixture6() else { return };
+    for (prog, sport) in [(Prog::Xdp, 42500), (Prog::TcIngress, 42501)] {
+        let syn = Ipv6Packet::tcp(CLIENT6, sport, VIP6, 443);
+        let backend = expect_dsr6(&mut f, prog, &syn.build(), RUN_IFINDEX);
+        let other = *WEB6.iter().find(|b| **b != backend).unwrap();
+        let mut s = session6(&f, &key6(&syn)).unwrap();
+        s.backend = be6(other);
+        s.dmac = mac_of(other);
+        f.dp.dsr_sessions6_mut().insert(key6(&syn), s, 0).unwrap();
+        let rst = Ipv6Packet {
+            tcp_flags: TCP_RST | TCP_ACK,
+            ..syn.clone()
+        };
+        let before = count(&f, prog, Reason::DsrReset);
+        assert_eq!(
+            expect_dsr6(&mut f, prog, &rst.build(), RUN_IFINDEX),
+            other,
+            "{prog:?}: the RST goes by the session"
+        );
+        assert_eq!(
+            session6(&f, &key6(&syn)),
+            None,
+            "{prog:?}: the session ended"
+        );
+        assert_eq!(count(&f, prog, Reason::DsrReset), before + 1, "{prog:?}");
+    }
+
+    for (prog, sport) in [(Prog::Xdp, 42600), (Prog::TcIngress, 42601)] {
+        let p = Ipv6Packet::udp(CLIENT6, sport, VIP6, 53);
+        let hashed = hashed_backend6(&f, &p);
+        f.dp.dsr_backends6_mut().remove(&be6(hashed)).unwrap();
+        let before = count(&f, prog, Reason::DsrUnresolved);
+        expect_drop(&mut f, prog, &p.build());
+        assert_eq!(
+            count(&f, prog, Reason::DsrUnresolved),
+            before + 1,
+            "{prog:?}"
+        );
+        assert_eq!(session6(&f, &key6(&p)), None, "{prog:?}: no session");
+        resolve(&mut f, hashed, RUN_IFINDEX);
+        assert_eq!(
+            expect_dsr6(&mut f, prog, &p.build(), RUN_IFINDEX),
+            hashed,
+            "{prog:?}"
+        );
+    }
+
+    for b in &mut f.net.services[0].backends {
+        b.disabled = b.ip.is_ipv6();
+    }
+    f.sync();
+    for (prog, sport) in [(Prog::Xdp, 42700), (Prog::TcIngress, 42701)] {
+        let p = Ipv6Packet::tcp(CLIENT6, sport, VIP6, 80);
+        let before = count(&f, prog, Reason::DsrNoBackend);
+        expect_drop(&mut f, prog, &p.build());
+        assert_eq!(
+            count(&f, prog, Reason::DsrNoBackend),
+            before + 1,
+            "{prog:?}"
+        );
+        assert_eq!(session6(&f, &key6(&p)), None, "{prog:?}: no session");
+    }
+}
+
+/// An IPv6 fragmented datagram: the first fragment (fragment header, ports) opens the
+/// session and the later ones follow it, byte-identical past the MACs; a later fragment of
+/// an unseen datagram passes untouched. Neighbour discovery and echo for the VIP pass
+/// untouched (the balancer's VIP address answers them) and open nothing.
+#[test]
+fn ipv6_fragments_follow_their_session_and_icmpv6_passes() {
+    let Some(mut f) = fixture6() else { return };
+    for (prog, sport) in [(Prog::Xdp, 42800), (Prog::TcIngress, 42801)] {
+        let id = u32::from(sport);
+        let first = Ipv6Packet {
+            exts: vec![Ext::Fragment {
+                offset8: 0,
+                more: true,
+                id,
+            }],
+            ..Ipv6Packet::udp(CLIENT6, sport, VIP6, 53)
+        };
+        let backend = expect_dsr6(&mut f, prog, &first.build(), RUN_IFINDEX);
+        let later = |id, offset8, more| Ipv6Packet {
+            exts: vec![Ext::Fragment { offset8, more, id }],
+            raw: Some(vec![0xab; 24]),
+            ..first.clone()
+        };
+        let before = count(&f, prog, Reason::DsrSession);
+        for (offset8, more) in [(2, true), (5, false)] {
+            assert_eq!(
+                expect_dsr6(&mut f, prog, &later(id, offset8, more).build(), RUN_IFINDEX),
+                backend,
+                "{prog:?}: where its first went"
+            );
+        }
+        assert_eq!(count(&f, prog, Reason::DsrSession), before + 2, "{prog:?}");
+        expect_untouched(&mut f, prog, &later(id + 1000, 2, true).build());
+    }
+    let solicited = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 1, 0xff00, 0x10);
+    for prog in INGRESS {
+        for (daddr, t) in [(solicited, 135), (VIP6, 135), (VIP6, 128)] {
+            let mut m = Ipv6Packet::icmp6(CLIENT6, daddr, (t, 0, 0), &VIP6.octets());
+            m.hop_limit = 255;
+            expect_untouched(&mut f, prog, &m.build());
+        }
+    }
+    let opened = f.dp.dsr_sessions6().len();
+    assert_eq!(opened, 2, "the two first fragments' and nothing else");
 }

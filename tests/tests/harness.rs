@@ -226,8 +226,8 @@ fn switch_topology_answers_from_the_vip_and_counts_every_hop() {
         .map(|((src, dst, i, o), n)| {
             (
                 Hop {
-                    src,
-                    dst,
+                    src: src.into(),
+                    dst: dst.into(),
                     in_port: i.to_owned(),
                     out_port: o.to_owned(),
                 },

@@ -15,7 +15,7 @@ use lb_common::{FLOW_EGRESS, FLOW_REPLY, Flow6, FlowKey6, Reason};
 use lb_tests::{
     fixture::{
         Fixture, NODE, NODE6, Prog, TC_ACT_OK, VIP, VIP6, WEB, WEB6, XDP_PASS, dual_stack_network,
-        run_counted,
+        key6, run_counted,
     },
     packet::{Ext, Ipv4Packet, Ipv6Packet, ip_of, verify, verify6},
     require_root,
@@ -60,17 +60,6 @@ fn udp_check(frame: &[u8], l4: usize) -> u16 {
 }
 
 /// A flow key as the programs build it from `p` (addresses and ports in network order).
-fn key6(p: &Ipv6Packet) -> FlowKey6 {
-    FlowKey6 {
-        saddr: be6(p.saddr),
-        daddr: be6(p.daddr),
-        sport: p.sport.to_be(),
-        dport: p.dport.to_be(),
-        proto: p.proto,
-        _pad: [0; 3],
-    }
-}
-
 fn flow6(f: &Fixture, k: &FlowKey6) -> Option<Flow6> {
     (f.dp.flow_entries6().into_iter())
         .find(|(e, _)| e == k)

@@ -138,21 +138,6 @@ impl std::fmt::Display for Kind {
     }
 }
 
-/// Refuses a `dsr` network with an IPv6 VIP, naming it: both dataplanes serve DSR for IPv4
-/// VIPs only so far (an IPv6 service is served from a `nat` network). Checked before
-/// anything is saved.
-pub fn dsr_ipv4_only(kind: Kind, network: &Network) -> Result<()> {
-    if network.mode == crate::core::model::Mode::Dsr
-        && let Some(vip) = network.vips().into_iter().find(std::net::IpAddr::is_ipv6)
-    {
-        anyhow::bail!(
-            "network {}: VIP {vip} is IPv6, and the {kind} dataplane serves DSR for IPv4 VIPs only so far: serve it from a nat network",
-            network.name
-        );
-    }
-    Ok(())
-}
-
 /// Packets and bytes of one service frontend or one of its backends, summed over CPUs.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Count {

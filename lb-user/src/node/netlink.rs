@@ -592,10 +592,17 @@ impl Netlink {
         })
     }
 
-    /// The neighbours of both families whose MAC is usable (one dump).
+    /// The neighbour entries of IPv4 (ARP) and IPv6 (neighbour discovery).
+    fn neighbour_dumps(&self) -> Result<Vec<netlink_packet_route::neighbour::NeighbourMessage>> {
+        let mut all = self.neighbour_dump(AddressFamily::Inet, "listing IPv4 neighbours")?;
+        all.extend(self.neighbour_dump(AddressFamily::Inet6, "listing IPv6 neighbours")?);
+        Ok(all)
+    }
+
+    /// The neighbours of both families whose MAC is usable (a dump per family).
     pub fn neighbours(&self) -> Result<Vec<Neighbour>> {
         Ok(self
-            .neighbour_dump(AddressFamily::Unspec, "listing neighbours")?
+            .neighbour_dumps()?
             .iter()
             .filter(|m| {
                 matches!(
@@ -634,9 +641,9 @@ impl Netlink {
     /// The neighbour entries lb keeps resolved ([`Netlink::manage_neighbour`]), as
     /// (ifindex, address): managed and externally learned, which nothing else of a node makes
     /// together by accident.
-    pub fn managed_neighbours(&self) -> Result<BTreeSet<(u32, Ipv4Addr)>> {
+    pub fn managed_neighbours(&self) -> Result<BTreeSet<(u32, IpAddr)>> {
         Ok(self
-            .neighbour_dump(AddressFamily::Inet, "listing neighbours")?
+            .neighbour_dumps()?
             .iter()
             .filter(|m| m.header.flags.contains(NeighbourFlags::ExtLearned))
             .filter(|m| {
@@ -647,7 +654,10 @@ impl Netlink {
             .filter_map(|m| {
                 m.attributes.iter().find_map(|a| match a {
                     NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => {
-                        Some((m.header.ifindex, *ip))
+                        Some((m.header.ifindex, IpAddr::V4(*ip)))
+                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(ip)) => {
+                        Some((m.header.ifindex, IpAddr::V6(*ip)))
                     }
                     _ => None,
                 })
@@ -662,10 +672,10 @@ impl Netlink {
     /// A replace that keeps a MAC already known.
     ///
     /// [`managed_neighbours`]: Netlink::managed_neighbours
-    pub fn manage_neighbour(&self, ifindex: u32, addr: Ipv4Addr) -> Result<()> {
+    pub fn manage_neighbour(&self, ifindex: u32, addr: IpAddr) -> Result<()> {
         self.rt
             .block_on(async {
-                let mut req = (self.handle.neighbours().add(ifindex, IpAddr::V4(addr)))
+                let mut req = (self.handle.neighbours().add(ifindex, addr))
                     .state(NeighbourState::None)
                     .flags(NeighbourFlags::ExtLearned)
                     .replace();
@@ -681,13 +691,15 @@ impl Netlink {
     }
 
     /// Deletes lb's managed entry of `addr` on `ifindex` (gone already is fine).
-    pub fn forget_neighbour(&self, ifindex: u32, addr: Ipv4Addr) -> Result<()> {
+    pub fn forget_neighbour(&self, ifindex: u32, addr: IpAddr) -> Result<()> {
         let mut msg = netlink_packet_route::neighbour::NeighbourMessage::default();
-        msg.header.family = AddressFamily::Inet;
         msg.header.ifindex = ifindex;
-        (msg.attributes).push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
-            addr,
-        )));
+        let (family, dest) = match addr {
+            IpAddr::V4(a) => (AddressFamily::Inet, NeighbourAddress::Inet(a)),
+            IpAddr::V6(a) => (AddressFamily::Inet6, NeighbourAddress::Inet6(a)),
+        };
+        msg.header.family = family;
+        (msg.attributes).push(NeighbourAttribute::Destination(dest));
         let r = self
             .rt
             .block_on(async { self.handle.neighbours().del(msg).execute().await });

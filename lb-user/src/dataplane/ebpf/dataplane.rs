@@ -149,11 +149,16 @@ fn apply_in_netns(
     let addrs = nl.addresses()?;
     let mut ifaces = Vec::new();
     let mut indexes = Vec::new();
+    let vips = network.vips();
     for (name, index) in nl.present(&network.interfaces)? {
         // A masqueraded flow leaving by this interface takes its primary address of the
-        // flow's family (IPv6: not a link-local one, which a backend elsewhere cannot answer).
+        // flow's family (IPv6: not a link-local one, which a backend elsewhere cannot answer),
+        // never one of lb's VIP aliases: the kernel lists IPv6 addresses newest first, so an
+        // alias would come before the interface's own address, and a backend that owns the
+        // VIP (a dsr network's) would take the answer to it for itself.
         for v6 in [false, true] {
             let primary = netlink::on_interface(&addrs, index)
+                .filter(|a| !a.is_lb_alias(&vips))
                 .map(|a| a.addr)
                 .find(|a| a.is_ipv6() == v6 && !is_link_local(*a));
             if let Some(a) = primary {
@@ -244,8 +249,9 @@ impl Dataplane for EbpfDataplane {
         Kind::Ebpf
     }
 
-    fn supports(&self, network: &Network) -> Result<()> {
-        crate::dataplane::dsr_ipv4_only(Kind::Ebpf, network)
+    /// Every network, DSR of both families included.
+    fn supports(&self, _network: &Network) -> Result<()> {
+        Ok(())
     }
 
     /// The plan's need against what the network's maps hold and their real sizes; a network

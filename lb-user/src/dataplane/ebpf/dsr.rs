@@ -16,17 +16,17 @@
 //!   a backend disabled or left out keeps its live sessions until they end or idle out.
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     time::{Duration, Instant},
 };
 
 use anyhow::Result;
 use aya::maps::{HashMap, MapData};
 use lb_common::{
-    DsrSession, Endpoint, FlowKey, SERVICE_DSR, Service, VipKey, dsr, flow::NS_PER_SEC,
+    Addr6, DsrSessionOf, Endpoint, FlowKeyOf, SERVICE_DSR, Service, VipKeyOf, dsr, flow::NS_PER_SEC,
 };
 
-use super::{EbpfNetwork, MapAddr, Plan, ServiceKey, be4, ip, ip4, sync::write_exactly};
+use super::{EbpfNetwork, MapAddr, MapIp, Plan, ServiceKey, sync::write_exactly};
 use crate::{
     core::model::Proto,
     dataplane::{Flow, FlowState},
@@ -34,26 +34,41 @@ use crate::{
 };
 
 /// How long an apply waits for the kernel to resolve backends it just asked for: on a link
-/// an ARP answer takes well under a millisecond, and what takes longer is picked up by the
-/// neighbour watch.
+/// an ARP or neighbour discovery answer takes well under a millisecond, and what takes
+/// longer is picked up by the neighbour watch.
 const RESOLVE_WAIT: Duration = Duration::from_millis(300);
 
 /// How a `dsr` network's backends are reached, as the node is now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Resolution {
-    /// Backend (network order) → the device its frames leave by, its MAC and the device's.
+    /// IPv4 backend (network order) → the device its frames leave by, its MAC and the
+    /// device's (`lb_dsr_backends`).
     pub endpoints: BTreeMap<u32, Endpoint>,
+    /// The same of IPv6 backends (`lb_dsr_backends6`).
+    pub endpoints6: BTreeMap<Addr6, Endpoint>,
     /// Backends that get no new session, with why.
-    pub unresolved: BTreeMap<Ipv4Addr, String>,
+    pub unresolved: BTreeMap<IpAddr, String>,
     /// (ifindex, backend): what the kernel is asked to keep resolved.
-    pub managed: BTreeSet<(u32, Ipv4Addr)>,
+    pub managed: BTreeSet<(u32, IpAddr)>,
+}
+
+impl Resolution {
+    /// Whether `addr` (as a map holds it) has a MAC.
+    fn resolved(&self, addr: &MapAddr) -> bool {
+        match addr {
+            MapAddr::V4(a) => self.endpoints.contains_key(a),
+            MapAddr::V6(a) => self.endpoints6.contains_key(a),
+        }
+    }
 }
 
 /// Where each of `backends` is reached from the network's interfaces `ifindexes` (in the
-/// network's order: the first whose subnet holds a backend carries it), by `links`, `addrs`
-/// and `neighbours` of the namespace. Pure, so the rules are tested without a kernel.
+/// network's order: the first with a subnet of the backend's family that holds it carries
+/// it), by `links`, `addrs` and `neighbours` of the namespace: the same rules for both
+/// families, ARP's neighbours for IPv4 and neighbour discovery's for IPv6. Pure, so the rules
+/// are tested without a kernel.
 pub fn resolve(
-    backends: &BTreeSet<Ipv4Addr>,
+    backends: &BTreeSet<IpAddr>,
     ifindexes: &[u32],
     links: &[Link],
     addrs: &[NodeAddr],
@@ -64,11 +79,7 @@ pub fn resolve(
         let on_link = ifindexes.iter().find_map(|&i| {
             let link = links.iter().find(|l| l.index == i)?;
             (addrs.iter())
-                .any(|a| {
-                    a.index == i
-                        && a.prefix > 0
-                        && matches!(a.addr, IpAddr::V4(a4) if same_subnet(a4, b, a.prefix))
-                })
+                .any(|a| a.index == i && a.prefix > 0 && same_subnet(a.addr, b, a.prefix))
                 .then_some(link)
         });
         let Some(link) = on_link else {
@@ -81,54 +92,71 @@ pub fn resolve(
         out.managed.insert((link.index, b));
         let (Some(smac), Some(n)) = (
             link.mac,
-            (neighbours.iter()).find(|n| n.ifindex == link.index && n.addr == IpAddr::V4(b)),
+            (neighbours.iter()).find(|n| n.ifindex == link.index && n.addr == b),
         ) else {
+            let asked = if b.is_ipv4() {
+                "ARP"
+            } else {
+                "neighbour solicitation"
+            };
             out.unresolved.insert(
                 b,
-                format!("its MAC on {} is not known yet (ARP unanswered)", link.name),
+                format!(
+                    "its MAC on {} is not known yet ({asked} unanswered)",
+                    link.name
+                ),
             );
             continue;
         };
-        out.endpoints.insert(
-            be4(b),
-            Endpoint {
-                ifindex: link.index,
-                l3_ifindex: link.index,
-                mtu: link.mtu,
-                dmac: n.mac,
-                smac,
-                flags: 0,
-            },
-        );
+        let ep = Endpoint {
+            ifindex: link.index,
+            l3_ifindex: link.index,
+            mtu: link.mtu,
+            dmac: n.mac,
+            smac,
+            flags: 0,
+        };
+        match MapAddr::of(b) {
+            MapAddr::V4(a) => out.endpoints.insert(a, ep),
+            MapAddr::V6(a) => out.endpoints6.insert(a, ep),
+        };
     }
     out
 }
 
-fn same_subnet(a: Ipv4Addr, b: Ipv4Addr, prefix: u8) -> bool {
-    let mask = u32::MAX
-        .checked_shl(32 - u32::from(prefix.min(32)))
+/// Whether `a` and `b` are of one family and share their first `prefix` bits.
+fn same_subnet(a: IpAddr, b: IpAddr, prefix: u8) -> bool {
+    let bits = |ip: IpAddr| -> (u128, u32) {
+        match ip {
+            IpAddr::V4(v4) => (u128::from(u32::from(v4)) << 96, 32),
+            IpAddr::V6(v6) => (u128::from(v6), 128),
+        }
+    };
+    let ((a, width), (b, width_b)) = (bits(a), bits(b));
+    if width != width_b {
+        return false;
+    }
+    let mask = u128::MAX
+        .checked_shl(128 - u32::from(prefix).min(width))
         .unwrap_or(0);
-    u32::from(a) & mask == u32::from(b) & mask
+    a & mask == b & mask
 }
 
-/// The backends of a plan's DSR VIPs (enabled ones: what new sessions may pick). DSR is
-/// IPv4's (`supports` refuses an IPv6 VIP in a `dsr` network).
-fn vip_backends(plan: &Plan) -> BTreeSet<Ipv4Addr> {
+/// The backends of a plan's DSR VIPs of both families (enabled ones: what new sessions may
+/// pick).
+fn vip_backends(plan: &Plan) -> BTreeSet<IpAddr> {
     (plan.services.iter())
-        .filter(|(k, _)| matches!(k, ServiceKey::Vip(MapAddr::V4(_))))
+        .filter(|(k, _)| matches!(k, ServiceKey::Vip(_)))
         .flat_map(|(_, set)| set.iter())
-        .filter_map(|(addr, _)| match addr {
-            MapAddr::V4(a) => Some(ip4(*a)),
-            MapAddr::V6(_) => None,
-        })
+        .map(|(addr, _)| addr.ip())
         .collect()
 }
 
 impl EbpfNetwork {
     /// Resolves the DSR backends of `plan` on the network's interfaces `ifindexes`, writes
-    /// `lb_dsr_backends`, and takes the unresolved ones out of `plan`'s VIP sets (see the
-    /// module's contracts). For a `nat` network it empties the map and lets lb's managed
-    /// neighbour entries go. Runs in the network's namespace.
+    /// `lb_dsr_backends` and `lb_dsr_backends6`, and takes the unresolved ones out of `plan`'s
+    /// VIP sets (see the module's contracts). For a `nat` network it empties both maps and
+    /// lets lb's managed neighbour entries go. Runs in the network's namespace.
     pub fn sync_dsr(
         &mut self,
         nl: &Netlink,
@@ -136,53 +164,54 @@ impl EbpfNetwork {
         addrs: &[NodeAddr],
         plan: &mut Plan,
     ) -> Result<()> {
-        let ours: BTreeSet<(u32, Ipv4Addr)> = (nl.managed_neighbours()?.into_iter())
+        let ours: BTreeSet<(u32, IpAddr)> = (nl.managed_neighbours()?.into_iter())
             .filter(|(i, _)| ifindexes.contains(i))
             .collect();
-        if plan.dsr_timeout.is_none() {
+        let res = if plan.dsr_timeout.is_none() {
             for (i, a) in &ours {
                 nl.forget_neighbour(*i, *a)?;
             }
-            self.dsr_unresolved.clear();
-            return write_exactly(
-                &mut self.dsr_backends,
-                &mut self.dsr_mirror,
-                &BTreeMap::new(),
-                "lb_dsr_backends",
-            );
-        }
-        let backends = vip_backends(plan);
-        let links = nl.link_table()?;
-        let mut res = resolve(&backends, ifindexes, &links, addrs, &nl.neighbours()?);
-        let asked: Vec<_> = res.managed.difference(&ours).copied().collect();
-        for (i, a) in &asked {
-            nl.manage_neighbour(*i, *a)?;
-        }
-        for (i, a) in ours.difference(&res.managed) {
-            nl.forget_neighbour(*i, *a)?;
-        }
-        // Backends just asked for are usually answered at once: wait briefly rather than
-        // open the VIP without them.
-        let started = Instant::now();
-        while !asked.is_empty()
-            && asked.iter().any(|(_, a)| res.unresolved.contains_key(a))
-            && started.elapsed() < RESOLVE_WAIT
-        {
-            std::thread::sleep(Duration::from_millis(10));
-            res = resolve(&backends, ifindexes, &links, addrs, &nl.neighbours()?);
-        }
+            Resolution::default()
+        } else {
+            let backends = vip_backends(plan);
+            let links = nl.link_table()?;
+            let mut res = resolve(&backends, ifindexes, &links, addrs, &nl.neighbours()?);
+            let asked: Vec<_> = res.managed.difference(&ours).copied().collect();
+            for (i, a) in &asked {
+                nl.manage_neighbour(*i, *a)?;
+            }
+            for (i, a) in ours.difference(&res.managed) {
+                nl.forget_neighbour(*i, *a)?;
+            }
+            // Backends just asked for are usually answered at once: wait briefly rather than
+            // open the VIP without them.
+            let started = Instant::now();
+            while !asked.is_empty()
+                && asked.iter().any(|(_, a)| res.unresolved.contains_key(a))
+                && started.elapsed() < RESOLVE_WAIT
+            {
+                std::thread::sleep(Duration::from_millis(10));
+                res = resolve(&backends, ifindexes, &links, addrs, &nl.neighbours()?);
+            }
+            res
+        };
         write_exactly(
             &mut self.dsr_backends,
             &mut self.dsr_mirror,
             &res.endpoints,
             "lb_dsr_backends",
         )?;
-        for (key, set) in plan.services.iter_mut() {
-            if matches!(key, ServiceKey::Vip(MapAddr::V4(_))) {
-                set.retain(|(addr, _)| match addr {
-                    MapAddr::V4(a) => res.endpoints.contains_key(a),
-                    MapAddr::V6(_) => false,
-                });
+        write_exactly(
+            &mut self.dsr_backends6,
+            &mut self.dsr_mirror6,
+            &res.endpoints6,
+            "lb_dsr_backends6",
+        )?;
+        if plan.dsr_timeout.is_some() {
+            for (key, set) in plan.services.iter_mut() {
+                if matches!(key, ServiceKey::Vip(_)) {
+                    set.retain(|(addr, _)| res.resolved(addr));
+                }
             }
         }
         if res.unresolved != self.dsr_unresolved {
@@ -194,16 +223,19 @@ impl EbpfNetwork {
 
     /// Backends of the network's DSR VIPs that get no new session, with why (as the last
     /// apply found them).
-    pub fn dsr_unresolved(&self) -> &BTreeMap<Ipv4Addr, String> {
+    pub fn dsr_unresolved(&self) -> &BTreeMap<IpAddr, String> {
         &self.dsr_unresolved
     }
 
-    /// The live DSR sessions as `lb conntrack` lists them, `timeout` seconds after their last
-    /// packet counting as gone.
+    /// The live DSR sessions of both families as `lb conntrack` lists them, `timeout` seconds
+    /// after their last packet counting as gone.
     pub fn dsr_flows(&self, timeout: u32, now: u64) -> Vec<Flow> {
         let mut out: Vec<Flow> = (self.dsr_sessions().iter())
             .filter_map(|(k, s)| session_row(k, s, timeout, now))
             .collect();
+        out.extend(
+            (self.dsr_sessions6().iter()).filter_map(|(k, s)| session_row(k, s, timeout, now)),
+        );
         out.sort_by(|a, b| (&a.frontend, &a.client).cmp(&(&b.frontend, &b.client)));
         out
     }
@@ -211,26 +243,32 @@ impl EbpfNetwork {
 
 /// Whether a session whose VIP entry is `svc` (`None`: the VIP is gone) counts as ended at
 /// `now`: idle past its VIP's timeout, or its VIP no longer a DSR VIP.
-pub fn session_ended(s: &DsrSession, svc: Option<&Service>, now: u64) -> bool {
+pub fn session_ended<A: MapIp>(s: &DsrSessionOf<A>, svc: Option<&Service>, now: u64) -> bool {
     match svc {
         Some(svc) if svc.flags & SERVICE_DSR != 0 => !dsr::live(s, svc.session_timeout, now),
         _ => true,
     }
 }
 
-/// Deletes the ended sessions of one network (the collector's pass, off the writer's path;
-/// the programs already treat them as absent). Read first, deleted after, each re-read
-/// before its delete so that a session a packet just refreshed stays. Returns how many are
-/// live and how many went.
-pub fn collect(
-    sessions: &mut HashMap<MapData, FlowKey, DsrSession>,
-    vips: &HashMap<MapData, VipKey, Service>,
+/// Deletes the ended sessions of one family of one network (the collector's pass, off the
+/// writer's path; the programs already treat them as absent). Read first, deleted after, each
+/// re-read before its delete so that a session a packet just refreshed stays. Returns how
+/// many are live and how many went.
+pub fn collect<A: MapIp>(
+    sessions: &mut HashMap<MapData, FlowKeyOf<A>, DsrSessionOf<A>>,
+    vips: &HashMap<MapData, VipKeyOf<A>, Service>,
     now: u64,
-) -> (u64, u64) {
-    let all: Vec<(FlowKey, DsrSession)> = sessions.iter().filter_map(|e| e.ok()).collect();
+) -> (u64, u64)
+where
+    FlowKeyOf<A>: aya::Pod,
+    DsrSessionOf<A>: aya::Pod,
+    VipKeyOf<A>: aya::Pod,
+{
+    let all: Vec<(FlowKeyOf<A>, DsrSessionOf<A>)> =
+        sessions.iter().filter_map(|e| e.ok()).collect();
     let (mut live, mut deleted) = (0, 0);
     for (k, s) in &all {
-        let svc = vips.get(&VipKey { addr: k.daddr }, 0).ok();
+        let svc = vips.get(&VipKeyOf { addr: k.daddr }, 0).ok();
         if !session_ended(s, svc.as_ref(), now) {
             live += 1;
             continue;
@@ -245,8 +283,14 @@ pub fn collect(
 }
 
 /// One session's row, `None` once it is idle past `timeout`. Its idle time may lag its last
-/// packet by up to `lb_common::dsr::refresh_ns`, as the programs write it.
-pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Option<Flow> {
+/// packet by up to `lb_common::dsr::refresh_ns`, as the programs write it. An IPv6 session's
+/// addresses show as `[addr]:port`, as every IPv6 socket address lb prints.
+pub fn session_row<A: MapIp>(
+    k: &FlowKeyOf<A>,
+    s: &DsrSessionOf<A>,
+    timeout: u32,
+    now: u64,
+) -> Option<Flow> {
     if !dsr::live(s, timeout, now) {
         return None;
     }
@@ -255,11 +299,11 @@ pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Optio
     Some(Flow {
         // Sessions are opened for the protocols ports are published for, and no other.
         proto: Proto::from_number(k.proto)?,
-        client: SocketAddr::new(ip(k.saddr), u16::from_be(k.sport)),
-        frontend: SocketAddr::new(ip(k.daddr), u16::from_be(k.dport)),
+        client: SocketAddr::new(k.saddr.ip(), u16::from_be(k.sport)),
+        frontend: SocketAddr::new(k.daddr.ip(), u16::from_be(k.dport)),
         service: None,
         // Backend and port as NAT rows show them: DSR keeps the VIP's port.
-        backend: SocketAddr::new(ip(s.backend), u16::from_be(k.dport)),
+        backend: SocketAddr::new(s.backend.ip(), u16::from_be(k.dport)),
         state: FlowState::Dsr,
         expires_secs: Some((limit - idle).div_ceil(NS_PER_SEC)),
         idle_secs: Some(idle / NS_PER_SEC),
@@ -269,7 +313,11 @@ pub fn session_row(k: &FlowKey, s: &DsrSession, timeout: u32, now: u64) -> Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node::LinkKind;
+    use crate::{
+        dataplane::ebpf::{be4, be6},
+        node::LinkKind,
+    };
+    use lb_common::{DsrSession, DsrSession6, FlowKey, FlowKey6};
 
     fn link(index: u32, mac: u8) -> Link {
         Link {
@@ -304,7 +352,7 @@ mod tests {
 
     #[test]
     fn backends_are_reached_on_the_interface_whose_subnet_holds_them() {
-        let backends: BTreeSet<Ipv4Addr> = ["10.1.0.5", "10.2.0.7", "10.2.0.8", "192.0.2.1"]
+        let backends: BTreeSet<IpAddr> = ["10.1.0.5", "10.2.0.7", "10.2.0.8", "192.0.2.1"]
             .iter()
             .map(|a| a.parse().unwrap())
             .collect();
@@ -324,7 +372,7 @@ mod tests {
         );
         assert_eq!(r.endpoints[&be4("10.2.0.7".parse().unwrap())].ifindex, 4);
         assert_eq!(r.endpoints.len(), 2);
-        let why = |a: &str| r.unresolved[&a.parse::<Ipv4Addr>().unwrap()].clone();
+        let why = |a: &str| r.unresolved[&a.parse::<IpAddr>().unwrap()].clone();
         assert!(
             why("10.2.0.8").contains("not known yet"),
             "{}",
@@ -376,5 +424,58 @@ mod tests {
         );
         assert_eq!((row.idle_secs, row.expires_secs), (Some(10), Some(50)));
         assert!(session_row(&k, &s, 60, 161 * NS_PER_SEC).is_none());
+    }
+
+    /// IPv6 backends are reached as IPv4's, by the IPv6 neighbour table and the interface's
+    /// IPv6 subnet (an IPv4 subnet of the same interface holds no IPv6 backend), and their
+    /// sessions print as every IPv6 socket address lb prints.
+    #[test]
+    fn ipv6_backends_resolve_by_neighbour_discovery_and_print_bracketed() {
+        let backends: BTreeSet<IpAddr> = ["fd30::10", "fd30::11", "fd99::1", "10.1.0.5"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let links = [link(3, 3)];
+        let addrs = [addr("10.1.0.1", 24, 3), addr("fd30::1", 64, 3)];
+        let neighbours = [neigh(3, "fd30::10", 0x10), neigh(3, "10.1.0.5", 5)];
+        let r = resolve(&backends, &[3], &links, &addrs, &neighbours);
+        let ep = r.endpoints6[&be6("fd30::10".parse().unwrap())];
+        assert_eq!((ep.ifindex, ep.dmac), (3, [4, 0, 0, 0, 0, 0x10]));
+        assert_eq!((r.endpoints.len(), r.endpoints6.len()), (1, 1));
+        let why = |a: &str| r.unresolved[&a.parse::<IpAddr>().unwrap()].clone();
+        assert!(
+            why("fd30::11").contains("neighbour solicitation unanswered"),
+            "{}",
+            why("fd30::11")
+        );
+        assert!(
+            why("fd99::1").contains("not on the subnet"),
+            "{}",
+            why("fd99::1")
+        );
+        assert!(r.managed.contains(&(3, "fd30::11".parse().unwrap())));
+
+        let k = FlowKey6 {
+            saddr: be6("fd30::2".parse().unwrap()),
+            daddr: be6("fd30::100".parse().unwrap()),
+            sport: 40000u16.to_be(),
+            dport: 80u16.to_be(),
+            proto: lb_common::IPPROTO_UDP,
+            _pad: [0; 3],
+        };
+        let s = DsrSession6 {
+            backend: be6("fd30::10".parse().unwrap()),
+            seen_ns: 100 * NS_PER_SEC,
+            ..Default::default()
+        };
+        let row = session_row(&k, &s, 60, 110 * NS_PER_SEC).unwrap();
+        assert_eq!(
+            (
+                row.client.to_string().as_str(),
+                row.frontend.to_string().as_str(),
+                row.backend.to_string().as_str(),
+            ),
+            ("[fd30::2]:40000", "[fd30::100]:80", "[fd30::10]:80")
+        );
     }
 }

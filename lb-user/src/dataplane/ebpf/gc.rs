@@ -179,16 +179,35 @@ pub fn spawn(bpffs: &Path, interval: Duration) -> Result<Collector> {
     Ok(Collector { stats, kick })
 }
 
-/// The DSR sessions of the network pinned in `dir` (a network pinned by an lb without DSR
-/// has none): how many are live, and how many ended ones were deleted.
+/// The DSR sessions of both families of the network pinned in `dir`: how many are live, and
+/// how many ended ones were deleted.
 fn collect_dsr(dir: &Path, now: u64) -> Result<(u64, u64)> {
-    let (pin, vips) = (dir.join("lb_dsr_sessions"), dir.join("lb_vips"));
-    if !pin.exists() {
+    let (live, deleted) = collect_dsr_pinned::<u32>(dir, "lb_dsr_sessions", "lb_vips", now)?;
+    let (live6, deleted6) =
+        collect_dsr_pinned::<lb_common::Addr6>(dir, "lb_dsr_sessions6", "lb_vips6", now)?;
+    Ok((live + live6, deleted + deleted6))
+}
+
+/// The DSR sessions pinned as `sessions` in `dir`, of the VIPs pinned as `vips` (a network
+/// pinned by an lb without DSR, or without IPv6 DSR, has no such map until it loads).
+fn collect_dsr_pinned<A: MapIp>(
+    dir: &Path,
+    sessions: &str,
+    vips: &str,
+    now: u64,
+) -> Result<(u64, u64)>
+where
+    FlowKeyOf<A>: aya::Pod,
+    lb_common::DsrSessionOf<A>: aya::Pod,
+    lb_common::VipKeyOf<A>: aya::Pod,
+{
+    let (pin, vips) = (dir.join(sessions), dir.join(vips));
+    if !pin.exists() || !vips.exists() {
         return Ok((0, 0));
     }
     let mut sessions = HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pin)?))?;
     let vips = HashMap::try_from(Map::HashMap(MapData::from_pin(&vips)?))?;
-    Ok(super::dsr::collect(&mut sessions, &vips, now))
+    Ok(super::dsr::collect::<A>(&mut sessions, &vips, now))
 }
 
 /// [`collect`] of the flow map pinned as `name` in `dir`.

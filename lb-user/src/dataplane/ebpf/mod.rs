@@ -44,9 +44,9 @@ use aya::{
     maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuHashMap},
 };
 use lb_common::{
-    Addr6, Backend, Backend6, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession, Endpoint,
-    Flow, Flow6, FlowKey, FlowKey6, Iface, Iface6, LAYOUT_MAP, MAP_LAYOUTS, PortKey, PortKey6,
-    REASONS, Reason, Service, SockConfig, Timeouts, VipKey, VipKey6,
+    Addr6, Backend, Backend6, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession,
+    DsrSession6, Endpoint, Flow, Flow6, FlowKey, FlowKey6, Iface, Iface6, LAYOUT_MAP, MAP_LAYOUTS,
+    PortKey, PortKey6, REASONS, Reason, Service, SockConfig, Timeouts, VipKey, VipKey6,
 };
 
 mod attach;
@@ -160,11 +160,15 @@ pub struct EbpfNetwork {
     endpoints6: HashMap<MapData, Addr6, Endpoint>,
     dsr_sessions: HashMap<MapData, FlowKey, DsrSession>,
     dsr_backends: HashMap<MapData, u32, Endpoint>,
+    dsr_sessions6: HashMap<MapData, FlowKey6, DsrSession6>,
+    dsr_backends6: HashMap<MapData, Addr6, Endpoint>,
     sock: Array<MapData, SockConfig>,
-    /// What `lb_dsr_backends` holds, as the last write left it (`None`: read it first).
+    /// What `lb_dsr_backends` and `lb_dsr_backends6` hold, as the last write left them
+    /// (`None`: read it first).
     dsr_mirror: Option<BTreeMap<u32, Endpoint>>,
+    dsr_mirror6: Option<BTreeMap<Addr6, Endpoint>>,
     /// The DSR backends the last apply could not resolve, with why (`dsr`).
-    dsr_unresolved: BTreeMap<std::net::Ipv4Addr, String>,
+    dsr_unresolved: BTreeMap<std::net::IpAddr, String>,
     /// What `lb_endpoints` and `lb_endpoints6` hold, as the last write left them (`None`:
     /// read it first).
     endpoint_mirror: Option<BTreeMap<u32, Endpoint>>,
@@ -435,10 +439,13 @@ impl EbpfNetwork {
             endpoints6: HashMap::try_from(take(&mut ebpf, "lb_endpoints6")?)?,
             dsr_sessions: HashMap::try_from(take(&mut ebpf, "lb_dsr_sessions")?)?,
             dsr_backends: HashMap::try_from(take(&mut ebpf, "lb_dsr_backends")?)?,
+            dsr_sessions6: HashMap::try_from(take(&mut ebpf, "lb_dsr_sessions6")?)?,
+            dsr_backends6: HashMap::try_from(take(&mut ebpf, "lb_dsr_backends6")?)?,
             sock: Array::try_from(take(&mut ebpf, "lb_sock")?)?,
             endpoint_mirror: None,
             endpoint_mirror6: None,
             dsr_mirror: None,
+            dsr_mirror6: None,
             dsr_unresolved: BTreeMap::new(),
             filters: None,
             path: None,
@@ -496,6 +503,19 @@ impl EbpfNetwork {
     /// The DSR backend map: backend address → how a DSR frame reaches it.
     pub fn dsr_backends_mut(&mut self) -> &mut HashMap<MapData, u32, Endpoint> {
         &mut self.dsr_backends
+    }
+
+    /// Every IPv6 DSR session, as [`EbpfNetwork::dsr_sessions`].
+    pub fn dsr_sessions6(&self) -> Vec<(FlowKey6, DsrSession6)> {
+        self.dsr_sessions6.iter().filter_map(|e| e.ok()).collect()
+    }
+
+    pub fn dsr_sessions6_mut(&mut self) -> &mut HashMap<MapData, FlowKey6, DsrSession6> {
+        &mut self.dsr_sessions6
+    }
+
+    pub fn dsr_backends6_mut(&mut self) -> &mut HashMap<MapData, Addr6, Endpoint> {
+        &mut self.dsr_backends6
     }
 
     /// The flow map, for tests that take entries away as LRU eviction would.

@@ -13,12 +13,12 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
-    Addr6, BackendKey, BackendOf, Config, Counters, FlowKeyOf, FlowOf, IPPROTO_UDP, Iface6,
-    IfaceOf, MASQ_PORT_MAX, MASQ_PORT_MIN, MAX_LOCAL_ADDRS, PortKeyOf, Service, VipKeyOf,
+    Addr6, BackendKey, BackendOf, Config, Counters, DsrSessionOf, FlowKeyOf, FlowOf, IPPROTO_UDP,
+    Iface6, IfaceOf, MASQ_PORT_MAX, MASQ_PORT_MIN, MAX_LOCAL_ADDRS, PortKeyOf, Service, VipKeyOf,
 };
 
 use super::{
-    EbpfNetwork, Held, MapAddr, MapIp, NodeAddrs, Plan, ServiceKey, SetBackend, gc, ip4,
+    EbpfNetwork, Held, MapAddr, MapIp, NodeAddrs, Plan, ServiceKey, SetBackend, gc,
     plan::{matching_backends, same_set},
 };
 use crate::dataplane::SyncStats;
@@ -540,16 +540,31 @@ impl EbpfNetwork {
     /// them, which ends the flow; the collector then takes the entries. DSR sessions follow
     /// the same rule.
     fn flush_flows(&mut self, keep: &BTreeSet<IpAddr>) -> Result<usize> {
-        let sessions: Vec<_> = (self.dsr_sessions.iter())
-            .filter_map(|e| e.ok())
-            .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&ip4(s.backend).into()))
-            .map(|(k, _)| k)
-            .collect();
-        for k in &sessions {
-            let _ = self.dsr_sessions.remove(k);
-        }
-        Ok(flush_udp(&mut self.flows, keep) + flush_udp(&mut self.flows6, keep) + sessions.len())
+        Ok(flush_udp(&mut self.flows, keep)
+            + flush_udp(&mut self.flows6, keep)
+            + flush_udp_sessions(&mut self.dsr_sessions, keep)
+            + flush_udp_sessions(&mut self.dsr_sessions6, keep))
     }
+}
+
+/// Deletes the UDP sessions of `sessions` whose backend is not in `keep`.
+fn flush_udp_sessions<A: MapIp>(
+    sessions: &mut HashMap<MapData, FlowKeyOf<A>, DsrSessionOf<A>>,
+    keep: &BTreeSet<IpAddr>,
+) -> usize
+where
+    FlowKeyOf<A>: aya::Pod,
+    DsrSessionOf<A>: aya::Pod,
+{
+    let gone: Vec<_> = (sessions.iter())
+        .filter_map(|e| e.ok())
+        .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&s.backend.ip()))
+        .map(|(k, _)| k)
+        .collect();
+    for k in &gone {
+        let _ = sessions.remove(k);
+    }
+    gone.len()
 }
 
 /// Deletes the entries of `flows` of UDP flows whose backend is not in `keep`.

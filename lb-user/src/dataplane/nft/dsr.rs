@@ -63,6 +63,29 @@ pub fn egress_chain(ifname: &str) -> String {
     format!("egress-{ifname}")
 }
 
+/// Refuses a `dsr` network with an IPv6 VIP, naming it and the way out: the table serves
+/// IPv4 VIPs only. An IPv6 session map cannot be learnt with nft 1.0.6 (Debian 12's): the
+/// packet-path update of a dynamic map whose key is longer than 16 bytes is miscompiled
+/// (the key gets one 16-byte register and the value is loaded into the next, over the rest of
+/// the key: `ip6 saddr . th sport . ip6 daddr . th dport : ether daddr` learns keys whose
+/// bytes 16 to 23 are the backend's MAC, so no packet ever finds its session; a key led by
+/// an IPv6 address after a shorter field aborts nft, "netlink_gen_expr: Assertion `dreg <
+/// ctx->reg_low' failed"), and a key of 16 bytes cannot hold the client's IPv6 address and a
+/// port. An IPv6 VIP served by NAT instead would answer from the node rather than from the
+/// backends, which is not what its backends are set up for. The eBPF dataplane serves DSR of
+/// IPv6 VIPs. Checked before anything is saved.
+pub fn refuse_ipv6(network: &Network) -> anyhow::Result<()> {
+    if network.mode == Mode::Dsr
+        && let Some(vip) = network.vips().into_iter().find(IpAddr::is_ipv6)
+    {
+        anyhow::bail!(
+            "network {}: VIP {vip} is IPv6, and the nftables DSR table serves IPv4 VIPs only (nft 1.0.6 cannot learn a session keyed by IPv6 addresses): use the ebpf dataplane, or serve it from a nat network",
+            network.name
+        );
+    }
+    Ok(())
+}
+
 /// What one sync writes of a network's DSR table, decided by the caller from the node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Sync {

@@ -334,13 +334,10 @@ fn hairpin_warnings_here(network: &Network) -> Result<Vec<String>> {
 
 impl Dataplane for NftDataplane {
     /// Every network: a dsr network's VIPs are served by NAT where the kernel cannot run the
-    /// DSR table (said by `warnings`), as moby does.
-    ///
-    /// Both families, but DSR of IPv6 VIPs: the DSR table (moby's) is IPv4's, and a dsr
-    /// network's IPv6 VIP served by NAT instead would answer from the node rather than from
-    /// the backends, which is not what its backends are set up for.
+    /// DSR table (said by `warnings`), as moby does. Both families, but DSR of IPv6 VIPs
+    /// (`dsr::refuse_ipv6`).
     fn supports(&self, network: &Network) -> Result<()> {
-        crate::dataplane::dsr_ipv4_only(Kind::Nftables, network)
+        dsr::refuse_ipv6(network)
     }
 
     fn kind(&self) -> Kind {
@@ -530,7 +527,11 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
     let mut by_mac: HashMap<String, IpAddr> = HashMap::new();
-    for n in Netlink::new()?.neighbours()? {
+    // The DSR table is IPv4's.
+    for n in (Netlink::new()?.neighbours()?)
+        .into_iter()
+        .filter(|n| n.addr.is_ipv4())
+    {
         let mac = (n.mac.iter())
             .map(|b| format!("{b:02x}"))
             .collect::<Vec<_>>()
