@@ -20,7 +20,7 @@ use crate::{
     conntrack::{self, Found},
     csum::{self, SumChunk},
     dsr,
-    family::{Inet, Room},
+    family::{Inet, Room, Slot},
     frag, icmp, lb,
     maps::CONFIG,
     parse::{Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
@@ -78,19 +78,28 @@ pub fn xdp_can_rewrite<K>(p: &Packet<K>) -> bool {
     }
 }
 
+/// What every path run starts from: the network's config, and the hook's slot with the frame
+/// parsed into it as one of family `A`; otherwise the verdict the run ends with (not ours, or
+/// refused by the parser with its reason).
+#[inline(always)]
+fn parsed<C: Frame, A: Inet>(
+    ctx: &C,
+    hook: u32,
+) -> Result<(&'static Config, &'static mut Slot<A>), Verdict> {
+    let cfg = config().ok_or(Verdict::Pass(Reason::NotService))?;
+    let slot = A::slot(hook).ok_or(Verdict::Pass(Reason::NotService))?;
+    A::parse(ctx, &mut slot.parsed).map_err(Verdict::Pass)?;
+    Ok((cfg, slot))
+}
+
 /// The ingress path of a frame of family `A` (`main` tells the family and runs each
 /// family's path in a program of its own).
 #[inline(always)]
 pub fn ingress<C: Ctx, A: Inet>(ctx: &C, hook: u32, xdp: bool) -> Verdict {
-    let Some(cfg) = config() else {
-        return Verdict::Pass(Reason::NotService);
+    let (cfg, slot) = match parsed::<_, A>(ctx, hook) {
+        Ok(run) => run,
+        Err(v) => return v,
     };
-    let Some(slot) = A::slot(hook) else {
-        return Verdict::Pass(Reason::NotService);
-    };
-    if let Err(r) = A::parse(ctx, &mut slot.parsed) {
-        return Verdict::Pass(r);
-    }
     match &mut slot.parsed {
         Parsed::Flow(p) => ingress_flow(ctx, hook, xdp, p, cfg, &mut slot.room),
         Parsed::IcmpError(e) => icmp::translate(ctx, hook, e, false, &mut slot.room),
@@ -173,15 +182,10 @@ fn ingress_entry<C: Ctx, A: Inet>(
 /// The egress path of a frame of family `A` (see [`ingress`]).
 #[inline(always)]
 pub fn egress<A: Inet>(ctx: &Skb, hook: u32) -> Verdict {
-    let Some(cfg) = config() else {
-        return Verdict::Pass(Reason::NotService);
+    let (cfg, slot) = match parsed::<_, A>(ctx, hook) {
+        Ok(run) => run,
+        Err(v) => return v,
     };
-    let Some(slot) = A::slot(hook) else {
-        return Verdict::Pass(Reason::NotService);
-    };
-    if let Err(r) = A::parse(ctx, &mut slot.parsed) {
-        return Verdict::Pass(r);
-    }
     match &mut slot.parsed {
         Parsed::Flow(p) => egress_flow(ctx, hook, p, cfg, &mut slot.room),
         Parsed::IcmpError(e) => icmp::translate(ctx, hook, e, true, &mut slot.room),
@@ -254,18 +258,14 @@ pub fn forward<A: Inet>(ctx: &Skb) -> Option<i32> {
 /// clients.
 #[inline(always)]
 pub fn reply<A: Inet>(ctx: &Skb, hook: u32) -> Verdict {
-    let Some(cfg) = config() else {
-        return Verdict::Pass(Reason::NotService);
-    };
-    if cfg.fast_path & A::FAST_PATH == 0 {
+    // Before the parse: with the family's fast path off, a reply costs one comparison.
+    if config().is_some_and(|c| c.fast_path & A::FAST_PATH == 0) {
         return Verdict::Pass(Reason::NotRedirected);
     }
-    let Some(slot) = A::slot(hook) else {
-        return Verdict::Pass(Reason::NotService);
+    let (cfg, slot) = match parsed::<_, A>(ctx, hook) {
+        Ok(run) => run,
+        Err(v) => return v,
     };
-    if let Err(r) = A::parse(ctx, &mut slot.parsed) {
-        return Verdict::Pass(r);
-    }
     match &mut slot.parsed {
         Parsed::Flow(p) if p.frag == Frag::Whole => reply_flow(ctx, hook, p, cfg, &mut slot.room),
         _ => Verdict::Pass(Reason::NotRedirected),

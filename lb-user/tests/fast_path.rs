@@ -156,21 +156,27 @@ fn carries_both_ways(attach: &str) {
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let bpffs = Bpffs::new().unwrap();
     let (d, metrics) = serve(&topo, &bpffs, &["--attach", attach]);
-    // The first packets resolve the neighbours through the stack; the endpoints follow.
+    redirected_both_ways(&topo, &d, &metrics, |n| ask_all(&topo, n));
+}
+
+/// The first rounds of `ask` (2 TCP and 2 UDP requests a round) resolve the neighbours
+/// through the stack, and the endpoints follow (1 + the backends); then every packet of 25
+/// more rounds is redirected both ways, and none crosses the node's bridge.
+fn redirected_both_ways(topo: &Topology, d: &LbDaemon, metrics: &str, ask: impl Fn(usize)) {
     // 12 requests: each backend gets some but with odds of 1 in 2,000.
-    ask_all(&topo, 3);
-    wait_fast(&d, 1 + topo.backends.len());
+    ask(3);
+    wait_fast(d, 1 + topo.backends.len());
     println!("{}", d.ok(&["status"]));
     let (fwd0, rep0) = (
-        redirected(&metrics, "tc_ingress"),
-        redirected(&metrics, "tc_reply"),
+        redirected(metrics, "tc_ingress"),
+        redirected(metrics, "tc_reply"),
     );
     let bridge0 = link_stats(&topo.node, "lbbr0").unwrap();
     const ROUNDS: usize = 25;
-    ask_all(&topo, ROUNDS);
+    ask(ROUNDS);
     let (fwd, rep) = (
-        redirected(&metrics, "tc_ingress") - fwd0,
-        redirected(&metrics, "tc_reply") - rep0,
+        redirected(metrics, "tc_ingress") - fwd0,
+        redirected(metrics, "tc_reply") - rep0,
     );
     let bridge = link_stats(&topo.node, "lbbr0").unwrap().since(&bridge0);
     println!("redirected: {fwd} towards backends, {rep} towards the client; bridge {bridge:?}");
@@ -514,33 +520,8 @@ fn carries_ipv6_both_ways(attach: &str) {
     let bpffs = Bpffs::new().unwrap();
     let _servers = servers6(&topo);
     let (d, metrics) = serve6(&topo, &bpffs, "ebpf", &["--attach", attach]);
-    ask_all6(&topo, 3);
-    // The client and both backends, by their IPv6 neighbours (no IPv4 traffic was sent).
-    wait_fast(&d, 1 + topo.backends.len());
-    println!("{}", d.ok(&["status"]));
-    let (fwd0, rep0) = (
-        redirected(&metrics, "tc_ingress"),
-        redirected(&metrics, "tc_reply"),
-    );
-    let bridge0 = link_stats(&topo.node, "lbbr0").unwrap();
-    const ROUNDS: usize = 25;
-    ask_all6(&topo, ROUNDS);
-    let (fwd, rep) = (
-        redirected(&metrics, "tc_ingress") - fwd0,
-        redirected(&metrics, "tc_reply") - rep0,
-    );
-    let bridge = link_stats(&topo.node, "lbbr0").unwrap().since(&bridge0);
-    println!(
-        "IPv6 redirected: {fwd} towards backends, {rep} towards the client; bridge {bridge:?}"
-    );
-    let least = (ROUNDS * 2 * (3 + 1)) as u64;
-    assert!(fwd >= least, "client → backend redirected {fwd} < {least}");
-    assert!(rep >= least, "backend → client redirected {rep} < {least}");
-    // Nothing crossed the bridge but the odd neighbour solicitation.
-    assert!(
-        bridge.rx_packets + bridge.tx_packets <= 8,
-        "redirected packets skip the bridge: {bridge:?}"
-    );
+    // The neighbours are the client's and the backends' IPv6 ones: no IPv4 is sent.
+    redirected_both_ways(&topo, &d, &metrics, |n| ask_all6(&topo, n));
     hop_limit_and_checksum_as_forwarded(&topo, &metrics);
 }
 
