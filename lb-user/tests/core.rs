@@ -1256,6 +1256,41 @@ fn golden_nft_ruleset_dsr() {
     assert_eq!(got, include_str!("golden/shared_port.edge.nft"));
 }
 
+/// The same DSR network with an IPv6 VIP and backends beside its IPv4 ones: IPv4's objects
+/// and rules as above, and IPv6's (`dataplane::nft::dsr`): `vip6`, `real-server6` with each
+/// backend's number, a session set per backend and protocol, the ingress rules that find a
+/// session by its set, and the `new6-IF` chain that learns a new one.
+#[test]
+fn golden_nft_ruleset_dsr_dual_stack() {
+    let mut json: serde_json::Value =
+        serde_json::from_str(include_str!("golden/shared_port.json")).unwrap();
+    for n in json["networks"].as_array_mut().unwrap() {
+        if n["name"] == "edge" {
+            let svc = &mut n["services"][0];
+            svc["vips"] = serde_json::json!(["10.1.0.53", "fd01::53"]);
+            svc.as_object_mut().unwrap().remove("vip");
+            let backends = svc["backends"].as_array_mut().unwrap();
+            backends.push(serde_json::json!({"ip": "fd01::3"}));
+            backends.push(serde_json::json!({"ip": "fd01::2", "disabled": true}));
+        }
+    }
+    let state = DesiredState::from_json(&json.to_string()).unwrap();
+    let mut edge = state.network("edge").unwrap().clone();
+    edge.timeouts.dsr = Some(30);
+    let got = lb_user::dataplane::nft::ruleset(&ComposedNetwork::new(edge.clone()), &[]).unwrap();
+    if std::env::var_os("LB_BLESS").is_some() {
+        std::fs::write(
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/golden/shared_port.edge6.nft"
+            ),
+            &got,
+        )
+        .unwrap();
+    }
+    assert_eq!(got, include_str!("golden/shared_port.edge6.nft"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Capacity: what a sync needs of each map, from the plan and what the maps hold
 

@@ -214,32 +214,22 @@ fn port_ownership_is_per_family() {
     );
 }
 
-/// A `dsr` network with an IPv6 VIP (beside an IPv4 one) is served by the eBPF dataplane
-/// (once refused, "serves DSR for IPv4 VIPs only so far"); the nftables one still refuses it
-/// before anything is saved, naming the VIP, why and the way out. IPv4 VIPs in a `dsr`
-/// network, and the same services in a `nat` one, pass both.
+/// A `dsr` network with an IPv6 VIP (beside an IPv4 one) is served by both dataplanes (once
+/// refused by both, "serves DSR for IPv4 VIPs only so far"), as a `nat` one is.
 #[test]
-fn dsr_of_an_ipv6_vip_is_served_by_ebpf_and_refused_by_nftables_with_the_way_out() {
+fn dsr_of_an_ipv6_vip_is_served_by_both_dataplanes() {
     let mut s = state(dual()).unwrap();
     let ebpf = EbpfDataplane::retiring(std::path::Path::new("/nonexistent"), TcMode::Netlink);
     let nft = NftDataplane;
     let planes: [&dyn Dataplane; 2] = [&ebpf, &nft];
-    for plane in planes {
-        plane.supports(&s.networks[0]).unwrap();
-    }
-    s.networks[0].mode = lb_user::core::model::Mode::Dsr;
-    ebpf.supports(&s.networks[0]).unwrap();
-    let e = nft.supports(&s.networks[0]).unwrap_err().to_string();
-    assert_eq!(
-        e,
-        "network web: VIP fd99::10 is IPv6, and the nftables DSR table serves IPv4 VIPs only (nft 1.0.6 cannot learn a session keyed by IPv6 addresses): use the ebpf dataplane, or serve it from a nat network"
-    );
-    let mut v4 = state(serde_json::json!([{"id": "a", "vip": "10.99.0.10",
-        "backends": [{"ip": "10.20.0.2"}, {"ip": "fd20::2"}]}]))
-    .unwrap();
-    v4.networks[0].mode = lb_user::core::model::Mode::Dsr;
-    for plane in planes {
-        plane.supports(&v4.networks[0]).unwrap();
+    for mode in [
+        lb_user::core::model::Mode::Nat,
+        lb_user::core::model::Mode::Dsr,
+    ] {
+        s.networks[0].mode = mode;
+        for plane in planes {
+            plane.supports(&s.networks[0]).unwrap();
+        }
     }
 }
 
@@ -326,6 +316,19 @@ fn aliases_of_both_families_carry_lbs_mark_and_ipv6_ones_skip_dad() {
     assert!(
         !line.contains("tentative"),
         "an alias must not wait for DAD: {line}"
+    );
+    // Never the source the kernel picks (a /128 wins its longest-prefix rule over the
+    // interface's /64): a masqueraded flow would leave from the VIP.
+    assert!(
+        line.contains("deprecated"),
+        "an IPv6 alias is deprecated: {shown}"
+    );
+    ns.ip(["-6", "addr", "add", "fd99::2/64", "dev", "lbv0", "nodad"])
+        .unwrap();
+    let route = ns.ip(["-6", "route", "get", "fd99::5"]).unwrap();
+    assert!(
+        route.contains("src fd99::2 "),
+        "the node's source on the VIP's subnet is its own address, not the VIP: {route}"
     );
     let vips: std::collections::BTreeSet<IpAddr> = [ip("10.99.0.10"), ip("fd99::10")].into();
     let left = ns

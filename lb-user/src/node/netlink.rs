@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result, bail};
 use futures_util::TryStreamExt as _;
 use netlink_packet_route::{
     AddressFamily,
-    address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol},
+    address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol, CacheInfo},
     link::{
         InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
         LinkXdp,
@@ -264,6 +264,16 @@ impl Netlink {
             )));
             if vip.is_ipv6() {
                 attrs.push(AddressAttribute::Flags(AddressFlags::Nodad));
+                // Deprecated (preferred lifetime 0, valid for ever): the kernel's source
+                // address selection prefers the longest matching prefix, which a /128 alias
+                // wins over the interface's /64 for any destination on the subnet, so a
+                // masqueraded flow (nftables') or a node's own connection would leave from
+                // the VIP, which DSR backends own too and keep the answers to. A deprecated
+                // address is never chosen while another is there, and is still one the
+                // node answers neighbour discovery and traffic for.
+                let mut life = CacheInfo::default();
+                life.ifa_valid = u32::MAX;
+                attrs.push(AddressAttribute::CacheInfo(life));
             }
             let r = self.rt.block_on(req.execute());
             match r {

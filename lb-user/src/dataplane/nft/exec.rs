@@ -60,16 +60,17 @@ pub fn delete_table(name: &str) -> Result<()> {
     transaction(&s)
 }
 
-/// `nft -j list map netdev` of one map of network `name`'s DSR table.
-pub fn list_dsr_map(name: &str, map: &str) -> Result<String> {
+/// `nft -j list KIND netdev` of one map or set of network `name`'s DSR table.
+pub fn list_dsr(name: &str, kind: &str, object: &str) -> Result<String> {
     nft(
-        &["-j", "list", "map", "netdev", &table_name(name), map],
+        &["-j", "list", kind, "netdev", &table_name(name), object],
         None,
     )
 }
 
-/// The chains of network `name`'s DSR table (none when it has no such table).
-pub fn dsr_chains(name: &str) -> Result<Vec<String>> {
+/// The objects of kind `kind` (`chain`, `set`: a map is not one) of network `name`'s DSR
+/// table (none when it has no such table).
+pub fn dsr_objects(name: &str, kind: &str) -> Result<Vec<String>> {
     let table = table_name(name);
     // `-t`: without the sessions' elements. An absent table is the only expected failure,
     // told apart by listing the family's tables (nft's message is not a contract).
@@ -79,7 +80,7 @@ pub fn dsr_chains(name: &str) -> Result<Vec<String>> {
     }
     names(
         &nft(&["-t", "-j", "list", "table", "netdev", &table], None)?,
-        "chain",
+        kind,
     )
 }
 

@@ -6,7 +6,7 @@
 //! verdicts keyed by `numgen`) says which interval jumps to which slot chain, and the slot
 //! map of that name holds `set key : translation`; together, moby's `set key . interval :
 //! translation`.
-use std::{collections::HashMap, net::SocketAddrV4};
+use std::{collections::HashMap, net::SocketAddr};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
@@ -119,9 +119,19 @@ fn maps_of(v: &Value) -> impl Iterator<Item = &Value> {
 /// The `real-server` elements in `nft -j list map netdev lb-NET real-server` output, in
 /// DESIGN.md's notation (`VIP . a-b : BACKEND`), with their counters.
 pub fn listed_real_server(json: &str) -> Result<Vec<Listed>> {
+    listed_dsr_map(json, REAL_SERVER, Some)
+}
+
+/// The elements of DSR map `name` (`real-server`, `real-server6`) in `nft -j list map`
+/// output as `real-server` elements, each value as `backend` gives it (`None`: left out).
+pub fn listed_dsr_map(
+    json: &str,
+    name: &str,
+    backend: impl Fn(String) -> Option<String>,
+) -> Result<Vec<Listed>> {
     let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
     let mut out = Vec::new();
-    for map in maps_of(&v).filter(|m| m["name"] == REAL_SERVER) {
+    for map in maps_of(&v).filter(|m| m["name"] == name) {
         for e in map["elem"].as_array().into_iter().flatten() {
             let key = scalar(&e[0])?;
             // An interval of one bucket is printed as a plain number.
@@ -132,11 +142,14 @@ pub fn listed_real_server(json: &str) -> Result<Vec<Listed>> {
                 _ => key,
             };
             let (packets, bytes) = counter(&e[0]);
+            let Some(value) = backend(scalar(&e[1])?) else {
+                continue;
+            };
             out.push(Listed {
                 element: Element {
                     map: REAL_SERVER,
                     key,
-                    value: scalar(&e[1])?,
+                    value,
                 },
                 packets,
                 bytes,
@@ -146,33 +159,42 @@ pub fn listed_real_server(json: &str) -> Result<Vec<Listed>> {
     Ok(out)
 }
 
-/// One DSR session as its map holds it.
+/// One DSR session as its map or set holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Session {
-    pub client: SocketAddrV4,
-    pub service: SocketAddrV4,
-    /// The backend's MAC, as nft prints it (`aa:bb:cc:dd:ee:ff`).
-    pub mac: String,
+    pub client: SocketAddr,
+    pub service: SocketAddr,
+    /// The backend's MAC, as nft prints it (`aa:bb:cc:dd:ee:ff`): IPv4's sessions map to it;
+    /// IPv6's are in a set per backend, and have none.
+    pub mac: Option<String>,
     /// The session's timeout and the seconds left of it (whole seconds, rounded down).
     pub timeout_secs: u64,
     pub expires_secs: u64,
 }
 
-/// The sessions in `nft -j list map netdev lb-NET dsr-conntrack-P` output. An element
-/// updated with the map's own default timeout is listed without one: it takes the map's.
+/// The sessions in `nft -j list map netdev lb-NET dsr-conntrack-P` output (or `list set` of
+/// an IPv6 session set). An element updated with the map's own default timeout is listed
+/// without one: it takes the map's.
 pub fn sessions(json: &str) -> Result<Vec<Session>> {
     let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
     let mut out = Vec::new();
-    for map in maps_of(&v) {
+    let objects = (v["nftables"].as_array().into_iter().flatten())
+        .filter_map(|o| o.get("map").or_else(|| o.get("set")));
+    for map in objects {
         let default = map["timeout"].as_u64().unwrap_or(0);
         for e in map["elem"].as_array().into_iter().flatten() {
-            let elem = &e[0]["elem"];
+            // A map's element is `[key, value]`; a set's is the key alone.
+            let (key, mac) = match e.as_array() {
+                Some(pair) => (&pair[0], Some(scalar(&pair[1])?)),
+                None => (e, None),
+            };
+            let elem = &key["elem"];
             let parts = elem["val"]["concat"]
                 .as_array()
                 .with_context(|| format!("a session key is a concatenation: {e}"))?;
             let part = |i: usize| scalar(parts.get(i).unwrap_or(&Value::Null));
-            let addr = |a: usize, p: usize| -> Result<SocketAddrV4> {
-                Ok(SocketAddrV4::new(
+            let addr = |a: usize, p: usize| -> Result<SocketAddr> {
+                Ok(SocketAddr::new(
                     part(a)?
                         .parse()
                         .with_context(|| format!("address in {e}"))?,
@@ -182,7 +204,7 @@ pub fn sessions(json: &str) -> Result<Vec<Session>> {
             out.push(Session {
                 client: addr(0, 1)?,
                 service: addr(2, 3)?,
-                mac: scalar(&e[1])?,
+                mac,
                 timeout_secs: elem["timeout"].as_u64().unwrap_or(default),
                 expires_secs: elem["expires"].as_u64().unwrap_or(0),
             });

@@ -62,7 +62,7 @@ use anyhow::{Context as _, Result};
 use super::{Count, Dataplane, Flow, FlowState, FlowStats, Kind, SyncStats, aliases};
 use crate::{
     core::compose::ComposedNetwork,
-    core::elements::{Element, SetKey, claimed_by, placed_elements},
+    core::elements::{Element, REAL_SERVER, SetKey, claimed_by, placed_elements},
     core::model::{Family, FlowTimeouts, Masquerade, Mode, Network, Proto},
     node::{Netlink, NodeAddr, in_netns, netlink},
 };
@@ -93,6 +93,7 @@ impl NftDataplane {
     /// counter back at zero would read as a reset.
     fn list(network: &ComposedNetwork) -> Result<Vec<Listed>> {
         let (name, dsr) = (network.name.clone(), has_dsr_table(network));
+        let dsr6 = (dsr && dsr::has_ipv6(network)).then(|| dsr::backends6(network));
         let families: Vec<Family> = (Family::ALL.iter().copied())
             .filter(|&f| f == Family::V4 || ruleset::has_ipv6(network))
             .collect();
@@ -107,8 +108,16 @@ impl NftDataplane {
                 }
             }
             if dsr {
-                let json = exec::list_dsr_map(&name, crate::core::elements::REAL_SERVER)?;
+                let json = exec::list_dsr(&name, "map", REAL_SERVER)?;
                 listed.extend(listed_real_server(&json)?);
+            }
+            if let Some(backends) = dsr6 {
+                // IPv6's map has each backend's number ([`dsr::backends6`]) as its value.
+                let json = exec::list_dsr(&name, "map", dsr::REAL_SERVER6)?;
+                listed.extend(listing::listed_dsr_map(&json, dsr::REAL_SERVER6, |v| {
+                    let n: usize = v.parse().ok()?;
+                    Some(backends.get(n.checked_sub(1)?)?.to_string())
+                })?);
             }
             Ok(listed)
         })
@@ -170,18 +179,29 @@ fn dsr_sync(
     whole: bool,
 ) -> Result<dsr::Sync> {
     let on = dsr_on(network, support);
-    let chains = match previous {
-        _ if whole && on => exec::dsr_chains(&network.name)?,
-        Some(prev) if !whole => (prev.interfaces.iter())
-            .flat_map(|i| [dsr::ingress_chain(i), dsr::egress_chain(i)])
-            .collect(),
-        _ => Vec::new(),
+    let (chains, sets6) = match previous {
+        _ if whole && on => (
+            exec::dsr_objects(&network.name, "chain")?,
+            (exec::dsr_objects(&network.name, "set")?.into_iter())
+                .filter(|s| dsr::parse_session_set6(s).is_some())
+                .collect(),
+        ),
+        Some(prev) if !whole => (
+            (prev.interfaces.iter())
+                .flat_map(|i| dsr::device_chains(i, dsr::has_ipv6(prev)))
+                .collect(),
+            (dsr::backends6(prev).into_iter())
+                .flat_map(|b| dsr::PROTOS.iter().map(move |&p| dsr::session_set6(p, b)))
+                .collect(),
+        ),
+        _ => (Vec::new(), Vec::new()),
     };
     Ok(dsr::Sync {
         on,
         was_on: !whole && previous.is_some_and(|p| dsr_on(p, support)),
         present: present.iter().map(|(i, _)| (*i).to_owned()).collect(),
         chains,
+        sets6,
     })
 }
 
@@ -334,10 +354,9 @@ fn hairpin_warnings_here(network: &Network) -> Result<Vec<String>> {
 
 impl Dataplane for NftDataplane {
     /// Every network: a dsr network's VIPs are served by NAT where the kernel cannot run the
-    /// DSR table (said by `warnings`), as moby does. Both families, but DSR of IPv6 VIPs
-    /// (`dsr::refuse_ipv6`).
-    fn supports(&self, network: &Network) -> Result<()> {
-        dsr::refuse_ipv6(network)
+    /// DSR table (said by `warnings`), as moby does. Both families.
+    fn supports(&self, _network: &Network) -> Result<()> {
+        Ok(())
     }
 
     fn kind(&self) -> Kind {
@@ -527,7 +546,7 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
     let mut by_mac: HashMap<String, IpAddr> = HashMap::new();
-    // The DSR table is IPv4's.
+    // IPv4's sessions map to MACs; IPv6's are in their backend's set.
     for n in (Netlink::new()?.neighbours()?)
         .into_iter()
         .filter(|n| n.addr.is_ipv4())
@@ -541,19 +560,30 @@ fn dsr_flows(network: &Network) -> Result<Vec<Flow>> {
             by_mac.insert(mac, n.addr);
         }
     }
+    // (protocol, the set or map, the backend its sessions go to where it says).
+    let mut lists: Vec<(Proto, &str, String, Option<IpAddr>)> = (dsr::PROTOS.iter())
+        .map(|&p| (p, "map", dsr::session_map(p), None))
+        .collect();
+    if dsr::has_ipv6(network) {
+        for b in dsr::backends6(network) {
+            for &p in dsr::PROTOS {
+                lists.push((p, "set", dsr::session_set6(p, b), Some(IpAddr::V6(b))));
+            }
+        }
+    }
     let mut flows = Vec::new();
-    for &proto in dsr::PROTOS {
-        let map = dsr::session_map(proto);
-        let json = exec::list_dsr_map(&network.name, &map)
+    for (proto, kind, object, set_backend) in lists {
+        let json = exec::list_dsr(&network.name, kind, &object)
             .with_context(|| format!("listing the DSR sessions of network {}", network.name))?;
         for s in listing::sessions(&json)? {
             // A session whose MAC no neighbour has any more shows the unspecified address.
-            let backend = by_mac.get(&s.mac.to_ascii_lowercase()).copied();
-            let backend = backend.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+            let known = (s.mac.as_deref()).and_then(|m| by_mac.get(&m.to_ascii_lowercase()));
+            let backend =
+                (set_backend.or(known.copied())).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             flows.push(Flow {
                 proto,
-                client: s.client.into(),
-                frontend: s.service.into(),
+                client: s.client,
+                frontend: s.service,
                 service: None,
                 backend: SocketAddr::new(backend, s.service.port()),
                 state: FlowState::Dsr,
