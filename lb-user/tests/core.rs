@@ -138,6 +138,22 @@ fn check_partition(values: &[u32], length: u32) {
     );
 }
 
+/// Compares `got` with `tests/golden/NAME`; `LB_BLESS=1` writes `got` there instead (then
+/// the comparison holds on the next build).
+macro_rules! assert_golden {
+    ($got:expr, $name:literal) => {{
+        let got: &str = &$got;
+        if std::env::var_os("LB_BLESS").is_some() {
+            std::fs::write(
+                concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/", $name),
+                got,
+            )
+            .unwrap();
+        }
+        assert_eq!(got, include_str!(concat!("golden/", $name)));
+    }};
+}
+
 #[test]
 fn intervals_of_no_values_or_length_zero_are_empty() {
     assert_eq!(equal_weight_intervals::<u32>(&[], BUCKETS).count(), 0);
@@ -1219,17 +1235,7 @@ fn golden_nft_ruleset() {
     )];
     let got =
         lb_user::dataplane::nft::ruleset(&ComposedNetwork::new(web.clone()), &subnets).unwrap();
-    if std::env::var_os("LB_BLESS").is_some() {
-        std::fs::write(
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/golden/shared_port.web.nft"
-            ),
-            &got,
-        )
-        .unwrap();
-    }
-    assert_eq!(got, include_str!("golden/shared_port.web.nft"));
+    assert_golden!(got, "shared_port.web.nft");
 }
 
 /// A dsr network's whole transaction, pinned: its NAT table (the VIP's NAT elements serve
@@ -1243,17 +1249,7 @@ fn golden_nft_ruleset_dsr() {
     let mut edge = state.network("edge").unwrap().clone();
     edge.timeouts.dsr = Some(30);
     let got = lb_user::dataplane::nft::ruleset(&ComposedNetwork::new(edge.clone()), &[]).unwrap();
-    if std::env::var_os("LB_BLESS").is_some() {
-        std::fs::write(
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/golden/shared_port.edge.nft"
-            ),
-            &got,
-        )
-        .unwrap();
-    }
-    assert_eq!(got, include_str!("golden/shared_port.edge.nft"));
+    assert_golden!(got, "shared_port.edge.nft");
 }
 
 /// The same DSR network with an IPv6 VIP and backends beside its IPv4 ones: IPv4's objects
@@ -1278,17 +1274,7 @@ fn golden_nft_ruleset_dsr_dual_stack() {
     let mut edge = state.network("edge").unwrap().clone();
     edge.timeouts.dsr = Some(30);
     let got = lb_user::dataplane::nft::ruleset(&ComposedNetwork::new(edge.clone()), &[]).unwrap();
-    if std::env::var_os("LB_BLESS").is_some() {
-        std::fs::write(
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/tests/golden/shared_port.edge6.nft"
-            ),
-            &got,
-        )
-        .unwrap();
-    }
-    assert_eq!(got, include_str!("golden/shared_port.edge6.nft"));
+    assert_golden!(got, "shared_port.edge6.nft");
 }
 
 // ---------------------------------------------------------------------------------------------
