@@ -293,7 +293,12 @@ fn aliases_of_both_families_carry_lbs_mark_and_ipv6_ones_skip_dad() {
     }
     use lb_user::node::netlink::{ALIAS_PROTO, Netlink};
     let ns = ipv6_node("alias6");
-    let vips: std::collections::BTreeSet<IpAddr> = [ip("10.99.0.10"), ip("fd99::10")].into();
+    // An alias as an earlier lb left it: preferred (and, older still, without IFA_PROTO:
+    // a host address that is a VIP is lb's, `NodeAddr::is_lb_alias`).
+    ns.ip(["-6", "addr", "add", "fd99::11/128", "dev", "lbv0", "nodad"])
+        .unwrap();
+    let vips: std::collections::BTreeSet<IpAddr> =
+        [ip("10.99.0.10"), ip("fd99::10"), ip("fd99::11")].into();
     let addrs = ns
         .run(move || {
             let nl = Netlink::new()?;
@@ -323,6 +328,13 @@ fn aliases_of_both_families_carry_lbs_mark_and_ipv6_ones_skip_dad() {
         line.contains("deprecated"),
         "an IPv6 alias is deprecated: {shown}"
     );
+    let old = (shown.lines())
+        .find(|l| l.contains("fd99::11/128"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert!(
+        old.contains("deprecated"),
+        "an earlier lb's alias is made deprecated: {shown}"
+    );
     ns.ip(["-6", "addr", "add", "fd99::2/64", "dev", "lbv0", "nodad"])
         .unwrap();
     let route = ns.ip(["-6", "route", "get", "fd99::5"]).unwrap();
@@ -330,7 +342,8 @@ fn aliases_of_both_families_carry_lbs_mark_and_ipv6_ones_skip_dad() {
         route.contains("src fd99::2 "),
         "the node's source on the VIP's subnet is its own address, not the VIP: {route}"
     );
-    let vips: std::collections::BTreeSet<IpAddr> = [ip("10.99.0.10"), ip("fd99::10")].into();
+    let vips: std::collections::BTreeSet<IpAddr> =
+        [ip("10.99.0.10"), ip("fd99::10"), ip("fd99::11")].into();
     let left = ns
         .run(move || {
             let nl = Netlink::new()?;

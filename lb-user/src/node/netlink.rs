@@ -14,7 +14,10 @@ use anyhow::{Context as _, Result, bail};
 use futures_util::TryStreamExt as _;
 use netlink_packet_route::{
     AddressFamily,
-    address::{AddressAttribute, AddressFlags, AddressMessage, AddressProtocol, CacheInfo},
+    address::{
+        AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage, AddressProtocol,
+        CacheInfo,
+    },
     link::{
         InfoBridgePort, InfoKind, InfoPortData, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
         LinkXdp,
@@ -38,6 +41,9 @@ pub struct NodeAddr {
     pub index: u32,
     /// The address's IFA_PROTO, when it has one.
     pub proto: Option<u8>,
+    /// IPv6: its preferred lifetime is over (IFA_F_DEPRECATED): never chosen as a source
+    /// while another address is there.
+    pub deprecated: bool,
 }
 
 impl NodeAddr {
@@ -220,6 +226,17 @@ impl Netlink {
         })
     }
 
+    /// Whether the kernel holds `msg`'s address deprecated (in IFA_FLAGS, or the header's
+    /// 8 bits of them where the attribute is absent).
+    fn deprecated(msg: &AddressMessage) -> bool {
+        (msg.attributes.iter())
+            .find_map(|a| match a {
+                AddressAttribute::Flags(f) => Some(f.contains(AddressFlags::Deprecated)),
+                _ => None,
+            })
+            .unwrap_or_else(|| msg.header.flags.contains(AddressHeaderFlags::Deprecated))
+    }
+
     /// Every address of every interface of the namespace, of both families, lb's aliases
     /// included.
     pub fn addresses(&self) -> Result<Vec<NodeAddr>> {
@@ -231,6 +248,7 @@ impl Netlink {
                     prefix,
                     index: m.header.index,
                     proto: Self::proto(m),
+                    deprecated: Self::deprecated(m),
                 })
             })
             .collect())
@@ -240,10 +258,11 @@ impl Netlink {
     /// so the node answers ARP (neighbour solicitations) for them and accepts their traffic.
     /// An IPv6 alias skips duplicate address detection (`nodad`): a VIP is meant to be
     /// answered for by this node at once, and a tentative address would drop the service's
-    /// traffic for a second or more. `addrs` is the caller's dump of the namespace
-    /// ([`Netlink::addresses`], one per apply, shared with what else the apply reads of the
-    /// node): one request per missing alias, so an apply at thousands of VIPs costs requests
-    /// only for what changed.
+    /// traffic for a second or more; and it is deprecated (see below), which an lb before
+    /// that left undone: such an alias of lb's is written again, deprecated. `addrs` is the
+    /// caller's dump of the namespace ([`Netlink::addresses`], one per apply, shared with
+    /// what else the apply reads of the node): one request per missing alias, so an apply at
+    /// thousands of VIPs costs requests only for what changed.
     pub fn add_aliases(
         &self,
         ifname: &str,
@@ -251,13 +270,21 @@ impl Netlink {
         addrs: &[NodeAddr],
     ) -> Result<()> {
         let index = self.ifindex(ifname)?;
+        // lb's IPv6 aliases an lb before deprecation left preferred: written again.
+        let stale: BTreeSet<IpAddr> = (on_interface(addrs, index))
+            .filter(|a| a.addr.is_ipv6() && a.is_lb_alias(want) && !a.deprecated)
+            .map(|a| a.addr)
+            .collect();
         let have: BTreeSet<IpAddr> = (on_interface(addrs, index))
-            .filter(|a| a.is_host())
+            .filter(|a| a.is_host() && !stale.contains(&a.addr))
             .map(|a| a.addr)
             .collect();
         for vip in want.difference(&have) {
             let prefix = host_prefix(*vip);
             let mut req = self.handle.address().add(index, *vip, prefix);
+            if stale.contains(vip) {
+                req = req.replace();
+            }
             let attrs = &mut req.message_mut().attributes;
             attrs.push(AddressAttribute::Protocol(AddressProtocol::from(
                 ALIAS_PROTO,

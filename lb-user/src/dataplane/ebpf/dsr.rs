@@ -339,6 +339,7 @@ mod tests {
             prefix,
             index,
             proto: None,
+            deprecated: false,
         }
     }
 
