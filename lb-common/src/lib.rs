@@ -456,6 +456,36 @@ map_layout! {
     }
 }
 
+impl FragKey {
+    /// The key of datagram `id` from `saddr` to `daddr` of `proto` (what the programs record
+    /// and look up, and the tests read back). An IPv4 datagram's identification is 16 bits:
+    /// the parser's 32-bit one holds it.
+    #[inline(always)]
+    pub fn new(saddr: u32, daddr: u32, id: u32, proto: u8) -> FragKey {
+        FragKey {
+            saddr,
+            daddr,
+            id: id as u16,
+            proto,
+            _pad: 0,
+        }
+    }
+}
+
+impl FragKey6 {
+    /// [`FragKey::new`] of IPv6.
+    #[inline(always)]
+    pub fn new(saddr: Addr6, daddr: Addr6, id: u32, proto: u8) -> FragKey6 {
+        FragKey6 {
+            saddr,
+            daddr,
+            id,
+            proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
 map_layout! {
     /// Value of the fragment map: the ports the first fragment carried, which the later ones
     /// (no L4 header) need to find their flow.

@@ -113,34 +113,15 @@ impl Inet for u32 {
     #[inline(always)]
     fn frag_get(key: &FlowKeyOf<u32>, id: u32) -> Option<FragPorts> {
         // SAFETY: plain data copied out.
-        unsafe { FRAGS.get(&frag_key(key, id)) }.copied()
+        unsafe { FRAGS.get(&FragKey::new(key.saddr, key.daddr, id, key.proto)) }.copied()
     }
     #[inline(always)]
     fn frag_put(key: &FlowKeyOf<u32>, id: u32, ports: &FragPorts) {
-        let _ = FRAGS.insert(&frag_key(key, id), ports, BPF_ANY as u64);
-    }
-}
-
-#[inline(always)]
-fn frag_key(key: &FlowKeyOf<u32>, id: u32) -> FragKey {
-    FragKey {
-        saddr: key.saddr,
-        daddr: key.daddr,
-        // An IPv4 datagram's identification is 16 bits (`parse::packet4`).
-        id: id as u16,
-        proto: key.proto,
-        _pad: 0,
-    }
-}
-
-#[inline(always)]
-fn frag_key6(key: &FlowKeyOf<Addr6>, id: u32) -> FragKey6 {
-    FragKey6 {
-        saddr: key.saddr,
-        daddr: key.daddr,
-        id,
-        proto: key.proto,
-        _pad: [0; 3],
+        let _ = FRAGS.insert(
+            &FragKey::new(key.saddr, key.daddr, id, key.proto),
+            ports,
+            BPF_ANY as u64,
+        );
     }
 }
 
@@ -176,10 +157,14 @@ impl Inet for Addr6 {
     #[inline(always)]
     fn frag_get(key: &FlowKeyOf<Addr6>, id: u32) -> Option<FragPorts> {
         // SAFETY: plain data copied out.
-        unsafe { FRAGS6.get(&frag_key6(key, id)) }.copied()
+        unsafe { FRAGS6.get(&FragKey6::new(key.saddr, key.daddr, id, key.proto)) }.copied()
     }
     #[inline(always)]
     fn frag_put(key: &FlowKeyOf<Addr6>, id: u32, ports: &FragPorts) {
-        let _ = FRAGS6.insert(&frag_key6(key, id), ports, BPF_ANY as u64);
+        let _ = FRAGS6.insert(
+            &FragKey6::new(key.saddr, key.daddr, id, key.proto),
+            ports,
+            BPF_ANY as u64,
+        );
     }
 }

@@ -87,9 +87,15 @@ fn parsed<C: Frame, A: Inet>(
     hook: u32,
 ) -> Result<(&'static Config, &'static mut Slot<A>), Verdict> {
     let cfg = config().ok_or(Verdict::Pass(Reason::NotService))?;
+    Ok((cfg, parse_into::<C, A>(ctx, hook)?))
+}
+
+/// The hook's slot with the frame parsed into it ([`parsed`] without the config).
+#[inline(always)]
+fn parse_into<C: Frame, A: Inet>(ctx: &C, hook: u32) -> Result<&'static mut Slot<A>, Verdict> {
     let slot = A::slot(hook).ok_or(Verdict::Pass(Reason::NotService))?;
     A::parse(ctx, &mut slot.parsed).map_err(Verdict::Pass)?;
-    Ok((cfg, slot))
+    Ok(slot)
 }
 
 /// The ingress path of a frame of family `A` (`main` tells the family and runs each
@@ -258,12 +264,15 @@ pub fn forward<A: Inet>(ctx: &Skb) -> Option<i32> {
 /// clients.
 #[inline(always)]
 pub fn reply<A: Inet>(ctx: &Skb, hook: u32) -> Verdict {
+    let Some(cfg) = config() else {
+        return Verdict::Pass(Reason::NotService);
+    };
     // Before the parse: with the family's fast path off, a reply costs one comparison.
-    if config().is_some_and(|c| c.fast_path & A::FAST_PATH == 0) {
+    if cfg.fast_path & A::FAST_PATH == 0 {
         return Verdict::Pass(Reason::NotRedirected);
     }
-    let (cfg, slot) = match parsed::<_, A>(ctx, hook) {
-        Ok(run) => run,
+    let slot = match parse_into::<_, A>(ctx, hook) {
+        Ok(slot) => slot,
         Err(v) => return v,
     };
     match &mut slot.parsed {

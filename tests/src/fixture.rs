@@ -706,13 +706,7 @@ impl MapFamily for u32 {
         (k.saddr, k.daddr, k.id.into(), k.proto)
     }
     fn frag_key(saddr: u32, daddr: u32, id: u32, proto: u8) -> FragKey {
-        FragKey {
-            saddr,
-            daddr,
-            id: id as u16,
-            proto,
-            _pad: 0,
-        }
+        FragKey::new(saddr, daddr, id, proto)
     }
 }
 
@@ -727,13 +721,7 @@ impl MapFamily for Addr6 {
         (k.saddr, k.daddr, k.id, k.proto)
     }
     fn frag_key(saddr: Addr6, daddr: Addr6, id: u32, proto: u8) -> FragKey6 {
-        FragKey6 {
-            saddr,
-            daddr,
-            id,
-            proto,
-            _pad: [0; 3],
-        }
+        FragKey6::new(saddr, daddr, id, proto)
     }
 }
 

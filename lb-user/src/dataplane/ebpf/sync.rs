@@ -556,15 +556,7 @@ where
     FlowKeyOf<A>: aya::Pod,
     DsrSessionOf<A>: aya::Pod,
 {
-    let gone: Vec<_> = (sessions.iter())
-        .filter_map(|e| e.ok())
-        .filter(|(k, s)| k.proto == IPPROTO_UDP && !keep.contains(&s.backend.ip()))
-        .map(|(k, _)| k)
-        .collect();
-    for k in &gone {
-        let _ = sessions.remove(k);
-    }
-    gone.len()
+    flush_udp_of(sessions, keep, |_, s| s.backend.ip())
 }
 
 /// Deletes the entries of `flows` of UDP flows whose backend is not in `keep`.
@@ -576,14 +568,27 @@ where
     FlowKeyOf<A>: aya::Pod,
     FlowOf<A>: aya::Pod,
 {
-    let doomed: Vec<_> = (flows.iter())
+    flush_udp_of(flows, keep, |k, e| gc::backend_of(k, e).ip())
+}
+
+/// Deletes the entries of `map` (keyed by a flow's tuple) of UDP whose backend, as `backend`
+/// reads it, is not in `keep`; returns how many.
+fn flush_udp_of<A: MapIp, V: aya::Pod>(
+    map: &mut HashMap<MapData, FlowKeyOf<A>, V>,
+    keep: &BTreeSet<IpAddr>,
+    backend: impl Fn(&FlowKeyOf<A>, &V) -> IpAddr,
+) -> usize
+where
+    FlowKeyOf<A>: aya::Pod,
+{
+    let doomed: Vec<_> = (map.iter())
         .filter_map(|e| e.ok())
-        .filter(|(k, e)| k.proto == IPPROTO_UDP && !keep.contains(&gc::backend_of(k, e).ip()))
+        .filter(|(k, v)| k.proto == IPPROTO_UDP && !keep.contains(&backend(k, v)))
         .map(|(k, _)| k)
         .collect();
     for k in &doomed {
         // The LRU may have evicted it meanwhile: that is the same outcome.
-        let _ = flows.remove(k);
+        let _ = map.remove(k);
     }
     doomed.len()
 }
