@@ -36,6 +36,17 @@
 //! [`REFRESH_NS`] (a write per packet would bounce the entry's cache line between CPUs), each
 //! time for the entry and its partner, so a flow with traffic in one direction only keeps both
 //! directions alive, and a partner lost to LRU eviction is put back within a second.
+//!
+//! # Judgment (the vetted fast path)
+//! Where the node's forward hooks hold rules, a direction of a flow may bypass the stack
+//! only while netfilter's judgment of it stands, as with an nftables flowtable: F's `vetted`
+//! (the client's direction) and R's (the backend's) record when a packet of that direction
+//! was last seen at TC egress of the interface it leaves by, which a packet reaches only past
+//! the forward and postrouting hooks, with its conntrack entry created or refreshed. A
+//! judgment stands for [`REJUDGE_NS`] and only if made after the controller's last rule change
+//! (`lb_vetted_since`); then the direction's next packet takes the stack again: rules that
+//! changed see it (a drop stops the flow: nothing stamps it again), the node's conntrack
+//! entry stays fresh, and the packet that passes renews the judgment.
 use crate::{Addr, FLOW_EGRESS, FLOW_REPLY, FlowKeyOf, FlowOf, IPPROTO_TCP, Timeouts};
 
 pub const TCP_FIN: u8 = 0x01;
@@ -46,6 +57,45 @@ pub const TCP_ACK: u8 = 0x10;
 /// An entry's expiry is rewritten when it would move by more than this.
 pub const REFRESH_NS: u64 = 1_000_000_000;
 pub const NS_PER_SEC: u64 = 1_000_000_000;
+
+/// How long a direction's judgment stands ([`vetted`]): one packet of a fast direction takes
+/// the stack this often. Short against the node's conntrack timeouts (the shortest the kernel
+/// keeps a flow with traffic both ways is UDP's 120 s; 30 s one way), long enough that the
+/// stack's share of a busy flow's packets is negligible.
+pub const REJUDGE_NS: u64 = 2_000_000_000;
+/// A stamp's unit: `bpf_ktime_get_ns` shifted right by this (about a millisecond), so that a
+/// stamp fits `FlowOf::vetted` and wraps only after some 50 days.
+pub const STAMP_SHIFT: u32 = 20;
+const REJUDGE_UNITS: u32 = (REJUDGE_NS >> STAMP_SHIFT) as u32;
+
+/// The stamp of the monotonic time `now_ns` (never 0, which says "never judged").
+#[inline(always)]
+pub fn stamp(now_ns: u64) -> u32 {
+    let s = (now_ns >> STAMP_SHIFT) as u32;
+    if s == 0 { 1 } else { s }
+}
+
+/// Whether a direction judged at `judged` (its entry's `vetted`) may bypass the stack at
+/// stamp `now`, the controller's last rule change being at stamp `since`: judged, less than
+/// [`REJUDGE_NS`] ago, and after that change (strictly: a judgment in the same unit may
+/// predate it). Compared as wrapping differences, so the stamp's wrap does not matter.
+#[inline(always)]
+pub fn vetted(judged: u32, now: u32, since: u32) -> bool {
+    judged != 0
+        && now.wrapping_sub(judged) < REJUDGE_UNITS
+        && (judged.wrapping_sub(since) as i32) > 0
+}
+
+/// Whether a packet with `tcp_flags` (0 for other protocols) may take the vetted fast path,
+/// and stamp its direction judged when TC egress sees it: never a TCP SYN, FIN or RST, which
+/// the node's conntrack must see, so that its entry is established before the connection
+/// becomes fast (its ACK ending the handshake takes the stack) and learns the connection's
+/// end (else it would keep an established entry for days). The kernel's flowtable likewise
+/// offloads established connections only and sends FIN and RST to the slow path.
+#[inline(always)]
+pub fn judgeable(tcp_flags: u8) -> bool {
+    tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0
+}
 
 /// How a packet without a live entry may open a flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -233,6 +283,7 @@ pub fn partner<A: Addr>(key: &FlowKeyOf<A>, e: &FlowOf<A>) -> (FlowKeyOf<A>, Flo
         sport: key.dport,
         dport: key.sport,
         flags: e.flags ^ (FLOW_EGRESS | FLOW_REPLY),
+        vetted: 0,
         ..*e
     };
     (partner_key(e, key.proto), p)
@@ -254,6 +305,27 @@ mod tests {
             flags,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_judgment_stands_for_a_while_and_only_after_the_last_rule_change() {
+        let at = |ms: u64| stamp(ms * 1_000_000 + 7_000_000_000);
+        let j = at(0);
+        assert!(vetted(j, at(0), 0));
+        assert!(vetted(j, at(1900), at(0) - 1), "within the period");
+        assert!(!vetted(j, at(2200), 0), "past it: judged again");
+        assert!(!vetted(0, at(0), 0), "never judged");
+        assert!(
+            !vetted(j, at(1), j),
+            "a rule change in the same unit voids it"
+        );
+        assert!(!vetted(j, at(1), at(1)), "a rule change after it voids it");
+        assert!(vetted(at(5), at(6), at(1)), "judged again after the change");
+        // Across the stamp's wrap.
+        let (before, after) = (u32::MAX - 10, 5u32);
+        assert!(vetted(before, after, before - 100));
+        assert!(!vetted(before, after, before + 1));
+        assert_eq!(stamp(0), 1, "0 means never");
     }
 
     #[test]

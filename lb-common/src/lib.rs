@@ -240,7 +240,7 @@ macro_rules! family_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]; `lb_config`, converted) or asked, so a program never
 /// reads a map written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 30] = [
+pub const MAP_LAYOUTS: [(&str, u32); 34] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -277,16 +277,27 @@ pub const MAP_LAYOUTS: [(&str, u32); 30] = [
     // DSR of IPv6 VIPs: the twins of `lb_dsr_sessions` and `lb_dsr_backends`.
     ("lb_dsr_sessions6", 1),
     ("lb_dsr_backends6", 1),
+    // Since when the vetted fast path's judgments count (`flow::vetted`).
+    ("lb_vetted_since", 1),
+    // The vetted fast path's TCP flows whose node conntrack entries the controller made
+    // liberal, and its requests to (`flow::judgeable`, `CtRequestOf`).
+    ("lb_liberal", 1),
+    ("lb_liberal6", 1),
+    ("lb_ct_requests", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
 /// ports of fragments in flight), what the controller rewrites whole from the node at every
 /// apply (the local endpoints, the DSR backends' MACs, the namespace the socket programs
-/// serve) or at every load (the IPv6 programs' slots), or a run's working memory: one pinned in another layout is
+/// serve, since when the vetted fast path's judgments count) or at every load (the IPv6 programs' slots), or a run's working memory: one pinned in another layout is
 /// replaced without asking, since losing it costs no connection. Every other map of another
 /// layout is refused unless the operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 13] = [
+pub const DISPOSABLE_MAPS: [&str; 17] = [
     "lb_counters",
+    "lb_vetted_since",
+    "lb_liberal",
+    "lb_liberal6",
+    "lb_ct_requests",
     "lb_frags",
     "lb_frags6",
     "lb_jump6_xdp",
@@ -417,9 +428,13 @@ family_layout! {
         pub hash: u32,
         /// The counter the flow's packets are accounted to: its backend's.
         pub counter: u32,
-        /// Unused (0), kept so the layout of `lb_flows` stays (a per-service counter id once:
-        /// see [`Service::session_timeout`]).
-        pub service_counter: u32,
+        /// When a packet of this entry's direction was last seen leaving the node past
+        /// netfilter's forward and postrouting hooks ([`flow::stamp`]; 0: never), which the
+        /// vetted fast path takes as the direction's judgment ([`flow::vetted`]). Set on F
+        /// and R, the entries the fast path reads; a rebuilt partner starts without one.
+        /// Once an unused field (0), so an entry an earlier lb wrote starts unjudged and the
+        /// layout's version stands.
+        pub vetted: u32,
         /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) after which the entry counts as absent.
         pub expires_ns: u64,
     }
@@ -553,7 +568,8 @@ map_layout! {
         /// node's forward hooks allow each (an `ip6` table's rule stops IPv6's alone). Once
         /// this struct's padding: a config pinned by an lb before the fast path holds 0 there,
         /// "off"; one pinned before dual stack holds 1, IPv4's bit, which it meant; so the
-        /// layout's version stands.
+        /// layout's version stands. [`FAST_PATH_VETTED_V4`] and [`FAST_PATH_VETTED_V6`] make a
+        /// family's fast path the vetted one (zero in a config pinned before it: direct).
         pub fast_path: u32,
     }
 }
@@ -686,10 +702,40 @@ map_layout! {
 const _: () = assert!(core::mem::size_of::<SockRevKey6>() == 32);
 const _: () = assert!(core::mem::size_of::<SockRev6>() == 20);
 
+family_layout! {
+    CtRequest = 32, CtRequest6 = 80,
+    /// A record of `lb_ct_requests`: TC egress asks the controller to make the node's
+    /// conntrack entry of a TCP flow on the vetted fast path liberal (window tracking off
+    /// for it, `IP_CT_TCP_FLAG_BE_LIBERAL` both ways), as the kernel's flowtable does for
+    /// the connections it offloads: conntrack sees one packet of a fast direction every
+    /// [`flow::REJUDGE_NS`], far past the windows it tracked, and would call it invalid.
+    /// Neither direction of the flow is judged until the controller has done so and put
+    /// `key` in `lb_liberal` (or `lb_liberal6`).
+    pub struct CtRequestOf<A> {
+        /// The flow's F key.
+        pub key: FlowKeyOf<A>,
+        /// The conntrack entry's original tuple: the client's packet as it leaves towards
+        /// its backend (lb translated it before netfilter saw it).
+        pub orig: FlowKeyOf<A>,
+    }
+}
+
+/// Records `lb_ct_requests` holds (bytes; a record of either family is at most
+/// [`CtRequest6`]'s size, with the ring's header).
+pub const CT_REQUESTS_BYTES: u32 = 1 << 16;
+/// Flows `lb_liberal` and `lb_liberal6` remember (LRU: one evicted asks again).
+pub const MAX_LIBERAL: u32 = 1 << 16;
+
 /// [`Config::fast_path`]: IPv4's translated packets may bypass the stack.
 pub const FAST_PATH_V4: u32 = 1 << 0;
 /// [`Config::fast_path`]: IPv6's may.
 pub const FAST_PATH_V6: u32 = 1 << 1;
+/// [`Config::fast_path`]: IPv4's may, each direction of a flow only while netfilter's
+/// judgment of it stands ([`flow::vetted`]): the vetted fast path. Without it beside
+/// [`FAST_PATH_V4`], every translated packet may (the direct one).
+pub const FAST_PATH_VETTED_V4: u32 = 1 << 2;
+/// [`FAST_PATH_VETTED_V4`] of IPv6.
+pub const FAST_PATH_VETTED_V6: u32 = 1 << 3;
 
 /// [`Endpoint::flags`]: `ifindex` is a veth: deliver into its peer's namespace
 /// (`bpf_redirect_peer`, TC ingress only) rather than out of it.

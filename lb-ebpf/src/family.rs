@@ -3,16 +3,19 @@
 //! takes its tuple. Each path is built twice, for `u32` (IPv4) and `Addr6` (IPv6).
 use core::mem::size_of;
 
-use aya_ebpf::bindings::{BPF_ANY, bpf_fib_lookup as FibParams, bpf_sock_tuple};
+use aya_ebpf::{
+    bindings::{BPF_ANY, bpf_fib_lookup as FibParams, bpf_sock_tuple},
+    btf_maps::LruHashMap,
+};
 use lb_common::{
-    Addr, Addr6, DsrSessionOf, FAST_PATH_V4, FAST_PATH_V6, FlowKeyOf, FlowOf, FragKey, FragKey6,
-    FragPorts, Reason,
+    Addr, Addr6, DsrSessionOf, FAST_PATH_V4, FAST_PATH_V6, FAST_PATH_VETTED_V4,
+    FAST_PATH_VETTED_V6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, MAX_LIBERAL, Reason,
     csum::{IP_DADDR, IP_PROTO, IP_SADDR, IP_TTL, IP6_DADDR, IP6_HOP_LIMIT, IP6_NEXT, IP6_SADDR},
 };
 
 use crate::{
     csum::SumChunk,
-    maps::{FRAGS, FRAGS6, FamilyMaps, SLOTS, SLOTS6},
+    maps::{FRAGS, FRAGS6, FamilyMaps, LIBERAL, LIBERAL6, SLOTS, SLOTS6},
     parse::{self, Frame, Parsed},
     redirect::Hop,
 };
@@ -66,8 +69,10 @@ pub trait Inet: FamilyMaps {
     /// first next header: the FIB's policy rules match it as the kernel's own lookup does).
     const HOPS: usize;
     const PROTO: usize;
-    /// This family's bit of `Config::fast_path`, and its `AF_*` for `bpf_fib_lookup`.
+    /// This family's bits of `Config::fast_path` (the fast path; its vetted kind), and its
+    /// `AF_*` for `bpf_fib_lookup`.
     const FAST_PATH: u32;
+    const VETTED: u32;
     const AF: u8;
     /// Puts the addresses of a FIB lookup in `params`.
     fn fib_addrs(params: &mut FibParams, saddr: Self, daddr: Self);
@@ -78,9 +83,15 @@ pub trait Inet: FamilyMaps {
     /// recording them (`frag`).
     fn frag_get(key: &FlowKeyOf<Self>, id: u32) -> Option<FragPorts>;
     fn frag_put(key: &FlowKeyOf<Self>, id: u32, ports: &FragPorts);
+    /// The flows made liberal in the node's conntrack (`lb_liberal`, `lb_liberal6`).
+    fn liberal() -> &'static LruHashMap<FlowKeyOf<Self>, u32, { MAX_LIBERAL as usize }>;
 }
 
 impl Inet for u32 {
+    #[inline(always)]
+    fn liberal() -> &'static LruHashMap<FlowKeyOf<u32>, u32, { MAX_LIBERAL as usize }> {
+        &LIBERAL
+    }
     #[inline(always)]
     fn slot(hook: u32) -> Option<&'static mut Slot<u32>> {
         // SAFETY: a per-CPU slot of this hook, used by this run alone (see `Room`).
@@ -96,6 +107,7 @@ impl Inet for u32 {
     const HOPS: usize = IP_TTL;
     const PROTO: usize = IP_PROTO;
     const FAST_PATH: u32 = FAST_PATH_V4;
+    const VETTED: u32 = FAST_PATH_VETTED_V4;
     const AF: u8 = 2;
     #[inline(always)]
     fn fib_addrs(params: &mut FibParams, saddr: u32, daddr: u32) {
@@ -127,6 +139,10 @@ impl Inet for u32 {
 
 impl Inet for Addr6 {
     #[inline(always)]
+    fn liberal() -> &'static LruHashMap<FlowKeyOf<Addr6>, u32, { MAX_LIBERAL as usize }> {
+        &LIBERAL6
+    }
+    #[inline(always)]
     fn slot(hook: u32) -> Option<&'static mut Slot<Addr6>> {
         // SAFETY: a per-CPU slot of this hook, used by this run alone (see `Room`).
         SLOTS6.get_ptr_mut(hook).map(|r| unsafe { &mut *r })
@@ -140,6 +156,7 @@ impl Inet for Addr6 {
     const HOPS: usize = IP6_HOP_LIMIT;
     const PROTO: usize = IP6_NEXT;
     const FAST_PATH: u32 = FAST_PATH_V6;
+    const VETTED: u32 = FAST_PATH_VETTED_V6;
     const AF: u8 = 10;
     #[inline(always)]
     fn fib_addrs(params: &mut FibParams, saddr: Addr6, daddr: Addr6) {

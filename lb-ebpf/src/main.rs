@@ -64,7 +64,7 @@ pub fn lb_xdp6(ctx: XdpContext) -> u32 {
 fn xdp<A: Inet>(ctx: &parse::Xdp) -> u32 {
     match nat::finish(HOOK_XDP, nat::ingress::<_, A>(ctx, HOOK_XDP, true)) {
         Verdict::Translated => {
-            nat::xdp_handoff(ctx);
+            nat::xdp_handoff::<A>(ctx);
             xdp_action::XDP_PASS
         }
         Verdict::Pass(_) | Verdict::Redirect(_) => xdp_action::XDP_PASS,
@@ -98,9 +98,9 @@ pub fn lb_tc_ingress6(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn tc_ingress<A: Inet>(ctx: &parse::Skb) -> i32 {
-    if nat::translated_by_xdp(ctx) {
+    if let Some(judged) = nat::translated_by_xdp(ctx) {
         // Counted by XDP already; only the hand-over is this run's.
-        return match nat::forward::<A>(ctx) {
+        return match nat::forward::<A>(ctx, Some(judged)) {
             Some(action) => {
                 stats::reason(HOOK_TC_INGRESS, Reason::Redirected);
                 action
@@ -110,7 +110,7 @@ fn tc_ingress<A: Inet>(ctx: &parse::Skb) -> i32 {
     }
     let v = match nat::ingress::<_, A>(ctx, HOOK_TC_INGRESS, false) {
         Verdict::Translated => {
-            nat::forward::<A>(ctx).map_or(Verdict::Translated, Verdict::Redirect)
+            nat::forward::<A>(ctx, None).map_or(Verdict::Translated, Verdict::Redirect)
         }
         v => v,
     };

@@ -16,17 +16,17 @@
 use crate::family::Slot;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray},
+    btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
     macros::btf_map,
 };
 use lb_common::{
-    Addr, Addr6, Backend, Backend6, BackendKey, BackendOf, Config, Counters, DsrSession,
-    DsrSession6, DsrSessionOf, Endpoint, Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf,
-    FragKey, FragKey6, FragPorts, HOOKS, Iface, Iface6, IfaceOf, LAYOUT_MAP_SLOTS,
+    Addr, Addr6, Backend, Backend6, BackendKey, BackendOf, CT_REQUESTS_BYTES, Config, Counters,
+    DsrSession, DsrSession6, DsrSessionOf, Endpoint, Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf,
+    FlowOf, FragKey, FragKey6, FragPorts, HOOKS, Iface, Iface6, IfaceOf, LAYOUT_MAP_SLOTS,
     MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS, MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS,
-    MAX_FRAGS, MAX_IFACES, MAX_LOCAL_ADDRS, MAX_SERVICES, MAX_SOCK_REV, PortKey, PortKey6,
-    PortKeyOf, REASONS, Service, SockConfig, SockRev, SockRev6, SockRevKey, SockRevKey6, VipKey,
-    VipKey6, VipKeyOf,
+    MAX_FRAGS, MAX_IFACES, MAX_LIBERAL, MAX_LOCAL_ADDRS, MAX_SERVICES, MAX_SOCK_REV, PortKey,
+    PortKey6, PortKeyOf, REASONS, Service, SockConfig, SockRev, SockRev6, SockRevKey, SockRevKey6,
+    VipKey, VipKey6, VipKeyOf,
 };
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
@@ -68,6 +68,27 @@ pub static IFACES: HashMap<u32, Iface, { MAX_IFACES as usize }> = HashMap::new()
 /// The network's settings: masquerade mode and ports, flow hash key, timeouts.
 #[btf_map(name = "lb_config")]
 pub static CONFIG: Array<Config, 1> = Array::new();
+
+/// The stamp (`lb_common::flow::stamp`) of the controller's last look at a changed ruleset:
+/// the vetted fast path counts only judgments made after it (`lb_common::flow::vetted`).
+/// Written only by the controller, at every load and after every ruleset change.
+#[btf_map(name = "lb_vetted_since")]
+pub static VETTED_SINCE: Array<u32, 1> = Array::new();
+
+/// The F keys of the TCP flows whose node conntrack entries the controller made liberal
+/// (`lb_common::CtRequestOf`): written by the controller, read by TC egress before it judges
+/// a TCP direction. The value is unused (1).
+#[btf_map(name = "lb_liberal")]
+pub static LIBERAL: LruHashMap<FlowKey, u32, { MAX_LIBERAL as usize }> = LruHashMap::new();
+
+#[btf_map(name = "lb_liberal6")]
+pub static LIBERAL6: LruHashMap<FlowKey6, u32, { MAX_LIBERAL as usize }> = LruHashMap::new();
+
+/// TC egress's requests to the controller (`lb_common::CtRequestOf` of either family, told
+/// apart by their size); a full ring drops a request, which the flow's next packet on the
+/// stack makes again.
+#[btf_map(name = "lb_ct_requests")]
+pub static CT_REQUESTS: RingBuf<(), { CT_REQUESTS_BYTES as usize }> = RingBuf::new();
 
 /// Packets and bytes per backend (a service is the sum of its backends), by a counter id the
 /// controller assigns; an entry is created by the first packet counted to it (`stats`). A

@@ -10,8 +10,8 @@
 //! dropped as martian when it is routed on input.
 use aya_ebpf::helpers::bpf_xdp_adjust_meta;
 use lb_common::{
-    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKeyOf, FlowOf, HOOK_TC_INGRESS, Reason,
-    SERVICE_DSR,
+    Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKeyOf, FlowOf, HOOK_TC_INGRESS, HOOK_XDP,
+    Reason, SERVICE_DSR,
     csum::{L4Sum, Rewrite, set_addr, set_ports},
     flow,
 };
@@ -238,21 +238,35 @@ fn egress_entry<A: Inet>(
         let reopen =
             entry.flags & FLOW_REPLY == 0 && flow::reopens(entry, p.key.proto, p.tcp_flags);
         if !reopen {
+            // A backend's reply leaving the node: past the forward hooks, judged.
+            if entry.flags == FLOW_EGRESS | FLOW_REPLY
+                && cfg.fast_path & A::VETTED != 0
+                && flow::judgeable(p.tcp_flags)
+            {
+                // SAFETY: `e` points into the map (`find`).
+                unsafe { redirect::vet_reply(&p.key, e, now, room) };
+            }
             conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
             return Ok(());
         }
+    } else if cfg.fast_path & A::VETTED != 0 && flow::judgeable(p.tcp_flags) {
+        redirect::vet_client(&p.key, now, room);
     }
     snat::masquerade(ctx, hook, p, cfg, now, room)
 }
 
 /// The fast path for a packet of family `A` TC ingress (or XDP before it) translated towards
-/// a backend: the TC action that hands it over, or `None` to give it to the stack.
+/// a backend: the TC action that hands it over, or `None` to give it to the stack. `by_xdp`:
+/// the judgment stamp of a packet XDP translated (`translated_by_xdp`); otherwise that of
+/// the entry this TC run rewrote it by.
 #[inline(always)]
-pub fn forward<A: Inet>(ctx: &Skb) -> Option<i32> {
+pub fn forward<A: Inet>(ctx: &Skb, by_xdp: Option<u32>) -> Option<i32> {
     let cfg = config()?;
-    let hop = &mut A::slot(HOOK_TC_INGRESS)?.room.hop;
-    hop.daddr = redirect::daddr::<A>(ctx)?;
-    let ep = redirect::target(ctx, Towards::Backend, cfg, hop)?;
+    let slot = A::slot(HOOK_TC_INGRESS)?;
+    let judged = by_xdp.unwrap_or_else(|| judged(slot));
+    let room = &mut slot.room;
+    room.hop.daddr = redirect::daddr::<A>(ctx)?;
+    let ep = redirect::target(ctx, Towards::Backend, cfg, judged, &mut room.hop)?;
     Some(redirect::send::<A>(ctx, ep))
 }
 
@@ -300,7 +314,12 @@ fn reply_flow<A: Inet>(
     }
     room.hop.daddr = room.entry.daddr;
     // A copy: the room is written below (the reply program's frame has room for it).
-    let Some(&ep) = redirect::target(ctx, Towards::Client, cfg, &mut room.hop) else {
+    let judged = if flow::judgeable(p.tcp_flags) {
+        room.entry.vetted
+    } else {
+        0
+    };
+    let Some(&ep) = redirect::target(ctx, Towards::Client, cfg, judged, &mut room.hop) else {
         return Verdict::Pass(Reason::NotRedirected);
     };
     conntrack::update(hook, &p.key, e, p.tcp_flags, cfg, now, room);
@@ -346,36 +365,57 @@ fn rewrite<C: Ctx, A: Inet>(ctx: &C, p: &Packet<FlowKeyOf<A>>, e: &FlowOf<A>) ->
 }
 
 /// The value XDP leaves in a translated packet's metadata for the TC ingress program beside
-/// it, which then passes the packet on without parsing it again. Mixed with the network's
-/// hash key so that another network's TC program, should the metadata survive into it, does
-/// not take it for its own.
+/// it, which then passes the packet on without parsing it again, followed by the judgment
+/// stamp of the entry it was rewritten by (for `forward`). Mixed with the network's hash key
+/// so that another network's TC program, should the metadata survive into it, does not take
+/// it for its own.
 const HANDOFF: u32 = 0x6c62_7864;
 
-/// Marks a packet XDP translated (best effort: without headroom for metadata, TC parses the
-/// packet again and finds it is not for a service, which is also right).
+/// Marks a packet XDP translated, by the entry in its run's room (best effort: without
+/// headroom for metadata, TC parses the packet again and finds it is not for a service,
+/// which is also right).
 #[inline(always)]
-pub fn xdp_handoff(ctx: &Xdp) {
+pub fn xdp_handoff<A: Inet>(ctx: &Xdp) {
     let Some(cfg) = config() else { return };
+    let Some(slot) = A::slot(HOOK_XDP) else {
+        return;
+    };
     // SAFETY: the helper checks the headroom itself.
-    if unsafe { bpf_xdp_adjust_meta(ctx.0.ctx, -4) } != 0 {
+    if unsafe { bpf_xdp_adjust_meta(ctx.0.ctx, -8) } != 0 {
         return;
     }
     let meta = ctx.0.metadata();
-    if meta + 4 <= ctx.0.metadata_end() {
+    if meta + 8 <= ctx.0.metadata_end() {
         // SAFETY: bounds-checked against the start of the packet data.
-        unsafe { (meta as *mut u32).write_unaligned(HANDOFF ^ cfg.hash_key) };
+        unsafe { (meta as *mut [u32; 2]).write_unaligned([HANDOFF ^ cfg.hash_key, judged(slot)]) };
     }
 }
 
-/// Whether the XDP program of this network already translated the skb.
+/// The judgment stamp (`FlowOf::vetted`) the packet a run just rewrote in `slot` asks the
+/// vetted fast path to stand by: its entry's, or none for a packet conntrack must see
+/// (`flow::judgeable`).
 #[inline(always)]
-pub fn translated_by_xdp(ctx: &Skb) -> bool {
-    let Some(cfg) = config() else { return false };
+fn judged<A: Inet>(slot: &Slot<A>) -> u32 {
+    match &slot.parsed {
+        Parsed::Flow(p) if flow::judgeable(p.tcp_flags) => slot.room.entry.vetted,
+        _ => 0,
+    }
+}
+
+/// The judgment stamp of the skb's entry, if the XDP program of this network already
+/// translated it.
+#[inline(always)]
+pub fn translated_by_xdp(ctx: &Skb) -> Option<u32> {
+    let cfg = config()?;
     // SAFETY: the skb is the program's valid context; reads are bounds-checked.
     unsafe {
         let meta = core::ptr::read_volatile(&(*ctx.0.skb.skb).data_meta) as usize;
         let data = core::ptr::read_volatile(&(*ctx.0.skb.skb).data) as usize;
-        meta + 4 <= data && (meta as *const u32).read_unaligned() == HANDOFF ^ cfg.hash_key
+        if meta + 8 > data {
+            return None;
+        }
+        let [mark, judged] = (meta as *const [u32; 2]).read_unaligned();
+        (mark == HANDOFF ^ cfg.hash_key).then_some(judged)
     }
 }
 

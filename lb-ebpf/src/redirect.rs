@@ -19,7 +19,11 @@
 //! client behind a bridge (bridged, never routed). Filtering is the controller's side of the
 //! contract: it sets `Config::fast_path` (and fills `lb_endpoints`) only while no
 //! forward-hook rule of the namespace could apply to these packets (or the network forces the
-//! fast path). With it off, a packet costs one comparison here and no map lookup.
+//! fast path), or with the family's vetted bit (`FAST_PATH_VETTED_*`): then a direction of a
+//! flow is redirected only while netfilter's judgment of it stands (`lb_common::flow`,
+//! "Judgment"), which TC egress records ([`vet_reply`], [`vet_client`]) as the direction's packets
+//! leave the node past the forward and postrouting hooks. With it off, a packet costs one
+//! comparison here and no map lookup.
 use core::mem::size_of;
 
 use aya_ebpf::{
@@ -27,12 +31,16 @@ use aya_ebpf::{
     helpers::{bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
 };
 use lb_common::{
-    Config, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, MASQ_ALWAYS,
+    Config, CtRequestOf, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FLOW_EGRESS, FLOW_REPLY,
+    FlowKeyOf, FlowOf, IPPROTO_TCP, MASQ_ALWAYS,
     csum::{IP_CSUM, Rewrite, Width},
+    flow::{self, is_partner, partner_key, reversed},
 };
 
 use crate::{
-    family::Inet,
+    conntrack,
+    family::{Inet, Room},
+    maps::{CT_REQUESTS, VETTED_SINCE},
     parse::{L3_OFF, Skb, ptr_at, read},
 };
 
@@ -67,16 +75,24 @@ pub fn daddr<A: Inet>(ctx: &Skb) -> Option<A> {
 
 /// The endpoint a packet for `hop.daddr` going `towards` may be handed to, if the fast path
 /// may take it (see the module's rules); `None` leaves it to the stack: a map's endpoint, or
-/// one a FIB lookup made in `hop`.
+/// one a FIB lookup made in `hop`. `judged`: the stamp of the packet's direction (its entry's
+/// `vetted`), which the vetted fast path asks to stand.
 #[inline(always)]
 pub fn target<'a, A: Inet>(
     ctx: &Skb,
     towards: Towards,
     cfg: &Config,
+    judged: u32,
     hop: &'a mut Hop<A>,
 ) -> Option<&'a Endpoint> {
     if cfg.fast_path & A::FAST_PATH == 0 {
         return None;
+    }
+    if cfg.fast_path & A::VETTED != 0 {
+        let since = *VETTED_SINCE.get(0)?;
+        if !flow::vetted(judged, flow::stamp(conntrack::now()), since) {
+            return None;
+        }
     }
     // SAFETY: the skb is the program's valid context.
     let (ifindex, len, gso) = unsafe {
@@ -200,4 +216,95 @@ fn forward<A: Inet>(ctx: &Skb, ep: &Endpoint) -> Option<()> {
     // SAFETY: ptr_at bounds-checked the 12 bytes.
     unsafe { macs.write_unaligned([ep.dmac, ep.smac]) };
     Some(())
+}
+
+/// Records netfilter's judgment of a backend's reply: `e`, the live entry TC egress found for
+/// `key`, is a flow's R. A TCP flow's direction is judged only once the node's conntrack
+/// entry is liberal ([`liberal`]).
+///
+/// # Safety
+/// `e` points into the flow map (`conntrack::find`).
+#[inline(always)]
+pub unsafe fn vet_reply<A: Inet>(
+    key: &FlowKeyOf<A>,
+    e: *mut FlowOf<A>,
+    now: u64,
+    room: &mut Room<A>,
+) {
+    if key.proto == IPPROTO_TCP {
+        // SAFETY: as the caller promises.
+        room.other_key = partner_key(unsafe { &*e }, key.proto);
+        room.key = reversed(key);
+        if !liberal(&room.other_key, &room.key) {
+            return;
+        }
+    }
+    // SAFETY: as the caller promises.
+    unsafe { stamp(e, now) };
+}
+
+/// Records the judgment of a flow's client direction: `key`, a packet TC egress found no
+/// entry for, is the client's packet leaving towards its backend when its reversal is the
+/// key of a flow's reply entry R (not masqueraded: that pair's packets never take the fast
+/// path); its F, R's partner, gets the stamp (for TCP, once [`liberal`]).
+#[inline(always)]
+pub fn vet_client<A: Inet>(key: &FlowKeyOf<A>, now: u64, room: &mut Room<A>) {
+    room.other_key = reversed(key);
+    let flows = A::flows();
+    // SAFETY: map values read in place; `stamp` writes one field.
+    unsafe {
+        let Some(r) = flows.get_ptr(&room.other_key) else {
+            return;
+        };
+        if (*r).flags != FLOW_EGRESS | FLOW_REPLY {
+            return;
+        }
+        room.key = partner_key(&*r, key.proto);
+        let Some(f) = flows.get_ptr_mut(&room.key) else {
+            return;
+        };
+        if !is_partner(&*f, &room.other_key) || key.proto == IPPROTO_TCP && !liberal(&room.key, key)
+        {
+            return;
+        }
+        stamp(f, now);
+    }
+}
+
+/// Writes the judgment stamp of `now` into `*e`, at most once per stamp unit: a direction
+/// that keeps taking the stack (a bridged client's replies) does not write its entry's line
+/// per packet.
+///
+/// # Safety
+/// `e` points into the flow map.
+#[inline(always)]
+unsafe fn stamp<A>(e: *mut FlowOf<A>, now: u64) {
+    let s = flow::stamp(now);
+    // SAFETY: as the caller promises; a race with another CPU's stamp is benign (either is a
+    // judgment of this moment).
+    unsafe {
+        if (*e).vetted != s {
+            (*e).vetted = s;
+        }
+    }
+}
+
+/// Whether the TCP flow whose F key is `key` has a liberal entry in the node's conntrack
+/// (`lb_common::CtRequestOf`); if not, asks the controller for one, for the conntrack entry
+/// of original tuple `orig`.
+#[inline(always)]
+fn liberal<A: Inet>(key: &FlowKeyOf<A>, orig: &FlowKeyOf<A>) -> bool {
+    if A::liberal().get_ptr(key).is_some() {
+        return true;
+    }
+    if let Some(mut r) = CT_REQUESTS.reserve_untyped::<CtRequestOf<A>>(0) {
+        let p = r.as_mut_ptr();
+        // SAFETY: the ring's reserved record, written whole before it is submitted.
+        unsafe {
+            (*p).key = *key;
+            (*p).orig = *orig;
+        }
+        r.submit(0);
+    }
+    false
 }

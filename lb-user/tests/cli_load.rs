@@ -362,9 +362,14 @@ fn bpftool_dumps_the_maps_by_field_name() {
     assert_eq!(served, topo.client_ip);
     tcp_request(&topo.client, topo.node_ip, 18080, TIMEOUT).unwrap();
     let bpffs = bpffs.path();
-    // Every map lb pins carries BTF, empty ones included; the four below are read by field.
+    // Every map lb pins carries BTF, empty ones included (but the ring buffer, which has no
+    // key or value for BTF to describe: its records are the daemon's to read, never dumped);
+    // the four below are read by field.
     for map in (MAP_LAYOUTS.iter().map(|(m, _)| *m)).chain([LAYOUT_MAP]) {
         let show = bpftool::map_show(&bpffs.join("cli").join(map)).unwrap();
+        if show["type"] == "ringbuf" {
+            continue;
+        }
         assert!(show["btf_id"].is_u64(), "{map} has no BTF: {show}");
     }
 

@@ -9,21 +9,20 @@
 use std::{
     net::{IpAddr, Ipv4Addr, SocketAddr},
     path::Path,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
+    daemon::{LbDaemon, datapath, eventually, free_metrics_addr, network_add, observe, scrape},
     netns::{ENDPOINT_IF, Netns, Topology},
     require_root,
     tools::{Tcpdump, link_stats},
     traffic::{
-        DualServer, DualSession, Reply, TIMEOUT, spawn_backend, spawn_backends, tcp_request,
-        udp_request, udp6_ask, udp6_client, udp6_servers,
+        DualServer, DualSession, Reply, TIMEOUT, all_dropped, spawn_backend, spawn_backends,
+        tcp_request, udp_request, udp6_ask, udp6_client, udp6_servers,
     },
 };
-use serde_json::Value;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const VIP6: &str = "fd99::10";
@@ -78,34 +77,7 @@ fn set_web(d: &LbDaemon, backends: &[Ipv4Addr]) {
 
 /// The network's `path` in `lb status --json`.
 fn path(d: &LbDaemon) -> String {
-    let v: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
-    let n = (v["networks"].as_array().unwrap().iter())
-        .find(|n| n["name"] == NET)
-        .unwrap()
-        .clone();
-    n["path"].as_str().unwrap_or("-").to_owned()
-}
-
-/// Polls `what` every 100 ms until it holds or 20 s pass (the other daemon tests' patience:
-/// with the suite's tests running beside it on two cores, 10 s was once not enough for the
-/// third endpoint to be seen).
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    observe(what, || if cond() { Ok(()) } else { Err(String::new()) });
-}
-
-/// [`eventually`] for a condition that says what it saw when it does not hold yet: the last
-/// such observation is in the failure.
-fn observe(what: &str, mut cond: impl FnMut() -> Result<(), String>) {
-    let start = Instant::now();
-    let mut last = String::new();
-    while start.elapsed() < Duration::from_secs(20) {
-        match cond() {
-            Ok(()) => return,
-            Err(seen) => last = seen,
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("not within 20 s: {what}; last seen: {last}");
+    d.path(NET)
 }
 
 /// Until `lb status` shows the fast path with at least `n` endpoints.
@@ -251,8 +223,9 @@ fn an_unresolved_neighbour_falls_back_to_the_stack_and_delivers() {
 
 /// The kernel's own verdict on a forwarded packet stands with lb attached: a forward-hook rule
 /// dropping the client drops its VIP and published-port traffic, as it does through the
-/// kernel's NAT (the fast path steps aside while the rule exists, and comes back when it goes); `fast-path on` is the operator's
-/// explicit choice to bypass such rules, and does.
+/// kernel's NAT (the fast path is the vetted one while the rule exists, and nothing it drops
+/// is redirected; direct again when it goes); `fast-path on` is the operator's explicit
+/// choice to bypass such rules, and does.
 #[test]
 fn a_forward_rule_dropping_the_client_still_drops_it() {
     if !require_root("a_forward_rule_dropping_the_client_still_drops_it") {
@@ -280,21 +253,27 @@ fn a_forward_rule_dropping_the_client_still_drops_it() {
         set_web(&kernel, &topo.backend_ips);
         ask_all(&topo, 1);
         add_rule();
-        all_dropped(&topo, "the kernel's NAT");
+        all_dropped(&topo, VIP, PORT, PUB, "the kernel's NAT");
         topo.node.sh("nft delete table inet guard").unwrap();
         kernel.ok(&["network", "rm", NET]);
     }
     let bpffs = Bpffs::new().unwrap();
-    let (d, _metrics) = serve(&topo, &bpffs, &[]);
+    let (d, metrics) = serve(&topo, &bpffs, &[]);
     ask_all(&topo, 2);
     // The client and a backend at least (which backends the requests went to is chance).
     wait_fast(&d, 2);
     add_rule();
-    eventually("the fast path steps aside for the rule", || {
-        path(&d).starts_with("stack: rules in the forward hooks")
+    eventually("the fast path waits for netfilter's judgment", || {
+        path(&d).contains("IPv4 vetted: ")
     });
     println!("{}", d.ok(&["status"]));
-    all_dropped(&topo, "lb eBPF");
+    let fwd0 = redirected(&metrics, "tc_ingress");
+    all_dropped(&topo, VIP, PORT, PUB, "lb eBPF");
+    assert_eq!(
+        redirected(&metrics, "tc_ingress"),
+        fwd0,
+        "nothing the rule drops is ever redirected"
+    );
     // The operator forces the fast path: the rule no longer sees the network's traffic.
     d.ok(&["network", "rm", NET]);
     let mut add = network_add(&topo, NET);
@@ -307,34 +286,12 @@ fn a_forward_rule_dropping_the_client_still_drops_it() {
     d.ok(&["network", "rm", NET]);
     d.ok(&network_add(&topo, NET));
     set_web(&d, &topo.backend_ips);
-    assert!(path(&d).starts_with("stack: "), "{}", path(&d));
+    assert!(path(&d).contains("IPv4 vetted: "), "{}", path(&d));
     topo.node.sh("nft delete table inet guard").unwrap();
-    eventually("the fast path returns when the rule goes", || {
-        path(&d).starts_with("fast: ")
+    eventually("the direct fast path returns when the rule goes", || {
+        !path(&d).contains("vetted")
     });
     ask_all(&topo, 1);
-}
-
-/// Every kind of request `ask_all` makes goes unanswered.
-fn all_dropped(topo: &Topology, by: &str) {
-    let short = Duration::from_millis(700);
-    for (what, r) in [
-        ("tcp VIP", tcp_request(&topo.client, VIP, PORT, short)),
-        ("udp VIP", udp_request(&topo.client, VIP, PORT + 1, short)),
-        (
-            "tcp published",
-            tcp_request(&topo.client, topo.node_ip, PUB, short),
-        ),
-        (
-            "udp published",
-            udp_request(&topo.client, topo.node_ip, PUB + 1, short),
-        ),
-    ] {
-        assert!(
-            r.is_err(),
-            "{by}: {what}: the forward rule drops the client, got {r:?}"
-        );
-    }
 }
 
 /// A container started after the daemon: its veth gets the reply hook and it is served on the
@@ -580,8 +537,8 @@ fn fast_path_carries_ipv6_vip_and_published_ports_both_ways_on_xdp() {
 }
 
 /// An `ip6` table's forward rule dropping the client drops its IPv6 service traffic with lb
-/// attached, as it does through the kernel's NAT: IPv6 steps off the fast path while IPv4,
-/// which no rule sees, stays on it; the rule gone, IPv6 is back.
+/// attached, as it does through the kernel's NAT: IPv6's fast path is the vetted one while
+/// IPv4, which no rule sees, stays direct; the rule gone, IPv6 is direct again.
 #[test]
 fn an_ip6_forward_rule_stops_the_ipv6_fast_path_alone() {
     if !require_root("an_ip6_forward_rule_stops_the_ipv6_fast_path_alone") {
@@ -634,21 +591,22 @@ fn an_ip6_forward_rule_stops_the_ipv6_fast_path_alone() {
     tcp4(&topo, 2);
     wait_fast(&d, 3);
     add_rule();
-    eventually("IPv6 steps off the fast path for the rule", || {
-        path(&d).contains("the network's IPv6 traffic (table ip6 guard chain filter_fwd")
+    eventually("IPv6's fast path waits for netfilter's judgment", || {
+        path(&d).contains("IPv6 vetted: ")
+            && path(&d).contains("its traffic (table ip6 guard chain filter_fwd")
     });
     let p = path(&d);
-    assert!(p.starts_with("fast: "), "IPv4 stays on it: {p}");
-    assert!(!p.contains("IPv4 traffic"), "{p}");
+    assert!(!p.contains("IPv4 vetted"), "IPv4 stays direct: {p}");
     ipv6_dropped("lb eBPF");
     let fwd0 = redirected(&metrics, "tc_ingress");
     tcp4(&topo, 5);
     let fwd = redirected(&metrics, "tc_ingress") - fwd0;
     assert!(fwd >= 5 * 2 * 3, "IPv4 still redirected: {fwd}");
     topo.node.sh("nft delete table ip6 guard").unwrap();
-    eventually("IPv6 returns to the fast path when the rule goes", || {
-        !path(&d).contains("IPv6 traffic")
-    });
+    eventually(
+        "IPv6 returns to the direct fast path when the rule goes",
+        || !path(&d).contains("IPv6 vetted"),
+    );
     let fwd0 = redirected(&metrics, "tc_ingress");
     ask_all6(&topo, 5);
     let fwd = redirected(&metrics, "tc_ingress") - fwd0;

@@ -233,6 +233,14 @@ impl LbDaemon {
             .clone()
     }
 
+    /// The `path` of `network` in `lb status --json` ("-" before its first apply).
+    pub fn path(&self, network: &str) -> String {
+        self.network_status(network)["path"]
+            .as_str()
+            .unwrap_or("-")
+            .to_owned()
+    }
+
     /// The rows of `lb conntrack NETWORK --json`.
     pub fn conntrack(&self, network: &str) -> Vec<serde_json::Value> {
         let rows: serde_json::Value =
@@ -464,4 +472,26 @@ impl FailingNft {
         }
         Ok(())
     }
+}
+
+/// Polls `what` every 100 ms until it holds or 20 s pass (the daemon tests' patience: with the
+/// suite's tests running beside it on two cores, 10 s was once not enough for the third
+/// endpoint of a fast path to be seen).
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    observe(what, || if cond() { Ok(()) } else { Err(String::new()) });
+}
+
+/// [`eventually`] for a condition that says what it saw when it does not hold yet: the last
+/// such observation is in the failure.
+pub fn observe(what: &str, mut cond: impl FnMut() -> Result<(), String>) {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < Duration::from_secs(20) {
+        match cond() {
+            Ok(()) => return,
+            Err(seen) => last = seen,
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("not within 20 s: {what}; last seen: {last}");
 }

@@ -10,12 +10,13 @@ use std::{
     collections::BTreeSet,
     fmt,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::Duration,
 };
 
 use aya::{
     Ebpf, Pod,
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
-    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, Xdp},
+    programs::{ProgramError, SchedClassifier, TestRun as _, TestRunOptions, TestRunResult, Xdp},
 };
 use lb_common::{
     Addr6, Config, Flow, Flow6, FlowKey, FlowKey6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts,
@@ -179,8 +180,9 @@ pub struct Run {
     pub verdict: u32,
     /// The bytes the program left, without XDP metadata.
     pub out: Vec<u8>,
-    /// The 4 bytes of XDP metadata in front of the frame, when the program wrote them (XDP
-    /// writes them only for a packet it translated, as its handoff to TC).
+    /// The first 4 of the 8 bytes of XDP metadata in front of the frame (the handoff; a
+    /// judgment stamp follows), when the program wrote them (XDP writes them only for a
+    /// packet it translated, as its handoff to TC).
     pub meta: Option<u32>,
 }
 
@@ -314,8 +316,46 @@ impl Fixture {
             repeat: 1,
             ..Default::default()
         };
+        let res = self.test_run_opts(prog, opts)?;
+        out.truncate(res.data_size_out as usize);
+        let mut meta = None;
+        if prog == Prog::Xdp && out.len() == input.len() + 8 {
+            // A test run returns XDP metadata in front of the frame: the handoff, then the
+            // judgment stamp of the entry the frame was rewritten by.
+            meta = Some(u32::from_ne_bytes(out[..4].try_into().unwrap()));
+            out.drain(..8);
+        }
+        Ok(Run {
+            verdict: res.return_value,
+            out,
+            meta,
+        })
+    }
+
+    /// The kernel's mean time of one run of `prog` on `input`, repeated `repeat` times
+    /// (BPF_PROG_TEST_RUN's `duration`: each repeat sees the same input, not the last
+    /// output, and the maps as the earlier repeats left them).
+    pub fn timed(&mut self, prog: Prog, input: &[u8], repeat: u32) -> Duration {
+        let mut out = vec![0u8; input.len() + 256];
+        let opts = TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            repeat,
+            ..Default::default()
+        };
+        (self.test_run_opts(prog, opts))
+            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {prog:?}: {e}"))
+            .duration
+    }
+
+    /// BPF_PROG_TEST_RUN of `prog` with `opts`.
+    fn test_run_opts(
+        &mut self,
+        prog: Prog,
+        opts: TestRunOptions<'_>,
+    ) -> Result<TestRunResult, ProgramError> {
         let ebpf = self.dp.ebpf_mut();
-        let res = match prog {
+        match prog {
             Prog::Xdp => {
                 let p: &mut Xdp = ebpf.program_mut(PROG_XDP).unwrap().try_into().unwrap();
                 p.test_run(opts)
@@ -329,19 +369,7 @@ impl Fixture {
                 let p: &mut SchedClassifier = ebpf.program_mut(name).unwrap().try_into().unwrap();
                 p.test_run(opts)
             }
-        }?;
-        out.truncate(res.data_size_out as usize);
-        let mut meta = None;
-        if prog == Prog::Xdp && out.len() == input.len() + 4 {
-            // A test run returns XDP metadata in front of the frame.
-            meta = Some(u32::from_ne_bytes(out[..4].try_into().unwrap()));
-            out.drain(..4);
         }
-        Ok(Run {
-            verdict: res.return_value,
-            out,
-            meta,
-        })
     }
 
     /// Runs `input` once through a TC program as a CHECKSUM_COMPLETE skb

@@ -974,3 +974,27 @@ pub fn udp6_ask(s: &UdpSocket, len: usize) -> io::Result<String> {
     let n = s.recv(&mut buf)?;
     Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
 }
+
+/// Every kind of request from the client of `topo` goes unanswered (a forward rule drops it):
+/// TCP to `vip:port` and UDP to `vip:port + 1`, TCP to the node's `published` and UDP to
+/// `published + 1`; `by` names the dataplane in the failure.
+pub fn all_dropped(topo: &Topology, vip: Ipv4Addr, port: u16, published: u16, by: &str) {
+    let short = Duration::from_millis(700);
+    for (what, r) in [
+        ("tcp VIP", tcp_request(&topo.client, vip, port, short)),
+        ("udp VIP", udp_request(&topo.client, vip, port + 1, short)),
+        (
+            "tcp published",
+            tcp_request(&topo.client, topo.node_ip, published, short),
+        ),
+        (
+            "udp published",
+            udp_request(&topo.client, topo.node_ip, published + 1, short),
+        ),
+    ] {
+        assert!(
+            r.is_err(),
+            "{by}: {what}: the forward rule drops the client, got {r:?}"
+        );
+    }
+}

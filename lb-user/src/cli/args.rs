@@ -214,8 +214,9 @@ pub enum NetworkCmd {
         /// only), always, never.
         #[arg(long, value_enum, default_value_t)]
         masquerade: Masquerade,
-        /// Whether translated packets may bypass the node's stack (eBPF): auto (where no
-        /// forward-hook rule applies), on (even past such rules), off.
+        /// Whether translated packets may bypass the node's stack (eBPF): auto (directly where
+        /// no forward-hook rule applies, once netfilter has passed a flow where rules do), on
+        /// (even past such rules), off.
         #[arg(long, value_enum, default_value_t)]
         fast_path: FastPath,
         /// Whether the daemon holds a socket bound to each published port so that no process

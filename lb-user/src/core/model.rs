@@ -118,8 +118,11 @@ keyword_enum! {
     /// local client, so they skip routing, the bridge and netfilter's forward path.
     #[derive(Default)]
     pub enum FastPath as "fast-path" {
-        /// Where no firewall rule can apply to the redirected packets (no rules in the
-        /// forward hooks of the network's namespace, re-checked as they change).
+        /// Directly where no firewall rule can apply to the redirected packets (no rules in
+        /// the forward hooks of the network's namespace, re-checked as they change); where
+        /// such rules exist, each direction of a flow only once netfilter has passed one of
+        /// its packets, judged again every 2 s and after every ruleset change (a flowtable's
+        /// contract, docs/fast-path.md).
         #[default]
         Auto = "auto",
         /// Always, even past forward-hook rules: those rules no longer see the network's

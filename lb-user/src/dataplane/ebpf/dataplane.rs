@@ -21,7 +21,7 @@ use anyhow::{Context as _, Result};
 
 use super::{
     self as ebpf, EbpfNetwork, Held, MapSizes, NodeAddrs, OnIncompatible, ServiceKey, TcMode,
-    attach::Wanted, gc,
+    attach::Wanted, fast::Rules, gc, liberal,
 };
 use crate::{
     core::compose::{ComposedNetwork, PortKey},
@@ -44,6 +44,9 @@ pub struct EbpfDataplane {
     /// The flow collector's findings, when one runs (the daemon's; `lb load` has none, and
     /// needs none: the programs expire flows themselves).
     collector: Option<gc::Collector>,
+    /// Each applied network's conntrack worker (`liberal`), where a collector runs (the
+    /// daemon).
+    liberal: BTreeMap<String, liberal::Worker>,
 }
 
 impl EbpfDataplane {
@@ -68,6 +71,7 @@ impl EbpfDataplane {
             sizes: MapSizes::default(),
             nets: BTreeMap::new(),
             collector: None,
+            liberal: BTreeMap::new(),
         }
     }
 
@@ -81,6 +85,23 @@ impl EbpfDataplane {
     pub fn with_sizes(mut self, sizes: MapSizes) -> Self {
         self.sizes = sizes;
         self
+    }
+
+    /// Starts the conntrack worker of `network` (`liberal`), unless it runs in that namespace
+    /// already.
+    fn serve_conntrack(&mut self, network: &Network) -> Result<()> {
+        let netns = network.netns.as_deref();
+        if self
+            .liberal
+            .get(&network.name)
+            .is_some_and(|w| w.netns() == netns)
+        {
+            return Ok(());
+        }
+        let dir = ebpf::pin_dir(&self.bpffs, &network.name);
+        let worker = liberal::spawn(&network.name, &dir, netns)?;
+        self.liberal.insert(network.name.clone(), worker);
+        Ok(())
     }
 
     /// Starts the flow collector over this dataplane's pins, every `interval`.
@@ -171,7 +192,7 @@ fn apply_in_netns(
     }
     sync_sock(dp).context("socket-level balancing of the namespace's own processes")?;
     let ports = dp
-        .sync_fast_path(&nl, network, &indexes, tc_mode, true)
+        .sync_fast_path(&nl, network, &indexes, tc_mode, Rules::Read)
         .context("the fast path")?;
     // The new hooks are in before the old ones go: an interface that stays never loses its
     // programs, and one that goes keeps them until its last packet here is written.
@@ -229,14 +250,14 @@ const NO_CGROUP2: &str = "no cgroup2 hierarchy is mounted (see /proc/self/mounti
 fn refresh_in_netns(
     dp: &mut EbpfNetwork,
     network: &Network,
-    check_filters: bool,
+    rules: Rules,
     tc_mode: TcMode,
 ) -> Result<()> {
     let nl = Netlink::new()?;
     let indexes: Vec<u32> = (nl.present(&network.interfaces)?.into_iter())
         .map(|(_, i)| i)
         .collect();
-    let ports = dp.sync_fast_path(&nl, network, &indexes, tc_mode, check_filters)?;
+    let ports = dp.sync_fast_path(&nl, network, &indexes, tc_mode, rules)?;
     dp.detach_unwanted(
         &Wanted::new(&network.interfaces, &ports, network.attach, tc_mode),
         &[],
@@ -314,6 +335,7 @@ impl Dataplane for EbpfDataplane {
         }
         if let Some(c) = &self.collector {
             c.kick();
+            self.serve_conntrack(network)?;
         }
         Ok(stats)
     }
@@ -334,7 +356,12 @@ impl Dataplane for EbpfDataplane {
         let net = network.clone();
         let tc_mode = self.tc_mode;
         let (dp, result) = in_netns(network.netns.as_deref(), move || {
-            let r = refresh_in_netns(&mut dp, &net, firewall, tc_mode);
+            let rules = if firewall {
+                Rules::Changed
+            } else {
+                Rules::Kept
+            };
+            let r = refresh_in_netns(&mut dp, &net, rules, tc_mode);
             Ok((dp, r))
         })
         .with_context(|| format!("network {}", network.name))?;
@@ -351,6 +378,7 @@ impl Dataplane for EbpfDataplane {
         // Our handles go first: the pins are then the only references, and removing them
         // frees the maps and detaches TCX/XDP links.
         self.nets.remove(&network.name);
+        self.liberal.remove(&network.name);
         let dir = ebpf::pin_dir(&self.bpffs, &network.name);
         let net = network.clone();
         let tc_mode = self.tc_mode;
@@ -418,6 +446,7 @@ impl Dataplane for EbpfDataplane {
                 continue;
             }
             self.nets.remove(&name);
+            self.liberal.remove(&name);
             // Unknown interfaces: TCX and XDP links go with their pins.
             ebpf::detach_all(&entry.path(), &[], self.tc_mode)?;
             tracing::info!(network = %name, "removed pins of a network that is no longer configured");

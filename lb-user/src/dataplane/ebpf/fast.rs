@@ -9,11 +9,15 @@
 //!   after its endpoints are written and cleared before they are emptied and the reply hooks
 //!   go. Each direction falls back to the stack on its own, so any mix of a filled map and
 //!   attached hooks during a change delivers every packet.
-//! - On with `fast-path on`; with `auto`, each family while no rule of the namespace's
-//!   forward hooks (`node::filter`) can see that family's traffic: redirected packets skip
-//!   those hooks, so an `ip6` table's drop rule keeps IPv6 on the stack (and IPv4 fast). The
-//!   rules are read again at every apply and whenever the namespace's ruleset changes (the
-//!   watcher), and the decision with its reasons is kept for `lb status`.
+//! - On with `fast-path on` (direct: every translated packet may be redirected); with `auto`,
+//!   direct for each family no rule of the namespace's forward hooks (`node::filter`) can
+//!   see, vetted for a family such rules can see (`FAST_PATH_VETTED_*`): each direction of a
+//!   flow is redirected only while netfilter's judgment of it stands (`lb_common::flow`,
+//!   "Judgment"), a flowtable's contract. The rules are read again at every apply and
+//!   whenever the namespace's ruleset changes (the watcher); a change voids every judgment
+//!   (`lb_vetted_since`, written before the switch that asks for judgments), so the next
+//!   packet of every fast direction is judged under the new rules. The decision with its
+//!   reasons is kept for `lb status`.
 //! - Endpoints come from the kernel's own tables, never guessed: a neighbour (ARP's or
 //!   neighbour discovery's) with a usable MAC on one of the network's interfaces; behind a
 //!   bridge, the port the bridge's FDB names for that MAC. They follow neighbour and link
@@ -22,25 +26,40 @@
 use std::{collections::BTreeMap, net::IpAddr};
 
 use anyhow::{Context as _, Result};
-use lb_common::{Addr6, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FAST_PATH_V4, FAST_PATH_V6};
+use lb_common::{
+    Addr6, ENDPOINT_BRIDGED, ENDPOINT_PEER, Endpoint, FAST_PATH_V4, FAST_PATH_V6,
+    FAST_PATH_VETTED_V4, FAST_PATH_VETTED_V6,
+    flow::{self, REJUDGE_NS},
+};
 
-use super::{EbpfNetwork, TcMode, be4, be6, sync::write_exactly};
+use super::{EbpfNetwork, TcMode, be4, be6, gc::monotonic_ns, sync::write_exactly};
 use crate::{
     core::model::{FastPath, Network},
     node::{FdbEntry, ForwardFilters, Link, LinkKind, Neighbour, Netlink, filter},
 };
 
+/// How a sync finds the namespace's forward-hook rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rules {
+    /// As last read (neighbours changed, not the ruleset).
+    Kept,
+    /// Read again (an apply): a reading that differs from the last is a change.
+    Read,
+    /// Changed (the watcher saw the ruleset change): read again, and every judgment voided.
+    Changed,
+}
+
 /// Which path a network's translated packets take, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PathState {
     /// Handed to local endpoints past the stack; replies caught on these ports. `families`:
-    /// the `FAST_PATH_*` bits of the families that take it; `stack`, why the other one (if
-    /// any) does not.
+    /// the `FAST_PATH_*` bits of the families that take it (with `FAST_PATH_VETTED_*` for
+    /// those that take it only once judged); `notes`, why a family is vetted or on the stack.
     Fast {
         families: u32,
         endpoints: usize,
         ports: Vec<String>,
-        stack: Option<String>,
+        notes: Option<String>,
     },
     /// Through the node's stack, for this reason.
     Stack(String),
@@ -62,7 +81,7 @@ impl std::fmt::Display for PathState {
             PathState::Fast {
                 endpoints,
                 ports,
-                stack,
+                notes,
                 ..
             } => write!(
                 f,
@@ -73,7 +92,7 @@ impl std::fmt::Display for PathState {
                 } else {
                     format!(" ({})", ports.join(", "))
                 },
-                stack
+                notes
                     .as_deref()
                     .map(|s| format!("; {s}"))
                     .unwrap_or_default()
@@ -107,7 +126,8 @@ impl Local {
 }
 
 /// Which families take the fast path under `mode` with the forward-hook rules `filters`, as
-/// `FAST_PATH_*` bits, and why each other one does not.
+/// `FAST_PATH_*` bits (`FAST_PATH_VETTED_*` beside a family's bit where it takes the vetted
+/// path), and why a family is vetted or takes the stack.
 fn decide(mode: FastPath, filters: &ForwardFilters) -> (u32, Vec<String>) {
     match mode {
         FastPath::Off => (0, vec!["fast-path off".to_owned()]),
@@ -115,15 +135,17 @@ fn decide(mode: FastPath, filters: &ForwardFilters) -> (u32, Vec<String>) {
         FastPath::Auto => {
             let mut on = 0;
             let mut why = Vec::new();
-            for (bit, rules, family) in [
-                (FAST_PATH_V4, &filters.v4, "IPv4"),
-                (FAST_PATH_V6, &filters.v6, "IPv6"),
+            for (bit, vetted, rules, family) in [
+                (FAST_PATH_V4, FAST_PATH_VETTED_V4, &filters.v4, "IPv4"),
+                (FAST_PATH_V6, FAST_PATH_VETTED_V6, &filters.v6, "IPv6"),
             ] {
                 if rules.is_empty() {
                     on |= bit;
                 } else {
+                    on |= bit | vetted;
                     why.push(format!(
-                        "rules in the forward hooks could apply to the network's {family} traffic ({}); fast-path on bypasses them",
+                        "{family} vetted: each direction of a flow takes the stack until netfilter has passed one of its packets, again every {} s and after every ruleset change, as rules in the forward hooks could apply to its traffic ({}); fast-path on bypasses them",
+                        REJUDGE_NS / 1_000_000_000,
                         rules.join("; ")
                     ));
                 }
@@ -210,22 +232,33 @@ impl EbpfNetwork {
         network: &Network,
         interfaces: &[u32],
         tc_mode: TcMode,
-        check_filters: bool,
+        rules: Rules,
     ) -> Result<Vec<String>> {
-        if check_filters || self.filters.is_none() {
-            // What cannot be read cannot be ruled out: the stack, saying why.
-            self.filters = Some(match network.fast_path {
+        // Whether judgments made so far may stand: not after a change of the rules, nor when
+        // this process has not seen them before (they may have changed while no lb watched).
+        let mut changed = rules == Rules::Changed;
+        if rules != Rules::Kept || self.filters.is_none() {
+            // What cannot be read cannot be ruled out: vetted, saying why (a judgment is the
+            // kernel's own, whatever the rules).
+            let read = match network.fast_path {
                 FastPath::Auto => {
                     filter::forward_filters(&network.interfaces).unwrap_or_else(|e| {
                         ForwardFilters::both(format!("the ruleset could not be read: {e:#}"))
                     })
                 }
                 _ => ForwardFilters::default(),
-            });
+            };
+            changed |= self.filters.as_ref() != Some(&read);
+            self.filters = Some(read);
         }
         let filters = self.filters.clone().unwrap_or_default();
         let (on, why) = decide(network.fast_path, &filters);
         let before = self.fast_path_bits();
+        // A family that becomes vetted must not take judgments from an earlier vetted spell.
+        let vetted = FAST_PATH_VETTED_V4 | FAST_PATH_VETTED_V6;
+        if on & vetted & !before != 0 || changed && on & vetted != 0 {
+            self.void_judgments()?;
+        }
         if on == 0 {
             self.path = Some(PathState::Stack(why.join("; ")));
             self.write_switch(0)?;
@@ -245,10 +278,18 @@ impl EbpfNetwork {
             families: on,
             endpoints: local.endpoints.len() + local.endpoints6.len(),
             ports: local.ports.clone(),
-            stack: (!why.is_empty()).then(|| why.join("; ")),
+            notes: (!why.is_empty()).then(|| why.join("; ")),
         });
         self.write_switch(on)?;
         Ok(local.ports)
+    }
+
+    /// Makes every judgment made so far void (`lb_vetted_since`: now).
+    fn void_judgments(&mut self) -> Result<()> {
+        let since = flow::stamp(monotonic_ns());
+        self.vetted_since
+            .set(0, since, 0)
+            .context("writing lb_vetted_since")
     }
 
     /// The `Config::fast_path` bits of the last decision.
@@ -409,7 +450,7 @@ mod tests {
     }
 
     #[test]
-    fn each_family_takes_the_fast_path_unless_its_own_forward_rules_could_apply() {
+    fn each_family_takes_the_vetted_fast_path_where_its_own_forward_rules_could_apply() {
         let rules = |v4: &[&str], v6: &[&str]| ForwardFilters {
             v4: v4.iter().map(|r| r.to_string()).collect(),
             v6: v6.iter().map(|r| r.to_string()).collect(),
@@ -417,15 +458,26 @@ mod tests {
         let both = FAST_PATH_V4 | FAST_PATH_V6;
         assert_eq!(decide(FastPath::Auto, &rules(&[], &[])), (both, vec![]));
         let (on, why) = decide(FastPath::Auto, &rules(&[], &["table ip6 f chain fw"]));
-        assert_eq!(on, FAST_PATH_V4, "an ip6 rule stops IPv6 alone");
+        assert_eq!(
+            on,
+            both | FAST_PATH_VETTED_V6,
+            "an ip6 rule vets IPv6 alone"
+        );
         assert!(
-            why[0].contains("IPv6 traffic (table ip6 f chain fw)"),
+            why[0].starts_with("IPv6 vetted") && why[0].contains("(table ip6 f chain fw)"),
             "{why:?}"
         );
         let (on, _) = decide(FastPath::Auto, &rules(&["table ip f chain fw"], &[]));
-        assert_eq!(on, FAST_PATH_V6, "an ip rule stops IPv4 alone");
-        assert_eq!(decide(FastPath::Auto, &rules(&["a"], &["a"])).0, 0);
-        assert_eq!(decide(FastPath::On, &rules(&["a"], &["a"])).0, both);
+        assert_eq!(on, both | FAST_PATH_VETTED_V4, "an ip rule vets IPv4 alone");
+        assert_eq!(
+            decide(FastPath::Auto, &rules(&["a"], &["a"])).0,
+            both | FAST_PATH_VETTED_V4 | FAST_PATH_VETTED_V6
+        );
+        assert_eq!(
+            decide(FastPath::On, &rules(&["a"], &["a"])).0,
+            both,
+            "direct"
+        );
         assert_eq!(decide(FastPath::Off, &rules(&[], &[])).0, 0);
     }
 

@@ -54,6 +54,7 @@ pub mod dataplane;
 pub mod dsr;
 pub mod fast;
 pub mod gc;
+mod liberal;
 mod plan;
 mod sync;
 
@@ -154,6 +155,7 @@ pub struct EbpfNetwork {
     local6: HashMap<MapData, Addr6, u32>,
     ifaces6: HashMap<MapData, u32, Iface6>,
     config: Array<MapData, Config>,
+    vetted_since: Array<MapData, u32>,
     counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
     endpoints: HashMap<MapData, u32, Endpoint>,
@@ -433,6 +435,7 @@ impl EbpfNetwork {
             local6: HashMap::try_from(take(&mut ebpf, "lb_local_addrs6")?)?,
             ifaces6: HashMap::try_from(take(&mut ebpf, "lb_ifaces6")?)?,
             config: Array::try_from(take(&mut ebpf, "lb_config")?)?,
+            vetted_since: Array::try_from(take(&mut ebpf, "lb_vetted_since")?)?,
             counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,
             endpoints: HashMap::try_from(take(&mut ebpf, "lb_endpoints")?)?,
