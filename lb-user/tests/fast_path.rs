@@ -14,7 +14,10 @@ use std::{
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{LbDaemon, datapath, eventually, free_metrics_addr, network_add, observe, scrape},
+    daemon::{
+        LbDaemon, datapath, eventually, free_metrics_addr, network_add, observe, scrape,
+        service_set_ports,
+    },
     netns::{ENDPOINT_IF, Netns, Topology},
     require_root,
     tools::{Tcpdump, link_stats},
@@ -60,19 +63,11 @@ fn start(topo: &Topology, bpffs: &Bpffs, dataplane: &str, extra: &[&str]) -> (Lb
 }
 
 fn set_web(d: &LbDaemon, backends: &[Ipv4Addr]) {
-    let mut args: Vec<String> = ["service", "set", NET, "web", "--vip", &VIP.to_string()]
-        .map(String::from)
-        .into();
-    for p in [
+    let ports = [
         format!("tcp/{PUB}:{PORT}"),
         format!("udp/{}:{}", PUB + 1, PORT + 1),
-    ] {
-        args.extend(["--port".into(), p]);
-    }
-    for b in backends {
-        args.extend(["--backend".into(), b.to_string()]);
-    }
-    d.ok(&args);
+    ];
+    d.ok(&service_set_ports(NET, "web", VIP, &ports, backends));
 }
 
 /// The network's `path` in `lb status --json`.

@@ -25,7 +25,9 @@ use std::{
 use lb_tests::{
     bpffs::Bpffs,
     bpftool,
-    daemon::{LbDaemon, datapath, eventually, free_metrics_addr, network_add, scrape},
+    daemon::{
+        LbDaemon, datapath, eventually, free_metrics_addr, network_add, scrape, service_set_ports,
+    },
     netns::{Netns, Topology},
     require_root,
     tools::{IperfServer, iperf_client},
@@ -177,19 +179,17 @@ fn serve(topo: &Topology, bpffs: &Bpffs, dataplane: &str) -> (LbDaemon, String) 
     )
     .expect("lb daemon starts");
     d.ok(&network_add(topo, NET));
-    let mut args: Vec<String> = ["service", "set", NET, "web", "--vip", &VIP.to_string()]
-        .map(String::from)
-        .into();
-    for p in [
+    let ports = [
         format!("tcp/{PUB}:{PORT}"),
         format!("udp/{}:{}", PUB + 1, PORT + 1),
-    ] {
-        args.extend(["--port".into(), p]);
-    }
-    for b in &topo.backend_ips {
-        args.extend(["--backend".into(), b.to_string()]);
-    }
-    d.ok(&args);
+    ];
+    d.ok(&service_set_ports(
+        NET,
+        "web",
+        VIP,
+        &ports,
+        &topo.backend_ips,
+    ));
     (d, metrics)
 }
 

@@ -82,6 +82,26 @@ pub fn service_set(
     args
 }
 
+/// `lb service set NETWORK ID --vip VIP --port P… --backend B…` (the default generation).
+pub fn service_set_ports(
+    network: &str,
+    id: &str,
+    vip: Ipv4Addr,
+    ports: &[String],
+    backends: &[Ipv4Addr],
+) -> Vec<String> {
+    let mut args: Vec<String> = ["service", "set", network, id, "--vip", &vip.to_string()]
+        .map(String::from)
+        .into();
+    for p in ports {
+        args.extend(["--port".into(), p.clone()]);
+    }
+    for b in backends {
+        args.extend(["--backend".into(), b.to_string()]);
+    }
+    args
+}
+
 impl LbDaemon {
     /// Starts `lb daemon` (binary `lb`) pinning under `bpffs`, with `extra` daemon flags.
     pub fn start(lb: &Path, bpffs: &Path, extra: &[&str]) -> Result<Self> {
