@@ -10,7 +10,6 @@ use std::{
     collections::BTreeSet,
     fmt,
     net::{Ipv4Addr, Ipv6Addr, SocketAddr},
-    time::Duration,
 };
 
 use aya::{
@@ -330,22 +329,6 @@ impl Fixture {
             out,
             meta,
         })
-    }
-
-    /// The kernel's mean time of one run of `prog` on `input`, repeated `repeat` times
-    /// (BPF_PROG_TEST_RUN's `duration`: each repeat sees the same input, not the last
-    /// output, and the maps as the earlier repeats left them).
-    pub fn timed(&mut self, prog: Prog, input: &[u8], repeat: u32) -> Duration {
-        let mut out = vec![0u8; input.len() + 256];
-        let opts = TestRunOptions {
-            data_in: Some(input),
-            data_out: Some(&mut out),
-            repeat,
-            ..Default::default()
-        };
-        (self.test_run_opts(prog, opts))
-            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {prog:?}: {e}"))
-            .duration
     }
 
     /// BPF_PROG_TEST_RUN of `prog` with `opts`.
