@@ -1,14 +1,7 @@
 //! The vetted fast path (`--fast-path auto` where forward-hook rules exist) on nodes shaped
-//! like the ones users run, on the routed topology (client → node `lbc0` → bridge `lbbr0` →
-//! backend veths):
-//! - a Docker node: dockerd 20.10's filter table as `iptables-save` shows it (FORWARD policy
-//!   drop, DOCKER-USER, the isolation chains, `-o docker0 -m conntrack --ctstate
-//!   RELATED,ESTABLISHED -j ACCEPT`, the published ports' accepts in DOCKER), `docker0` played
-//!   by `lbbr0`, loaded with iptables-nft;
-//! - a Nomad node: the chains the real CNI `firewall` plugin (Debian's
-//!   containernetworking-plugins) makes for each backend (CNI-FORWARD, its admin chain
-//!   NOMAD-ADMIN), Nomad's own accept of the bridge's subnet there, and FORWARD's policy drop
-//!   (Docker beside it).
+//! like the ones users run (`lb_tests::firewall`: Docker's filter table, the real CNI
+//! `firewall` plugin's chains as Nomad runs it), on the routed topology (client → node `lbc0`
+//! → bridge `lbbr0` → backend veths).
 //!
 //! On both: a flow's packets take the redirect after its first ones, both ways; what the
 //! forward chain drops is never redirected and never reaches a backend; a drop rule inserted
@@ -28,6 +21,7 @@ use lb_tests::{
     daemon::{
         LbDaemon, datapath, eventually, free_metrics_addr, network_add, scrape, service_set_ports,
     },
+    firewall::NodeShape,
     netns::{Netns, Topology},
     require_root,
     tools::{IperfServer, iperf_client},
@@ -35,7 +29,6 @@ use lb_tests::{
         TIMEOUT, TcpSession, UdpSession, all_dropped, spawn_backends, tcp_request, udp_request,
     },
 };
-use serde_json::json;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 /// Backends answer TCP on PORT and UDP on PORT + 1; the service publishes PUB → PORT and
@@ -57,105 +50,8 @@ fn lb() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lb"))
 }
 
-/// The node's firewall, as one of the systems users run makes it.
-#[derive(Clone, Copy, Debug)]
-enum Shape {
-    Docker,
-    Nomad,
-}
-
-impl Shape {
-    /// Loads the shape's rules into the node of `topo`, with `lbbr0` as the containers' bridge.
-    fn load(self, topo: &Topology) {
-        match self {
-            Shape::Docker => docker(topo),
-            Shape::Nomad => nomad(topo),
-        }
-    }
-
-    /// The chain an operator (or Docker, or Nomad) puts their own rules in ahead of the rest.
-    fn user_chain(self) -> &'static str {
-        match self {
-            Shape::Docker => "DOCKER-USER",
-            Shape::Nomad => "NOMAD-ADMIN",
-        }
-    }
-
-    /// A rule this system adds when a container starts: unrelated to the test's flows.
-    fn unrelated_rule(self) -> String {
-        match self {
-            Shape::Docker => "-A DOCKER -d 10.20.0.99/32 ! -i lbbr0 -o lbbr0 -p tcp -m tcp --dport 81 -j ACCEPT".into(),
-            Shape::Nomad => "-A CNI-FORWARD -d 10.20.0.99/32 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT".into(),
-        }
-    }
-}
-
-/// dockerd 20.10's filter table for one bridge with published ports (`iptables-save`), the
-/// backends' ports published; `docker0` is `lbbr0`.
-fn docker(topo: &Topology) {
-    let mut t = String::from(
-        "*filter\n\
-         :INPUT ACCEPT [0:0]\n\
-         :FORWARD DROP [0:0]\n\
-         :OUTPUT ACCEPT [0:0]\n\
-         :DOCKER - [0:0]\n\
-         :DOCKER-ISOLATION-STAGE-1 - [0:0]\n\
-         :DOCKER-ISOLATION-STAGE-2 - [0:0]\n\
-         :DOCKER-USER - [0:0]\n\
-         -A FORWARD -j DOCKER-USER\n\
-         -A FORWARD -j DOCKER-ISOLATION-STAGE-1\n\
-         -A FORWARD -o lbbr0 -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT\n\
-         -A FORWARD -o lbbr0 -j DOCKER\n\
-         -A FORWARD -i lbbr0 ! -o lbbr0 -j ACCEPT\n\
-         -A FORWARD -i lbbr0 -o lbbr0 -j ACCEPT\n",
-    );
-    for b in &topo.backend_ips {
-        for (proto, port) in [("tcp", PORT), ("udp", PORT + 1), ("tcp", IPERF)] {
-            t += &format!(
-                "-A DOCKER -d {b}/32 ! -i lbbr0 -o lbbr0 -p {proto} -m {proto} --dport {port} -j ACCEPT\n"
-            );
-        }
-    }
-    t += "-A DOCKER-ISOLATION-STAGE-1 -i lbbr0 ! -o lbbr0 -j DOCKER-ISOLATION-STAGE-2\n\
-          -A DOCKER-ISOLATION-STAGE-1 -j RETURN\n\
-          -A DOCKER-ISOLATION-STAGE-2 -o lbbr0 -j DROP\n\
-          -A DOCKER-ISOLATION-STAGE-2 -j RETURN\n\
-          -A DOCKER-USER -j RETURN\n\
-          COMMIT\n";
-    topo.node
-        .sh(&format!("iptables-restore <<'EOF'\n{t}EOF"))
-        .unwrap();
-}
-
-/// The real `firewall` plugin's ADD for each backend, as Nomad's bridge network runs it
-/// (iptables backend, admin chain NOMAD-ADMIN); Nomad's accept of its bridge's subnet in
-/// that chain; FORWARD's policy drop, as Docker beside Nomad sets it.
-fn nomad(topo: &Topology) {
-    topo.node.sh("iptables -P FORWARD DROP").unwrap();
-    for (i, (ns, ip)) in topo.backends.iter().zip(&topo.backend_ips).enumerate() {
-        let conf = json!({
-            "cniVersion": "1.0.0",
-            "name": "nomad",
-            "type": "firewall",
-            "backend": "iptables",
-            "iptablesAdminChainName": "NOMAD-ADMIN",
-            "prevResult": {
-                "cniVersion": "1.0.0",
-                "interfaces": [{"name": "eth0", "sandbox": ns.path()}],
-                "ips": [{"address": format!("{ip}/24"), "interface": 0}]
-            }
-        });
-        topo.node
-            .sh(&format!(
-                "CNI_COMMAND=ADD CNI_CONTAINERID=vetted{i} CNI_NETNS={} CNI_IFNAME=eth0 CNI_PATH=/usr/lib/cni /usr/lib/cni/firewall <<'EOF'\n{conf}\nEOF",
-                ns.path().display()
-            ))
-            .unwrap();
-    }
-    topo.node
-        .sh("iptables -A NOMAD-ADMIN -o lbbr0 -d 10.20.0.0/24 -j ACCEPT")
-        .unwrap();
-}
+/// The ports the backends publish, as the shapes' accept rules name them.
+const PUBLISHED: [(&str, u16); 3] = [("tcp", PORT), ("udp", PORT + 1), ("tcp", IPERF)];
 
 fn set_conntrack_timeouts(node: &Netns) {
     let secs = CT_TIMEOUT.as_secs().to_string();
@@ -208,10 +104,10 @@ fn ipt(node: &Netns, rule: &str) {
 }
 
 /// The whole contract on a node of `shape`: see the module.
-fn judged_by_netfilter(shape: Shape) {
+fn judged_by_netfilter(shape: NodeShape) {
     let topo = Topology::new(2).unwrap();
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
-    shape.load(&topo);
+    shape.load(&topo, &PUBLISHED).unwrap();
     set_conntrack_timeouts(&topo.node);
     let drop_client = format!("{} -s {} -j DROP", shape.user_chain(), topo.client_ip);
 
@@ -337,7 +233,7 @@ fn judged_by_netfilter(shape: Shape) {
                 .unwrap_or_else(|e| panic!("{shape:?}: the UDP flow at {t:?}: {e:#}"));
         }
         if !added && t > CT_TIMEOUT {
-            ipt(&topo.node, &shape.unrelated_rule());
+            ipt(&topo.node, shape.unrelated_rule());
             added = true;
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -376,14 +272,14 @@ fn tcp_local_port(s: &TcpSession) -> u16 {
 #[test]
 fn a_docker_node_judges_every_fast_flow() {
     if require_root("a_docker_node_judges_every_fast_flow") {
-        judged_by_netfilter(Shape::Docker);
+        judged_by_netfilter(NodeShape::Docker);
     }
 }
 
 #[test]
 fn a_nomad_node_judges_every_fast_flow() {
     if require_root("a_nomad_node_judges_every_fast_flow") {
-        judged_by_netfilter(Shape::Nomad);
+        judged_by_netfilter(NodeShape::Nomad);
     }
 }
 
@@ -408,7 +304,7 @@ fn a_bulk_transfer_stays_valid_for_the_nodes_conntrack() {
     let topo = Topology::new(1).unwrap();
     let _servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
     let _iperf = IperfServer::start(&topo.backends[0], IPERF).unwrap();
-    docker(&topo);
+    NodeShape::Docker.load(&topo, &PUBLISHED).unwrap();
     ipt(
         &topo.node,
         "-I FORWARD -m conntrack --ctstate INVALID -j DROP",
