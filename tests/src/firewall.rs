@@ -57,16 +57,14 @@ impl NodeShape {
         .with_context(|| format!("loading the {}'s firewall", self.name()))
     }
 
-    /// Takes the shape's rules out again (the filter tables of both families emptied, their
-    /// policies back to accept).
+    /// Takes the shape's rules out again: the filter tables of both families (iptables-nft
+    /// keeps them as nftables tables) deleted.
     pub fn unload(self, topo: &Topology) -> Result<()> {
         if self == NodeShape::Empty {
             return Ok(());
         }
-        for tool in ["iptables", "ip6tables"] {
-            topo.node.sh(&format!(
-                "{tool} -P FORWARD ACCEPT && {tool} -F && {tool} -X"
-            ))?;
+        for family in ["ip", "ip6"] {
+            topo.node.sh(&format!("nft delete table {family} filter"))?;
         }
         Ok(())
     }

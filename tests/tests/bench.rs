@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use lb_tests::bench::real::{Bench, Config, step};
 use lb_tests::bench::{Metric, Scenario};
+use lb_tests::firewall::NodeShape;
 use lb_tests::require_root;
 
 const PACKETS: u64 = 20_000;
@@ -80,4 +81,37 @@ fn bench_scenarios_without_lb_deliver_where_they_say_and_leave_nothing_behind() 
         let tcp = of(Metric::TcpV6);
         assert!(tcp.value > 0.0, "{s:?}: {tcp:?}");
     }
+}
+
+/// The bench's node shapes (`lb_tests::firewall`): on a Docker-shaped and a Nomad-shaped node
+/// the no-LB path and kube-proxy's chains still carry every family's traffic (the shapes
+/// accept what containers publish), every sample says which node it was measured on, and a
+/// shape taken out leaves the node as clean as it found it.
+#[test]
+fn bench_scenarios_run_on_docker_and_nomad_shaped_nodes() {
+    if !require_root("bench_scenarios_run_on_docker_and_nomad_shaped_nodes") {
+        return;
+    }
+    let mut cfg = Config::new(Path::new("/nonexistent/lb"), true);
+    cfg.rounds = 1;
+    cfg.udp_packets = PACKETS;
+    cfg.idle_wait = Duration::ZERO;
+    let mut bench = Bench::new(1).unwrap();
+    let measured = [Metric::Udp64k, Metric::Udp64kV6, Metric::ConnPerSec];
+    let steps = measured.map(step);
+    for shape in [NodeShape::Docker, NodeShape::Nomad] {
+        bench.set_shape(shape).unwrap();
+        for s in [Scenario::NoLb, Scenario::Iptables] {
+            let mut notes = Vec::new();
+            let samples = bench.scenario(s, &cfg, 0, &steps, &mut notes).unwrap();
+            assert!(notes.is_empty(), "{shape:?} {s:?}: {notes:?}");
+            for x in &samples {
+                assert_eq!(x.node, shape);
+                assert_eq!(x.void, None, "{shape:?} {s:?}: {x:?}");
+            }
+        }
+    }
+    bench.set_shape(NodeShape::Empty).unwrap();
+    let left = lb_tests::bench::real::leftovers(&bench.topo.node).unwrap();
+    assert!(left.is_empty(), "{left:?}");
 }

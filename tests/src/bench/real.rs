@@ -21,6 +21,7 @@ use super::report::{Idle, Sample};
 use super::{Metric, Scenario};
 use crate::bpffs::Bpffs;
 use crate::daemon::{LbDaemon, network_add, service_set};
+use crate::firewall::NodeShape;
 use crate::netns::{ENDPOINT_IF, NODE_CLIENT_IF, Netns, Topology};
 use crate::tools::{
     IperfServer, MIN_UDP_PAYLOAD, Nginx, SockperfServer, SrcPorts, UdpSpec, WrkOptions,
@@ -72,6 +73,8 @@ pub struct Config {
     pub cpu: usize,
     /// Only these scenarios (all when empty).
     pub only: Vec<Scenario>,
+    /// The node firewalls every scenario runs on, one after the other.
+    pub shapes: Vec<NodeShape>,
 }
 
 impl Config {
@@ -88,6 +91,7 @@ impl Config {
             idle_wait: Duration::from_millis(if quick { 1000 } else { 3000 }),
             cpu: cpus - 1,
             only: Vec::new(),
+            shapes: NodeShape::ALL.to_vec(),
         }
     }
 
@@ -99,6 +103,7 @@ impl Config {
             "idle_wait_ms": self.idle_wait.as_millis() as u64,
             "idle_busy_below": IDLE_BUSY,
             "cpu": self.cpu,
+            "nodes": self.shapes.iter().map(|n| n.key()).collect::<Vec<_>>(),
             "backends": BACKENDS,
             "min_delivered": MIN_DELIVERED,
             "udp_frame_bytes": udp_frame_len(false, MIN_UDP_PAYLOAD) + FCS,
@@ -144,7 +149,17 @@ impl Config {
              lb tc fast / lb xdp fast (`--fast-path auto`). Masquerade is off everywhere (the \
              backends route through the node). After each scenario the node holds no nft \
              table, tc filter, XDP program nor iptables or ip6tables chain (checked), and its \
-             conntrack table is flushed (both families).",
+             conntrack table is flushed (both families).\n\n\
+             Node shapes ({}): every round of every scenario runs on each, one shape after the \
+             other, each with its own no-LB base: an empty node (nothing in the forward path), \
+             a Docker-shaped node (dockerd 20.10's filter table and its ip6tables twin, the \
+             bridge as `docker0`, an accept per published port) and a Nomad-shaped node (the \
+             real CNI `firewall` plugin's chains per backend, NOMAD-ADMIN's accept of the \
+             bridge's subnets, FORWARD policy drop), from `lb_tests::firewall`; on those the \
+             node's conntrack is active for every scenario, no-LB included, and `--fast-path \
+             auto` takes the vetted fast path (docs/fast-path.md). Whether the kernel has \
+             nftables flowtables, for an \"nft + flowtable\" peer, is probed at the start \
+             (the notes say what it answered). The profile runs are made on the empty node.",
             self.rounds,
             self.idle_wait,
             IDLE_BUSY * 100.0,
@@ -157,6 +172,9 @@ impl Config {
             self.secs,
             udp_frame_len(true, MIN_UDP_PAYLOAD) + FCS,
             udp_frame_len(true, MIN_UDP_PAYLOAD),
+            (self.shapes.iter().map(|n| n.name()))
+                .collect::<Vec<_>>()
+                .join(", "),
         )
     }
 }
@@ -562,21 +580,19 @@ impl Active {
 /// chains of either iptables family (whichever backend holds them).
 pub fn leftovers(node: &Netns) -> Result<Vec<String>> {
     let mut left = Vec::new();
-    let ruleset = node.exec(["nft", "list", "ruleset"])?;
-    if !ruleset.trim().is_empty() {
-        left.push(format!("nft ruleset: {}", ruleset.trim()));
+    for table in node.exec(["nft", "list", "tables"])?.lines() {
+        left.push(format!("nft {}", table.trim()));
     }
     for x in Xtables::BOTH {
         // Rules (`-A CHAIN ...`) and chains of our own (`:CHAIN - [0:0]`; a built-in chain
         // has a policy instead of `-`, and a table the kernel keeps may list them empty).
         // The save tools list what is there and create nothing.
         let saved = node.exec([x.save])?;
-        let ours: Vec<&str> = (saved.lines())
-            .filter(|l| l.starts_with("-A ") || (l.starts_with(':') && l.contains(" - [")))
-            .collect();
-        if !ours.is_empty() {
-            left.push(format!("{} rules and chains: {ours:?}", x.cmd));
-        }
+        left.extend(
+            (saved.lines())
+                .filter(|l| l.starts_with("-A ") || (l.starts_with(':') && l.contains(" - [")))
+                .map(|l| format!("{}: {l}", x.cmd)),
+        );
     }
     for link in node.links()? {
         for dir in ["ingress", "egress"] {
@@ -594,6 +610,31 @@ pub fn leftovers(node: &Netns) -> Result<Vec<String>> {
         }
     }
     Ok(left)
+}
+
+/// What the node's kernel answers for an nftables flowtable on its client-facing interface
+/// (the kernel's own fast path past the forward chain), as a note of the run: the peer
+/// "nft + flowtable" needs it, and this lb does not run that peer yet.
+fn flowtables(node: &Netns) -> String {
+    let probe = format!(
+        "add table inet lb-bench-ft\n\
+         add flowtable inet lb-bench-ft ft {{ hook ingress priority 0; devices = {{ {NODE_CLIENT_IF} }}; }}\n"
+    );
+    let made = exec_stdin(node, &["nft", "-f", "-"], &probe);
+    let _ = node.exec(["nft", "delete", "table", "inet", "lb-bench-ft"]);
+    match made {
+        Ok(()) => "the kernel has nftables flowtables, but the bench has no \"nft + flowtable\" \
+                   peer yet"
+            .to_owned(),
+        Err(e) => format!(
+            "no \"nft + flowtable\" peer: this kernel refuses a flowtable ({}; \
+             CONFIG_NF_FLOW_TABLE is likely not set)",
+            (format!("{e:#}").lines())
+                .find(|l| l.trim_start().starts_with("Error:"))
+                .unwrap_or("nft failed")
+                .trim()
+        ),
+    }
 }
 
 /// Where the client sends in scenario `s` over one family: the VIP, or backend 0 without a
@@ -821,14 +862,20 @@ pub struct Bench {
     // Dropped before the topology: the servers run in its namespaces.
     _servers: Servers,
     pub topo: Topology,
+    /// The node's firewall now, and what of it [`leftovers`] lists (which no scenario left).
+    shape: NodeShape,
+    baseline: Vec<String>,
+    /// Rounds per node shape: a shape's rounds are numbered after the earlier shapes', so
+    /// that every scenario of every round of every shape has an HTTP port of its own.
+    rounds: usize,
 }
 
 impl Bench {
-    /// Builds the topology, starts the servers (nginx on every port of `rounds` rounds), and
-    /// checks that the node starts clean.
+    /// Builds the topology, starts the servers (nginx on every port of `rounds` rounds on
+    /// each node shape), and checks that the node starts clean (an empty node).
     pub fn new(rounds: usize) -> Result<Bench> {
         let topo = Topology::dual_stack(BACKENDS).context("building the topology")?;
-        let http_ports: Vec<u16> = (0..rounds)
+        let http_ports: Vec<u16> = (0..rounds * NodeShape::ALL.len())
             .flat_map(|r| Scenario::ALL.map(|s| http_port(s, r)))
             .collect();
         let servers = Servers::start(&topo, &http_ports)?;
@@ -856,7 +903,44 @@ impl Bench {
         Ok(Bench {
             _servers: servers,
             topo,
+            shape: NodeShape::Empty,
+            baseline: Vec::new(),
+            rounds,
         })
+    }
+
+    /// Gives the node the firewall of `shape` (the backends publishing every port the
+    /// scenarios use, as containers would), taking the last one out first.
+    pub fn set_shape(&mut self, shape: NodeShape) -> Result<()> {
+        self.shape.unload(&self.topo)?;
+        let left = leftovers(&self.topo.node)?;
+        ensure!(
+            left.is_empty(),
+            "the node is not clean without the {}'s firewall: {left:?}",
+            self.shape.name()
+        );
+        let mut published: Vec<(&str, u16)> = ports(0)[1..].to_vec();
+        published.extend(
+            (0..self.rounds * NodeShape::ALL.len())
+                .flat_map(|r| Scenario::ALL.map(|s| ("tcp", http_port(s, r)))),
+        );
+        shape.load(&self.topo, &published)?;
+        self.shape = shape;
+        self.baseline = leftovers(&self.topo.node)?;
+        Ok(())
+    }
+
+    /// What a scenario left on the node: [`leftovers`] beyond the firewall's own.
+    fn left_behind(&self) -> Result<Vec<String>> {
+        let mut left = leftovers(&self.topo.node)?;
+        left.retain(|l| !self.baseline.contains(l));
+        Ok(left)
+    }
+
+    /// The round number `round` of the current shape has in the run (its HTTP ports').
+    fn global_round(&self, round: usize) -> usize {
+        let shape = NodeShape::ALL.iter().position(|&s| s == self.shape);
+        shape.unwrap_or(0) * self.rounds + round
     }
 
     /// Scenario `s` in round `round`: set up, the measurements `steps` (indexes of [`STEPS`],
@@ -872,8 +956,13 @@ impl Bench {
     ) -> Result<Vec<Sample>> {
         let topo = &self.topo;
         let mut samples = Vec::new();
-        println!("lb bench: round {round}, {}", s.name());
-        let active = Active::start(s, topo, cfg, round);
+        println!(
+            "lb bench: {}, round {round}, {}",
+            self.shape.name(),
+            s.name()
+        );
+        let port_round = self.global_round(round);
+        let active = Active::start(s, topo, cfg, port_round);
         let setup_error = active.as_ref().err().map(|e| format!("{e:#}"));
         if let Some(e) = &setup_error {
             notes.push(format!("round {round}, {}: set-up failed: {e}", s.name()));
@@ -883,7 +972,7 @@ impl Bench {
             let idle = wait_idle(cfg.idle_wait)?;
             let measured = match &setup_error {
                 Some(e) => Err(anyhow::anyhow!("set-up failed: {e}")),
-                None => measure(step, topo, s, cfg, round),
+                None => measure(step, topo, s, cfg, port_round),
             };
             let measured = measured.unwrap_or_else(|e| {
                 let why = format!("{e:#}");
@@ -901,6 +990,7 @@ impl Bench {
                         .unwrap_or_default()
                 );
                 samples.push(Sample {
+                    node: self.shape,
                     scenario: s,
                     metric,
                     round,
@@ -916,10 +1006,11 @@ impl Bench {
                 .stop(topo)
                 .with_context(|| format!("tearing {} down", s.name()))?;
         }
-        let left = leftovers(&topo.node)?;
+        let left = self.left_behind()?;
         ensure!(
             left.is_empty(),
-            "round {round}, {} left this behind on the node: {left:?}",
+            "{}, round {round}, {} left this behind on the node: {left:?}",
+            self.shape.name(),
             s.name()
         );
         Ok(samples)
@@ -932,17 +1023,22 @@ pub fn run(cfg: &Config) -> Result<Outcome> {
         .filter(|s| cfg.only.is_empty() || cfg.only.contains(s))
         .collect();
     ensure!(!scenarios.is_empty(), "no scenario to run");
-    let bench = Bench::new(cfg.rounds)?;
+    let mut bench = Bench::new(cfg.rounds)?;
     let mut samples = Vec::new();
-    let mut notes = Vec::new();
-    for round in 0..cfg.rounds {
-        let n = scenarios.len();
-        for k in 0..n {
-            let s = scenarios[(round + k) % n];
-            let steps: Vec<usize> = (0..STEPS.len()).collect();
-            samples.extend(bench.scenario(s, cfg, round, &steps, &mut notes)?);
+    let mut notes = vec![flowtables(&bench.topo.node)];
+    for &shape in &cfg.shapes {
+        bench.set_shape(shape)?;
+        for round in 0..cfg.rounds {
+            let n = scenarios.len();
+            for k in 0..n {
+                let s = scenarios[(round + k) % n];
+                let steps: Vec<usize> = (0..STEPS.len()).collect();
+                samples.extend(bench.scenario(s, cfg, round, &steps, &mut notes)?);
+            }
         }
     }
+    // Where the time goes is measured on the empty node.
+    bench.set_shape(NodeShape::Empty)?;
     let lb: Vec<Scenario> = (scenarios.iter().copied())
         .filter(|s| Scenario::LB.contains(s))
         .collect();
@@ -981,7 +1077,7 @@ impl Bench {
             active
                 .stop(topo)
                 .with_context(|| format!("tearing {} down", s.name()))?;
-            let left = leftovers(&topo.node)?;
+            let left = self.left_behind()?;
             ensure!(left.is_empty(), "profile, {} left {left:?}", s.name());
             let (_, pps, void, detail) = match measured {
                 Ok(mut m) if !m.is_empty() => m.remove(0),

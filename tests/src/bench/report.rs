@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
 use super::{Metric, Scenario, real::Profile};
+use crate::firewall::NodeShape;
 
 /// How idle the machine was before a measurement: the busy share of all CPUs over the last
 /// look at /proc/stat, and whether it got below the threshold within the bounded wait.
@@ -20,9 +21,10 @@ pub struct Idle {
     pub reached: bool,
 }
 
-/// One measurement of one metric in one scenario and round.
+/// One measurement of one metric in one scenario and round, on one node shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
+    pub node: NodeShape,
     pub scenario: Scenario,
     pub metric: Metric,
     pub round: usize,
@@ -141,9 +143,10 @@ impl Summary {
     }
 }
 
-/// One of the issue's targets for one scenario, and whether the run met it.
+/// One of the issue's targets for one scenario on one node shape, and whether the run met it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
+    pub node: NodeShape,
     pub metric: Metric,
     pub scenario: Scenario,
     /// The scenario it is compared with.
@@ -176,13 +179,18 @@ impl Target {
     }
 }
 
-/// The issue's targets, each computed from the run: UDP (1 flow and 64k flows) tc fast path
-/// ≥ 1.3× and xdp fast path ≥ 1.0× the no-LB path; TCP ≥ 0.95× no-LB on every lb scenario;
+/// The issues' targets on node shape `node`, each computed from the run (`sum`: that
+/// shape's samples). On an empty node: UDP tc fast path ≥ 1.35× (1 flow) and ≥ 1.3× (64k
+/// flows) and xdp fast path ≥ 1.0× the no-LB path; TCP ≥ 0.95× no-LB on every lb scenario;
 /// connections/s ≥ the nft ruleset's and RTT p99 ≤ the nft ruleset's on every lb scenario.
-pub fn targets(sum: &Summary) -> Vec<Target> {
+/// On a Docker- or Nomad-shaped node: UDP (both rows) tc with the (vetted) fast path ≥ 1.2×
+/// the no-LB path and ≥ 1.3× the plain moby ruleset; lb tc without a fast path ahead of the
+/// ruleset on every IPv4 row.
+pub fn targets(sum: &Summary, node: NodeShape) -> Vec<Target> {
     let mut out = Vec::new();
     let mut add = |metric, scenario, to, bound, at_least| {
         out.push(Target {
+            node,
             metric,
             scenario,
             to,
@@ -191,8 +199,18 @@ pub fn targets(sum: &Summary) -> Vec<Target> {
             ratio: sum.ratio_to(metric, scenario, to).map(|r| r.value),
         })
     };
-    for m in [Metric::Udp1, Metric::Udp64k] {
-        add(m, Scenario::LbTcFast, Scenario::NoLb, 1.3, true);
+    if node != NodeShape::Empty {
+        for m in [Metric::Udp1, Metric::Udp64k] {
+            add(m, Scenario::LbTcFast, Scenario::NoLb, 1.2, true);
+            add(m, Scenario::LbTcFast, Scenario::Nft, 1.3, true);
+        }
+        for m in Metric::ALL.into_iter().filter(|m| !m.ipv6()) {
+            add(m, Scenario::LbTc, Scenario::Nft, 1.0, m.higher_is_better());
+        }
+        return out;
+    }
+    for (m, bound) in [(Metric::Udp1, 1.35), (Metric::Udp64k, 1.3)] {
+        add(m, Scenario::LbTcFast, Scenario::NoLb, bound, true);
         add(m, Scenario::LbXdpFast, Scenario::NoLb, 1.0, true);
     }
     for s in Scenario::LB {
@@ -250,7 +268,6 @@ fn show_cell(sum: &Summary, m: Metric, s: Scenario) -> String {
 
 /// BENCHMARKS.md.
 pub fn markdown(run: &Run) -> String {
-    let sum = Summary::new(&run.samples);
     let mut md = String::new();
     let _ = writeln!(md, "# lb benchmarks\n");
     let _ = writeln!(
@@ -265,7 +282,89 @@ pub fn markdown(run: &Run) -> String {
     }
     let _ = writeln!(md, "\n## Method\n\n{}\n", run.method);
 
-    let _ = writeln!(md, "## Ratios to the no-LB path (same run)\n");
+    let shapes = shapes_of(&run.samples);
+    let mut all_targets = Vec::new();
+    for &node in &shapes {
+        let of_node: Vec<Sample> = (run.samples.iter())
+            .filter(|s| s.node == node)
+            .cloned()
+            .collect();
+        let sum = Summary::new(&of_node);
+        ratios_and_medians(&mut md, &sum, node, shapes.len() > 1);
+        all_targets.extend(targets(&sum, node));
+    }
+    targets_table(&mut md, &all_targets);
+
+    let sum = Summary::new(&of_shape(&run.samples, NodeShape::Empty));
+    where_the_time_goes(&mut md, &sum, &run.profiles);
+
+    let voids: Vec<&Sample> = run.samples.iter().filter(|s| s.void.is_some()).collect();
+    let _ = writeln!(md, "\n## Void runs\n");
+    if voids.is_empty() {
+        let _ = writeln!(md, "None.");
+    }
+    for s in voids {
+        let _ = writeln!(
+            md,
+            "- {}, round {}, {}, {}: {} (measured {})",
+            s.node.name(),
+            s.round,
+            s.scenario.name(),
+            s.metric.name(),
+            s.void.as_deref().unwrap_or_default(),
+            s.metric.show(s.value)
+        );
+    }
+    let not_idle = run.samples.iter().filter(|s| !s.idle.reached).count();
+    let _ = writeln!(
+        md,
+        "\n{not_idle} of {} measurements started on a machine that never got idle within the \
+         bounded wait (their `idle.reached` is false in the JSON).",
+        run.samples.len()
+    );
+    if !run.notes.is_empty() {
+        let _ = writeln!(md, "\n## Notes of the run\n");
+        for n in &run.notes {
+            let _ = writeln!(md, "- {n}");
+        }
+    }
+    if let Some(micro) = &run.micro {
+        let _ = writeln!(
+            md,
+            "\n## Program micro-benchmarks (BPF_PROG_TEST_RUN)\n\n```text\n{}\n```",
+            micro.trim_end()
+        );
+    }
+    if let Some(cp) = &run.control_plane {
+        let _ = writeln!(md, "\n## Control plane\n\n```text\n{}\n```", cp.trim_end());
+    }
+    md
+}
+
+/// The node shapes `samples` were measured on, in [`NodeShape::ALL`]'s order.
+fn shapes_of(samples: &[Sample]) -> Vec<NodeShape> {
+    (NodeShape::ALL.into_iter())
+        .filter(|n| samples.iter().any(|s| s.node == *n))
+        .collect()
+}
+
+/// The samples of node shape `node`.
+fn of_shape(samples: &[Sample], node: NodeShape) -> Vec<Sample> {
+    (samples.iter())
+        .filter(|s| s.node == node)
+        .cloned()
+        .collect()
+}
+
+/// The ratios and medians tables of one node shape (named in the headings when the run has
+/// `several`).
+fn ratios_and_medians(md: &mut String, sum: &Summary, node: NodeShape, several: bool) {
+    let on = if several {
+        format!(", {}", node.name())
+    } else {
+        String::new()
+    };
+    let _ = writeln!(md, "## Ratios to the no-LB path{on} (same run)\n");
     let _ = write!(md, "| metric |");
     for s in Scenario::ALL {
         let _ = write!(md, " {} |", s.name());
@@ -309,7 +408,7 @@ pub fn markdown(run: &Run) -> String {
          is to the no-LB path over IPv6 of the same run.\n"
     );
 
-    let _ = writeln!(md, "## Medians (min–max over valid rounds)\n");
+    let _ = writeln!(md, "## Medians{on} (min–max over valid rounds)\n");
     let _ = writeln!(
         md,
         "| metric | scenario | median (min–max) | valid | void |"
@@ -323,20 +422,23 @@ pub fn markdown(run: &Run) -> String {
                 "| {} | {} | {} | {valid} | {} |",
                 m.name(),
                 s.name(),
-                show_cell(&sum, m, s),
+                show_cell(sum, m, s),
                 sum.voids(m, s)
             );
         }
     }
+}
 
+/// The targets of every node shape, and how many were met.
+fn targets_table(md: &mut String, targets: &[Target]) {
     let _ = writeln!(md, "\n## Targets of the issue (computed from this run)\n");
-    let _ = writeln!(md, "| metric | scenario | target | measured | |");
-    let _ = writeln!(md, "|---|---|---|---|---|");
-    let targets = targets(&sum);
-    for t in &targets {
+    let _ = writeln!(md, "| node | metric | scenario | target | measured | |");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
+    for t in targets {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} |",
+            t.node.name(),
             t.metric.name(),
             t.scenario.name(),
             t.want(),
@@ -351,49 +453,6 @@ pub fn markdown(run: &Run) -> String {
         md,
         "\nThe issue's targets are about the IPv4 rows; the IPv6 rows have none."
     );
-
-    where_the_time_goes(&mut md, &sum, &run.profiles);
-
-    let voids: Vec<&Sample> = run.samples.iter().filter(|s| s.void.is_some()).collect();
-    let _ = writeln!(md, "\n## Void runs\n");
-    if voids.is_empty() {
-        let _ = writeln!(md, "None.");
-    }
-    for s in voids {
-        let _ = writeln!(
-            md,
-            "- round {}, {}, {}: {} (measured {})",
-            s.round,
-            s.scenario.name(),
-            s.metric.name(),
-            s.void.as_deref().unwrap_or_default(),
-            s.metric.show(s.value)
-        );
-    }
-    let not_idle = run.samples.iter().filter(|s| !s.idle.reached).count();
-    let _ = writeln!(
-        md,
-        "\n{not_idle} of {} measurements started on a machine that never got idle within the \
-         bounded wait (their `idle.reached` is false in the JSON).",
-        run.samples.len()
-    );
-    if !run.notes.is_empty() {
-        let _ = writeln!(md, "\n## Notes of the run\n");
-        for n in &run.notes {
-            let _ = writeln!(md, "- {n}");
-        }
-    }
-    if let Some(micro) = &run.micro {
-        let _ = writeln!(
-            md,
-            "\n## Program micro-benchmarks (BPF_PROG_TEST_RUN)\n\n```text\n{}\n```",
-            micro.trim_end()
-        );
-    }
-    if let Some(cp) = &run.control_plane {
-        let _ = writeln!(md, "\n## Control plane\n\n```text\n{}\n```", cp.trim_end());
-    }
-    md
 }
 
 /// The UDP medians as time per datagram (generator and path, on one CPU) and what each
@@ -494,10 +553,10 @@ fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
 /// bench/results.json: the machine, the method's parameters, every sample, the medians,
 /// ratios and targets.
 pub fn json(run: &Run) -> Value {
-    let sum = Summary::new(&run.samples);
     let samples: Vec<Value> = (run.samples.iter())
         .map(|s| {
             json!({
+                "node": s.node.key(),
                 "scenario": s.scenario.key(),
                 "metric": s.metric.key(),
                 "round": s.round,
@@ -508,6 +567,56 @@ pub fn json(run: &Run) -> Value {
             })
         })
         .collect();
+    let mut by_node = serde_json::Map::new();
+    let mut targets_all = Vec::new();
+    for node in shapes_of(&run.samples) {
+        let sum = Summary::new(&of_shape(&run.samples, node));
+        by_node.insert(node.key().into(), medians_json(&sum));
+        targets_all.extend(targets(&sum, node));
+    }
+    let targets: Vec<Value> = (targets_all.iter())
+        .map(|t| {
+            json!({
+                "node": t.node.key(),
+                "metric": t.metric.key(),
+                "scenario": t.scenario.key(),
+                "to": t.to.key(),
+                "bound": t.bound,
+                "at_least": t.at_least,
+                "ratio": t.ratio,
+                "met": t.met(),
+            })
+        })
+        .collect();
+    let medians = by_node
+        .get(NodeShape::Empty.key())
+        .cloned()
+        .unwrap_or(Value::Null);
+    json!({
+        "quick": run.quick,
+        "machine": run.machine.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
+        "params": run.params,
+        "notes": run.notes,
+        // Measurements that started before the machine got idle (each sample's `idle` says).
+        "never_idle": run.samples.iter().filter(|s| !s.idle.reached).count(),
+        "samples": samples,
+        // The empty node's (as before node shapes), then every shape's.
+        "summary": medians,
+        "summary_by_node": by_node,
+        "targets": targets,
+        "profiles": run.profiles.iter().map(|p| json!({
+            "scenario": p.scenario.name(),
+            "delivered": p.delivered,
+            "pps": p.pps,
+            "programs": p.programs.iter().map(|(name, runs, ns)| json!({
+                "name": name, "run_cnt": runs, "run_time_ns": ns,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Each (metric, scenario)'s median, spread, counts and ratio, by keys.
+fn medians_json(sum: &Summary) -> Value {
     let mut medians = serde_json::Map::new();
     for m in Metric::ALL {
         let mut per = serde_json::Map::new();
@@ -528,45 +637,14 @@ pub fn json(run: &Run) -> Value {
         }
         medians.insert(m.key().into(), Value::Object(per));
     }
-    let targets: Vec<Value> = (targets(&sum).iter())
-        .map(|t| {
-            json!({
-                "metric": t.metric.key(),
-                "scenario": t.scenario.key(),
-                "to": t.to.key(),
-                "bound": t.bound,
-                "at_least": t.at_least,
-                "ratio": t.ratio,
-                "met": t.met(),
-            })
-        })
-        .collect();
-    json!({
-        "quick": run.quick,
-        "machine": run.machine.iter().map(|(k, v)| (k.clone(), Value::from(v.clone()))).collect::<serde_json::Map<_, _>>(),
-        "params": run.params,
-        "notes": run.notes,
-        // Measurements that started before the machine got idle (each sample's `idle` says).
-        "never_idle": run.samples.iter().filter(|s| !s.idle.reached).count(),
-        "samples": samples,
-        "summary": medians,
-        "targets": targets,
-        "profiles": run.profiles.iter().map(|p| json!({
-            "scenario": p.scenario.name(),
-            "delivered": p.delivered,
-            "pps": p.pps,
-            "programs": p.programs.iter().map(|(name, runs, ns)| json!({
-                "name": name, "run_cnt": runs, "run_time_ns": ns,
-            })).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    })
+    Value::Object(medians)
 }
 
 /// bench/ratios.svg: a bar per scenario (but the base) in a group per metric, the height
 /// its ratio to the metric's base; a line at 1.
 pub fn chart(run: &Run, path: &Path) -> Result<()> {
     use plotters::prelude::*;
-    let sum = Summary::new(&run.samples);
+    let sum = Summary::new(&of_shape(&run.samples, NodeShape::Empty));
     let shown: Vec<Scenario> = Scenario::ALL[1..].to_vec();
     let groups: Vec<(Metric, Vec<Option<f64>>)> = (Metric::ALL.iter())
         .map(|&m| {
@@ -590,7 +668,7 @@ pub fn chart(run: &Run, path: &Path) -> Result<()> {
         let width = shown.len() as f64 + 1.0;
         let mut chart = ChartBuilder::on(&root)
             .caption(
-                "lb bench: ratio to the same run's no-LB path (RTT: lower is better)",
+                "lb bench, empty node: ratio to the same run's no-LB path (RTT: lower is better)",
                 ("sans-serif", 20),
             )
             .margin(15)
@@ -651,12 +729,33 @@ pub fn chart(run: &Run, path: &Path) -> Result<()> {
     draw().map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))
 }
 
-/// Writes BENCHMARKS.md, bench/results.json and bench/ratios.svg under `out`.
+/// The lines around BENCHMARKS.md's hand-written section: what its authors say about the
+/// numbers (a target missed, where the time goes, what would close it), which a run keeps
+/// as it finds it, after its own sections.
+pub const HAND_WRITTEN_BEGIN: &str =
+    "<!-- hand-written: cargo xtask bench keeps this section as it finds it -->";
+pub const HAND_WRITTEN_END: &str = "<!-- end of the hand-written section -->";
+
+/// The hand-written section of `previous` (a BENCHMARKS.md), markers included, if it has
+/// one whole.
+pub fn hand_written(previous: &str) -> Option<&str> {
+    let a = previous.find(HAND_WRITTEN_BEGIN)?;
+    let b = previous[a..].find(HAND_WRITTEN_END)? + a + HAND_WRITTEN_END.len();
+    Some(&previous[a..b])
+}
+
+/// Writes BENCHMARKS.md (keeping the hand-written section of the one there), bench/results.json
+/// and bench/ratios.svg under `out`.
 pub fn write(run: &Run, out: &Path) -> Result<()> {
     let dir = out.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let md = out.join("BENCHMARKS.md");
-    std::fs::write(&md, markdown(run)).with_context(|| format!("writing {}", md.display()))?;
+    let previous = std::fs::read_to_string(&md).unwrap_or_default();
+    let mut text = markdown(run);
+    if let Some(kept) = hand_written(&previous) {
+        text = format!("{}\n\n{kept}\n", text.trim_end());
+    }
+    std::fs::write(&md, text).with_context(|| format!("writing {}", md.display()))?;
     let js = dir.join("results.json");
     let text = serde_json::to_string_pretty(&json(run))? + "\n";
     std::fs::write(&js, text).with_context(|| format!("writing {}", js.display()))?;
@@ -669,6 +768,7 @@ mod tests {
 
     fn sample(scenario: Scenario, metric: Metric, round: usize, value: f64) -> Sample {
         Sample {
+            node: NodeShape::Empty,
             scenario,
             metric,
             round,
@@ -686,6 +786,37 @@ mod tests {
     fn void(mut s: Sample, why: &str) -> Sample {
         s.void = Some(why.into());
         s
+    }
+
+    #[test]
+    fn a_run_keeps_the_hand_written_section_it_finds() {
+        let dir = std::env::temp_dir().join(format!("lb-report-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let section = format!(
+            "{HAND_WRITTEN_BEGIN}\n## Why a target is missed\n\nBecause.\n{HAND_WRITTEN_END}"
+        );
+        std::fs::write(
+            dir.join("BENCHMARKS.md"),
+            format!("# old figures\n\n{section}\n\nmore old figures\n"),
+        )
+        .unwrap();
+        let r = run(vec![sample(Scenario::NoLb, Metric::Udp1, 0, 1e6)]);
+        write(&r, &dir).unwrap();
+        let md = std::fs::read_to_string(dir.join("BENCHMARKS.md")).unwrap();
+        assert!(md.starts_with("# lb benchmarks"), "{md}");
+        assert!(md.contains(&section), "{md}");
+        assert!(!md.contains("old figures"), "{md}");
+        // And again: kept once, not twice.
+        write(&r, &dir).unwrap();
+        let again = std::fs::read_to_string(dir.join("BENCHMARKS.md")).unwrap();
+        assert_eq!(again.matches(HAND_WRITTEN_BEGIN).count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(hand_written("no section"), None);
+        assert_eq!(
+            hand_written(HAND_WRITTEN_BEGIN),
+            None,
+            "a section never closed"
+        );
     }
 
     #[test]
@@ -773,7 +904,7 @@ mod tests {
         use Scenario::*;
         let samples = vec![
             sample(NoLb, Udp1, 0, 1e6),
-            sample(LbTcFast, Udp1, 0, 1.31e6),
+            sample(LbTcFast, Udp1, 0, 1.36e6),
             sample(LbXdpFast, Udp1, 0, 0.99e6),
             sample(NoLb, Tcp, 0, 20e9),
             sample(LbTc, Tcp, 0, 19e9),
@@ -783,7 +914,7 @@ mod tests {
             sample(LbXdp, RttP99, 0, 101.0),
         ];
         let sum = Summary::new(&samples);
-        let t = targets(&sum);
+        let t = targets(&sum, NodeShape::Empty);
         let met = |m: Metric, s: Scenario| {
             let t = t.iter().find(|t| t.metric == m && t.scenario == s).unwrap();
             t.met()
@@ -799,16 +930,81 @@ mod tests {
         assert!(!met(ConnPerSec, LbTc));
         let md = markdown(&run(samples));
         assert!(
-            md.contains("| UDP 64 B, 1 flow | lb tc fast | ≥ 1.30× no LB | 1.31× | met |"),
+            md.contains(
+                "| empty node | UDP 64 B, 1 flow | lb tc fast | ≥ 1.35× no LB | 1.36× | met |"
+            ),
             "{md}"
         );
         assert!(
             md.contains(
-                "| UDP 64 B, 64k flows | lb tc fast | ≥ 1.30× no LB | no valid samples | missed |"
+                "| empty node | UDP 64 B, 64k flows | lb tc fast | ≥ 1.30× no LB | no valid samples | missed |"
             ),
             "{md}"
         );
         assert!(md.contains("3 of 16 targets met."), "{md}");
+    }
+
+    /// A Docker-shaped node's samples make tables and targets of their own: ratios to that
+    /// node's no-LB path, the vetted fast path against it and against the moby ruleset, lb tc
+    /// against the ruleset on every IPv4 row.
+    #[test]
+    fn shaped_nodes_have_their_own_tables_and_targets() {
+        use Metric::*;
+        use Scenario::*;
+        let on = |node, s, m, v| Sample {
+            node,
+            ..sample(s, m, 0, v)
+        };
+        let docker = NodeShape::Docker;
+        let samples = vec![
+            sample(NoLb, Udp1, 0, 2e6),
+            on(docker, NoLb, Udp1, 1e6),
+            on(docker, Nft, Udp1, 0.9e6),
+            on(docker, LbTc, Udp1, 0.95e6),
+            on(docker, LbTcFast, Udp1, 1.25e6),
+        ];
+        let sum = Summary::new(&of_shape(&samples, docker));
+        let t = targets(&sum, docker);
+        let find = |m, s, to| {
+            t.iter()
+                .find(|t| t.metric == m && t.scenario == s && t.to == to)
+                .unwrap()
+        };
+        assert!(
+            find(Udp1, LbTcFast, NoLb).met(),
+            "1.25 ≥ 1.2 of the Docker node's own base"
+        );
+        assert!(find(Udp1, LbTcFast, Nft).met(), "1.39 ≥ 1.3");
+        assert!(find(Udp1, LbTc, Nft).met(), "ahead of the ruleset");
+        assert!(!find(Tcp, LbTc, Nft).met(), "not measured");
+        assert!(find(RttP99, LbTc, Nft).want().starts_with('≤'));
+        assert!(t.iter().all(|t| t.node == docker && !t.metric.ipv6()));
+        let md = markdown(&run(samples.clone()));
+        assert!(
+            md.contains("## Ratios to the no-LB path, empty node (same run)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("## Ratios to the no-LB path, Docker-shaped node (same run)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("| UDP 64 B, 1 flow | 1.00 (1.000 Mpps) | 0.90 |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| Docker-shaped node | UDP 64 B, 1 flow | lb tc fast | ≥ 1.30× nft | 1.39× | met |"
+            ),
+            "{md}"
+        );
+        let j = json(&run(samples));
+        assert_eq!(j["summary"]["udp_1flow_pps"]["no_lb"]["median"], 2e6);
+        assert_eq!(
+            j["summary_by_node"]["docker"]["udp_1flow_pps"]["nft"]["ratio"],
+            0.9
+        );
+        assert_eq!(j["samples"][1]["node"], "docker");
     }
 
     #[test]
@@ -837,7 +1033,11 @@ mod tests {
         assert_eq!(sum.ratio(Udp64kV6, Iptables), None);
         let r = sum.ratio(ConnPerSecV6, LbXdp).unwrap();
         assert!((r.value - 1.2).abs() < 1e-9 && r.to == Nft, "{r:?}");
-        assert!(targets(&sum).iter().all(|t| !t.metric.ipv6()));
+        assert!(
+            targets(&sum, NodeShape::Empty)
+                .iter()
+                .all(|t| !t.metric.ipv6())
+        );
 
         let r = run(samples);
         let md = markdown(&r);
@@ -887,7 +1087,7 @@ mod tests {
         let md = markdown(&r);
         assert!(
             md.contains(
-                "- round 0, lb tc, UDP 64 B, 1 flow: delivered 0 of 100000 (measured 0.000 Mpps)"
+                "- empty node, round 0, lb tc, UDP 64 B, 1 flow: delivered 0 of 100000 (measured 0.000 Mpps)"
             ),
             "{md}"
         );

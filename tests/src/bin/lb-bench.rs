@@ -5,17 +5,19 @@
 //! `OUT/bench/ratios.svg` (`lb_tests::bench::report`).
 //!
 //! `lb-bench [--quick] [--out DIR] [--dataplane ebpf|nftables]... [--lb PATH] [--no-packets]
-//! [--no-traffic] [--no-control-plane] [--scenario NAME]...`: `--quick` runs fewer and shorter
+//! [--no-traffic] [--no-control-plane] [--scenario NAME]... [--node SHAPE]...`: `--quick` runs fewer and shorter
 //! rounds and the control plane at 100 and 1,000 services instead of 1,000 and 10,000;
 //! `--dataplane` picks the control plane's dataplanes (both by default); without `--lb` (the
 //! `lb` binary to drive) the real traffic and the control plane are left out; `--scenario`
-//! (a key of the JSON, e.g. `lb_tc`) runs only those scenarios of the real traffic. Without
+//! (a key of the JSON, e.g. `lb_tc`) runs only those scenarios of the real traffic, `--node`
+//! (`empty`, `docker`, `nomad`: `lb_tests::firewall`) only on those node shapes. Without
 //! `--out` nothing is written, the tables are printed only.
 use std::{fmt::Write as _, path::PathBuf};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use lb_tests::{
     bench::{Scenario, packets, real, report},
+    firewall::NodeShape,
     scale,
 };
 
@@ -35,6 +37,7 @@ struct Args {
     control_plane: bool,
     out: Option<PathBuf>,
     scenarios: Vec<Scenario>,
+    nodes: Vec<NodeShape>,
 }
 
 fn args() -> Result<Args> {
@@ -47,6 +50,7 @@ fn args() -> Result<Args> {
         control_plane: true,
         out: None,
         scenarios: Vec::new(),
+        nodes: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -65,6 +69,16 @@ fn args() -> Result<Args> {
                         format!("--scenario {key}: one of {}", keys.join(", "))
                     })?;
                 a.scenarios.push(s);
+            }
+            "--node" => {
+                let key = it.next().context("--node takes a shape")?;
+                let n = (NodeShape::ALL.into_iter())
+                    .find(|n| n.key() == key)
+                    .with_context(|| {
+                        let keys: Vec<&str> = NodeShape::ALL.iter().map(|n| n.key()).collect();
+                        format!("--node {key}: one of {}", keys.join(", "))
+                    })?;
+                a.nodes.push(n);
             }
             "--dataplane" => {
                 let dp = it.next().context("--dataplane takes ebpf or nftables")?;
@@ -95,6 +109,9 @@ fn main() -> Result<()> {
     if let Some(lb) = a.lb.as_deref().filter(|_| a.traffic) {
         let mut c = real::Config::new(lb, a.quick);
         c.only = a.scenarios.clone();
+        if !a.nodes.is_empty() {
+            c.shapes = a.nodes.clone();
+        }
         println!("lb bench: real traffic\n{}\n", c.method());
         outcome = Some(real::run(&c).context("the real-traffic benchmark")?);
         cfg = Some(c);
