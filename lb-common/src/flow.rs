@@ -97,6 +97,20 @@ pub fn judgeable(tcp_flags: u8) -> bool {
     tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0
 }
 
+/// How old a TCP flow must be, in stamp units (about 100 ms), before it asks the controller
+/// for a liberal conntrack entry (`CtRequestOf`) and so may take the vetted fast path: a
+/// short connection (a request and its answer) would gain nothing from the fast path and
+/// would cost the controller a round trip to the kernel's conntrack per connection.
+pub const LIBERAL_AFTER: u16 = 100;
+
+/// Whether a flow born at stamp `born` (`FlowOf::born`) is [`LIBERAL_AFTER`] old at stamp
+/// `now` (a wrapping difference: a flow some 65 s older than that looks young again for
+/// 100 ms, which only delays its request).
+#[inline(always)]
+pub fn old_enough(born: u16, now: u32) -> bool {
+    (now as u16).wrapping_sub(born) >= LIBERAL_AFTER
+}
+
 /// How a packet without a live entry may open a flow.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Opener {
@@ -305,6 +319,19 @@ mod tests {
             flags,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_flow_asks_for_a_liberal_entry_once_it_is_old_enough() {
+        let born = stamp(5_000_000_000) as u16;
+        let at = |ms: u64| stamp(5_000_000_000 + ms * 1_000_000);
+        assert!(!old_enough(born, at(0)));
+        assert!(!old_enough(born, at(90)));
+        assert!(old_enough(born, at(120)));
+        assert!(old_enough(born, at(30_000)));
+        // Across the 16-bit wrap.
+        assert!(old_enough(u16::MAX - 10, 200));
+        assert!(!old_enough(u16::MAX - 10, 20));
     }
 
     #[test]

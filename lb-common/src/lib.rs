@@ -422,7 +422,11 @@ family_layout! {
         /// an entry written by an lb before it holds 0 there, "not reset", which keeps a
         /// closed flow the longer time, so the layout's version stands.
         pub reset: u8,
-        pub _pad: [u8; 2],
+        /// The stamp ([`flow::stamp`], its low 16 bits) of the flow's first packet: how old
+        /// a flow is when it asks for a liberal conntrack entry ([`flow::old_enough`]). Once
+        /// this struct's padding (0 in an entry an earlier lb wrote: of some age), so the
+        /// layout's version stands.
+        pub born: u16,
         /// The flow hash of the client's original tuple (its low 16 bits are the flow's
         /// bucket), for whoever reads the table.
         pub hash: u32,

@@ -182,6 +182,7 @@ pub fn new_flow<A: Inet>(
         sport: p.key.sport,
         dport,
         recreated: (opener == Opener::MidFlow) as u8,
+        born: flow::stamp(now) as u16,
         hash,
         counter: backend.counter,
         ..Default::default()

@@ -235,7 +235,9 @@ pub unsafe fn vet_reply<A: Inet>(
         // SAFETY: as the caller promises.
         room.other_key = partner_key(unsafe { &*e }, key.proto);
         room.key = reversed(key);
-        if !liberal(&room.other_key, &room.key) {
+        // SAFETY: as the caller promises.
+        let born = unsafe { (*e).born };
+        if !liberal(&room.other_key, &room.key, born, now) {
             return;
         }
     }
@@ -263,7 +265,8 @@ pub fn vet_client<A: Inet>(key: &FlowKeyOf<A>, now: u64, room: &mut Room<A>) {
         let Some(f) = flows.get_ptr_mut(&room.key) else {
             return;
         };
-        if !is_partner(&*f, &room.other_key) || key.proto == IPPROTO_TCP && !liberal(&room.key, key)
+        if !is_partner(&*f, &room.other_key)
+            || key.proto == IPPROTO_TCP && !liberal(&room.key, key, (*f).born, now)
         {
             return;
         }
@@ -289,13 +292,17 @@ unsafe fn stamp<A>(e: *mut FlowOf<A>, now: u64) {
     }
 }
 
-/// Whether the TCP flow whose F key is `key` has a liberal entry in the node's conntrack
-/// (`lb_common::CtRequestOf`); if not, asks the controller for one, for the conntrack entry
-/// of original tuple `orig`.
+/// Whether the TCP flow whose F key is `key` (born at stamp `born`) has a liberal entry in
+/// the node's conntrack (`lb_common::CtRequestOf`); if not, asks the controller for one, for
+/// the conntrack entry of original tuple `orig`, once the flow is old enough
+/// (`flow::old_enough`).
 #[inline(always)]
-fn liberal<A: Inet>(key: &FlowKeyOf<A>, orig: &FlowKeyOf<A>) -> bool {
+fn liberal<A: Inet>(key: &FlowKeyOf<A>, orig: &FlowKeyOf<A>, born: u16, now: u64) -> bool {
     if A::liberal().get_ptr(key).is_some() {
         return true;
+    }
+    if !flow::old_enough(born, flow::stamp(now)) {
+        return false;
     }
     if let Some(mut r) = CT_REQUESTS.reserve_untyped::<CtRequestOf<A>>(0) {
         let p = r.as_mut_ptr();

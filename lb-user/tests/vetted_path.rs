@@ -45,6 +45,9 @@ const CT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How soon a rule change reaches every fast flow: the watcher's report and the daemon's
 /// refresh, and at most `lb_common::flow::REJUDGE_NS` (2 s) without them.
 const BOUND: Duration = Duration::from_millis(2500);
+/// Longer than a TCP flow waits before it asks for a liberal conntrack entry and may take the
+/// vetted path (`lb_common::flow::LIBERAL_AFTER`, about 100 ms).
+const OLD_ENOUGH: Duration = Duration::from_millis(300);
 
 fn lb() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lb"))
@@ -146,11 +149,14 @@ fn judged_by_netfilter(shape: NodeShape) {
             tcp_pub.ask().unwrap();
         }
     };
-    // Neighbours resolved through the stack first (the endpoints follow them).
+    // Neighbours resolved through the stack first (the endpoints follow them); the TCP
+    // connections old enough to ask for a liberal conntrack entry (`flow::LIBERAL_AFTER`).
     ask_each(2);
     eventually("the backends and the client are endpoints", || {
         d.path(NET).starts_with("fast: 3 ")
     });
+    std::thread::sleep(OLD_ENOUGH);
+    ask_each(1);
     let before = redirected(&metrics);
     const ASKS: usize = 30;
     ask_each(ASKS);
@@ -207,6 +213,9 @@ fn judged_by_netfilter(shape: NodeShape) {
     ipt(&topo.node, &format!("-D {drop_client}"));
     let mut udp = UdpSession::connect(&topo.client, VIP, PORT + 1, TIMEOUT).unwrap();
     let mut tcp = TcpSession::connect(&topo.client, topo.node_ip, PUB, TIMEOUT).unwrap();
+    udp.ask().unwrap();
+    tcp.ask().unwrap();
+    std::thread::sleep(OLD_ENOUGH);
     let before = redirected(&metrics);
     for _ in 0..ASKS {
         udp.ask().unwrap();
@@ -254,6 +263,13 @@ fn judged_by_netfilter(shape: NodeShape) {
         ct.contains("ESTABLISHED") && ct.contains("ASSURED"),
         "{shape:?}: the node's conntrack keeps the fast connection: {ct:?}"
     );
+}
+
+/// The flows in `lb_liberal` (made liberal in the node's conntrack).
+fn liberal_flows(bpffs: &Bpffs) -> usize {
+    let pin = bpffs.path().join(NET).join("lb_liberal");
+    let dump = bpftool::json(&["map", "dump", "pinned", pin.to_str().unwrap()]).unwrap();
+    dump.as_array().map_or(0, Vec::len)
 }
 
 /// What `lb_vetted_since` holds (the stamp of the daemon's last look at a changed ruleset).
@@ -315,6 +331,7 @@ fn a_bulk_transfer_stays_valid_for_the_nodes_conntrack() {
     eventually("the backend and the client are endpoints", || {
         d.path(NET).starts_with("fast: 2 ")
     });
+    let liberal0 = liberal_flows(&bpffs);
     let invalid0 = ct_invalid(&topo.node);
     let before = redirected(&metrics);
     let bps = iperf_client(&topo.client, VIP, IPERF, 7, None).unwrap();
@@ -329,5 +346,11 @@ fn a_bulk_transfer_stays_valid_for_the_nodes_conntrack() {
     assert_eq!(
         invalid, 0,
         "every judged packet is valid for the node's conntrack"
+    );
+    // The transfer's connection, once older than `flow::LIBERAL_AFTER`.
+    assert_eq!(
+        liberal_flows(&bpffs),
+        liberal0 + 1,
+        "the transfer's connection, made liberal"
     );
 }
