@@ -97,6 +97,14 @@ pub fn judgeable(tcp_flags: u8) -> bool {
     tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0
 }
 
+/// The judgment stamp a packet with `tcp_flags` of a direction whose entry holds `vetted`
+/// asks the vetted fast path to stand by: the entry's, or none (0) for a packet conntrack
+/// must see ([`judgeable`]).
+#[inline(always)]
+pub fn judgment(vetted: u32, tcp_flags: u8) -> u32 {
+    if judgeable(tcp_flags) { vetted } else { 0 }
+}
+
 /// How old a TCP flow must be, in stamp units (about 100 ms), before it asks the controller
 /// for a liberal conntrack entry (`CtRequestOf`) and so may take the vetted fast path: a
 /// short connection (a request and its answer) would gain nothing from the fast path and

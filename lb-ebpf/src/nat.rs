@@ -314,11 +314,7 @@ fn reply_flow<A: Inet>(
     }
     room.hop.daddr = room.entry.daddr;
     // A copy: the room is written below (the reply program's frame has room for it).
-    let judged = if flow::judgeable(p.tcp_flags) {
-        room.entry.vetted
-    } else {
-        0
-    };
+    let judged = flow::judgment(room.entry.vetted, p.tcp_flags);
     let Some(&ep) = redirect::target(ctx, Towards::Client, cfg, judged, &mut room.hop) else {
         return Verdict::Pass(Reason::NotRedirected);
     };
@@ -397,8 +393,8 @@ pub fn xdp_handoff<A: Inet>(ctx: &Xdp) {
 #[inline(always)]
 fn judged<A: Inet>(slot: &Slot<A>) -> u32 {
     match &slot.parsed {
-        Parsed::Flow(p) if flow::judgeable(p.tcp_flags) => slot.room.entry.vetted,
-        _ => 0,
+        Parsed::Flow(p) => flow::judgment(slot.room.entry.vetted, p.tcp_flags),
+        Parsed::IcmpError(_) => 0,
     }
 }
 

@@ -22,7 +22,7 @@ use lb_common::{
 };
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{LbDaemon, datapath, free_metrics_addr, network_add, scrape},
+    daemon::{LbDaemon, datapath, network_add, scrape},
     netns::Topology,
     require_root,
     storm::{STORM, storm},
@@ -100,14 +100,8 @@ fn start_network(
     attach: &str,
     flags: &[&str],
 ) -> (Bpffs, String, LbDaemon) {
-    let metrics = free_metrics_addr().unwrap();
     let bpffs = Bpffs::new().unwrap();
-    let d = LbDaemon::start(
-        lb(),
-        bpffs.path(),
-        &["--dataplane", dataplane, "--metrics", &metrics],
-    )
-    .unwrap();
+    let (d, metrics) = LbDaemon::start_with_metrics(lb(), bpffs.path(), dataplane).unwrap();
     let mut add = network_add(topo, "web");
     add.extend(
         ["--attach", attach]

@@ -14,10 +14,7 @@ use std::{
 
 use lb_tests::{
     bpffs::Bpffs,
-    daemon::{
-        LbDaemon, datapath, eventually, free_metrics_addr, network_add, observe, scrape,
-        service_set_ports,
-    },
+    daemon::{LbDaemon, datapath, eventually, network_add, observe, scrape, service_set_ports},
     netns::{ENDPOINT_IF, Netns, Topology},
     require_root,
     tools::{Tcpdump, link_stats},
@@ -49,13 +46,8 @@ fn serve(topo: &Topology, bpffs: &Bpffs, extra: &[&str]) -> (LbDaemon, String) {
 /// A daemon of `dataplane` with network `NET` over `topo` (`extra` flags) and no service
 /// yet, and its metrics address.
 fn start(topo: &Topology, bpffs: &Bpffs, dataplane: &str, extra: &[&str]) -> (LbDaemon, String) {
-    let metrics = free_metrics_addr().unwrap();
-    let d = LbDaemon::start(
-        lb(),
-        bpffs.path(),
-        &["--dataplane", dataplane, "--metrics", &metrics],
-    )
-    .expect("lb daemon starts");
+    let (d, metrics) =
+        LbDaemon::start_with_metrics(lb(), bpffs.path(), dataplane).expect("lb daemon starts");
     let mut add = network_add(topo, NET);
     add.extend(extra.iter().map(|s| s.to_string()));
     d.ok(&add);

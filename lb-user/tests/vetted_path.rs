@@ -18,9 +18,7 @@ use std::{
 use lb_tests::{
     bpffs::Bpffs,
     bpftool,
-    daemon::{
-        LbDaemon, datapath, eventually, free_metrics_addr, network_add, scrape, service_set_ports,
-    },
+    daemon::{LbDaemon, datapath, eventually, network_add, scrape, service_set_ports},
     firewall::NodeShape,
     netns::{Netns, Topology},
     require_root,
@@ -70,13 +68,8 @@ fn set_conntrack_timeouts(node: &Netns) {
 /// A daemon of `dataplane` serving `NET` over `topo` (VIP and published ports, TCP and UDP),
 /// and its metrics address.
 fn serve(topo: &Topology, bpffs: &Bpffs, dataplane: &str) -> (LbDaemon, String) {
-    let metrics = free_metrics_addr().unwrap();
-    let d = LbDaemon::start(
-        lb(),
-        bpffs.path(),
-        &["--dataplane", dataplane, "--metrics", &metrics],
-    )
-    .expect("lb daemon starts");
+    let (d, metrics) =
+        LbDaemon::start_with_metrics(lb(), bpffs.path(), dataplane).expect("lb daemon starts");
     d.ok(&network_add(topo, NET));
     let ports = [
         format!("tcp/{PUB}:{PORT}"),

@@ -108,6 +108,17 @@ impl LbDaemon {
         Self::start_env(lb, bpffs, extra, &[])
     }
 
+    /// `lb daemon --dataplane DATAPLANE --metrics ADDR` on a free address, and that address.
+    pub fn start_with_metrics(lb: &Path, bpffs: &Path, dataplane: &str) -> Result<(Self, String)> {
+        let metrics = free_metrics_addr()?;
+        let d = Self::start(
+            lb,
+            bpffs,
+            &["--dataplane", dataplane, "--metrics", &metrics],
+        )?;
+        Ok((d, metrics))
+    }
+
     /// Like [`LbDaemon::start`], with `env` added to the daemon's environment.
     pub fn start_env(
         lb: &Path,
