@@ -12,6 +12,7 @@
 pub mod crc32c;
 pub mod csum;
 pub mod dsr;
+pub mod filter;
 pub mod flow;
 pub mod hash;
 
@@ -240,7 +241,7 @@ macro_rules! family_layout {
 /// that is safe ([`DISPOSABLE_MAPS`]; `lb_config`, converted) or asked, so a program never
 /// reads a map written in another layout. Index `i` of `lb_layout` holds the version of `MAP_LAYOUTS[i]`:
 /// append new maps, never reorder.
-pub const MAP_LAYOUTS: [(&str, u32); 34] = [
+pub const MAP_LAYOUTS: [(&str, u32); 35] = [
     ("lb_vips", 1),
     ("lb_ports", 1),
     ("lb_backends", 1),
@@ -284,16 +285,19 @@ pub const MAP_LAYOUTS: [(&str, u32); 34] = [
     ("lb_liberal", 1),
     ("lb_liberal6", 1),
     ("lb_ct_requests", 1),
+    // Which addresses no packet of lb's can be to or from (`filter`).
+    ("lb_addr_filter", 1),
 ];
 
 /// Maps whose contents are statistics, short-lived hints (counters, outcome counts, the
 /// ports of fragments in flight), what the controller rewrites whole from the node at every
-/// apply (the local endpoints, the DSR backends' MACs, the namespace the socket programs
+/// apply (the local endpoints, the address filter, the DSR backends' MACs, the namespace the socket programs
 /// serve, since when the vetted fast path's judgments count) or at every load (the IPv6 programs' slots), or a run's working memory: one pinned in another layout is
 /// replaced without asking, since losing it costs no connection. Every other map of another
 /// layout is refused unless the operator asks for the replacement.
-pub const DISPOSABLE_MAPS: [&str; 17] = [
+pub const DISPOSABLE_MAPS: [&str; 18] = [
     "lb_counters",
+    "lb_addr_filter",
     "lb_vetted_since",
     "lb_liberal",
     "lb_liberal6",

@@ -5,8 +5,10 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_sk_lookup_tcp, bpf_sk_lookup_udp, bpf_sk_release},
 };
 use lb_common::{
-    BackendKey, BackendOf, Config, FlowKeyOf, FlowOf, IPPROTO_TCP, IPPROTO_UDP, MASQ_PORT_MAX,
-    MASQ_PORT_MIN, PortKeyOf, Reason, Service, VipKeyOf, flow,
+    Addr, BackendKey, BackendOf, Config, FlowKeyOf, FlowOf, IPPROTO_TCP, IPPROTO_UDP,
+    MASQ_PORT_MAX, MASQ_PORT_MIN, PortKeyOf, Reason, Service, VipKeyOf,
+    filter::AddrFilter,
+    flow,
     flow::{NS_PER_SEC, Opener},
     hash::{self, CLASH_PROBES, PortRange, RANDOM_CLASH_PROBES},
     slot_for_bucket,
@@ -15,9 +17,23 @@ use lb_common::{
 use crate::{
     conntrack,
     family::{Inet, Room},
+    maps::ADDR_FILTER,
     parse::{Frame, Packet},
     stats,
 };
+
+/// The address filter (`lb_common::filter`): `None` makes no promise.
+#[inline(always)]
+pub fn filter() -> Option<&'static AddrFilter> {
+    ADDR_FILTER.get(0)
+}
+
+/// Whether nothing lb translates at ingress or at a socket is sent to `daddr`: such a packet
+/// or send has no flow entry and no service to find, and is spared both lookups.
+#[inline(always)]
+pub fn no_service_at<A: Addr>(daddr: &A) -> bool {
+    filter().is_some_and(|f| f.no_dst(daddr))
+}
 
 /// The service a flow's first packet is for: a VIP (any port), a published port on its
 /// `host_ip`, or a published port on any of the node's own addresses.

@@ -2,7 +2,7 @@
 //! maps) per network; the controller pins them under `<bpffs>/<network>/` and records their
 //! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
-//! Who writes what: the controller is the only writer of the service, backend, address, endpoint,
+//! Who writes what: the controller is the only writer of the service, backend, address, address filter, endpoint,
 //! interface, DSR backend, socket config and config maps. The programs write `lb_flows`
 //! (entries of new flows, state and expiry of live ones), `lb_dsr_sessions`,
 //! `lb_sock_rev`, `lb_frags`, and the counters; the
@@ -26,7 +26,7 @@ use lb_common::{
     MAX_BACKEND_SLOTS, MAX_COUNTERS, MAX_DSR_BACKENDS, MAX_DSR_SESSIONS, MAX_ENDPOINTS, MAX_FLOWS,
     MAX_FRAGS, MAX_IFACES, MAX_LIBERAL, MAX_LOCAL_ADDRS, MAX_SERVICES, MAX_SOCK_REV, PortKey,
     PortKey6, PortKeyOf, REASONS, Service, SockConfig, SockRev, SockRev6, SockRevKey, SockRevKey6,
-    VipKey, VipKey6, VipKeyOf,
+    VipKey, VipKey6, VipKeyOf, filter::AddrFilter,
 };
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
@@ -68,6 +68,11 @@ pub static IFACES: HashMap<u32, Iface, { MAX_IFACES as usize }> = HashMap::new()
 /// The network's settings: masquerade mode and ports, flow hash key, timeouts.
 #[btf_map(name = "lb_config")]
 pub static CONFIG: Array<Config, 1> = Array::new();
+
+/// Addresses no packet of lb's can be to or from (`lb_common::filter`). Written only by the
+/// controller, at every apply that changes it.
+#[btf_map(name = "lb_addr_filter")]
+pub static ADDR_FILTER: Array<AddrFilter, 1> = Array::new();
 
 /// The stamp (`lb_common::flow::stamp`) of the controller's last look at a changed ruleset:
 /// the vetted fast path counts only judgments made after it (`lb_common::flow::vetted`).

@@ -124,8 +124,12 @@ fn ingress_flow<C: Ctx, A: Inet>(
     if xdp && !xdp_can_rewrite(p) {
         return Verdict::Pass(Reason::XdpDeferred);
     }
+    // A later fragment whose first was never seen still counts as such, wherever it goes.
     if !frag::follow(p) {
         return Verdict::Pass(Reason::FragUnknown);
+    }
+    if lb::no_service_at(&p.key.daddr) {
+        return Verdict::Pass(Reason::NotService);
     }
     match ingress_entry(ctx, hook, p, cfg, room) {
         Ok(()) => apply(ctx, p, &room.entry, &mut room.chunk),
@@ -209,10 +213,27 @@ fn egress_flow<A: Inet>(
     if !frag::follow(p) {
         return Verdict::Pass(Reason::FragUnknown);
     }
+    if nothing_leaving(ctx, p, cfg) {
+        return Verdict::Pass(Reason::NotService);
+    }
     match egress_entry(ctx, hook, p, cfg, room) {
         Ok(()) => apply(ctx, p, &room.entry, &mut room.chunk),
         Err(v) => v,
     }
+}
+
+/// Whether lb has nothing to do with `p` leaving the node (`lb_common::filter`): every entry
+/// egress finds is keyed from a backend (a reply) or to one (a masqueraded flow), and only
+/// a packet to a backend is masqueraded or vetted, so a packet neither from nor to a backend,
+/// or to one where neither can apply, is spared the flow lookups.
+#[inline(always)]
+fn nothing_leaving<A: Inet>(ctx: &Skb, p: &Packet<FlowKeyOf<A>>, cfg: &Config) -> bool {
+    let Some(f) = lb::filter() else {
+        return false;
+    };
+    f.no_backend(&p.key.saddr)
+        && (f.no_backend(&p.key.daddr)
+            || cfg.fast_path & A::VETTED == 0 && !snat::may_apply(ctx, cfg))
 }
 
 /// The entry an egress packet is rewritten by, left in `room.entry`: its live entry, or a

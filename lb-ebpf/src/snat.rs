@@ -25,6 +25,20 @@ use crate::{
     stats,
 };
 
+/// Whether the network masquerades a packet leaving by the interface `ctx` leaves by: always,
+/// or (`auto`) when it leaves by the one it came in on.
+#[inline(always)]
+pub fn may_apply(ctx: &Skb, cfg: &Config) -> bool {
+    // SAFETY: the skb pointer is valid for the program run.
+    let (ifindex, ingress_ifindex) =
+        unsafe { ((*ctx.0.skb.skb).ifindex, (*ctx.0.skb.skb).ingress_ifindex) };
+    match cfg.masquerade {
+        MASQ_NEVER => false,
+        MASQ_AUTO => ifindex == ingress_ifindex,
+        _ => true,
+    }
+}
+
 /// Masquerades `p` (no live S entry) if it is the original direction of a load-balanced flow
 /// and the network asks for it; leaves the S entry to rewrite it by in `room.entry`. A flow whose port search
 /// fails is dropped, as the kernel's NAT drops what it cannot map: passed unmasqueraded, the
@@ -39,14 +53,11 @@ pub fn masquerade<A: Inet>(
     room: &mut Room<A>,
 ) -> Result<(), Verdict> {
     let not_ours = Err(Verdict::Pass(Reason::NotService));
-    // SAFETY: the skb pointer is valid for the program run.
-    let (ifindex, ingress_ifindex) =
-        unsafe { ((*ctx.0.skb.skb).ifindex, (*ctx.0.skb.skb).ingress_ifindex) };
-    match cfg.masquerade {
-        MASQ_NEVER => return not_ours,
-        MASQ_AUTO if ifindex != ingress_ifindex => return not_ours,
-        _ => {}
+    if !may_apply(ctx, cfg) {
+        return not_ours;
     }
+    // SAFETY: the skb pointer is valid for the program run.
+    let ifindex = unsafe { (*ctx.0.skb.skb).ifindex };
     if let Frag::Later(_) = p.frag {
         return not_ours;
     }

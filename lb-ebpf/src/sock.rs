@@ -246,7 +246,7 @@ fn forward<A: SockRevMap>(
     proto: u8,
     write: impl FnOnce(A, u16),
 ) {
-    if proto != IPPROTO_TCP && proto != IPPROTO_UDP {
+    if proto != IPPROTO_TCP && proto != IPPROTO_UDP || lb::no_service_at(&daddr) {
         return;
     }
     let key = FlowKeyOf {

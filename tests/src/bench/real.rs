@@ -82,12 +82,13 @@ impl Config {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         Config {
             lb: lb.to_path_buf(),
-            rounds: if quick { 2 } else { 5 },
+            // Three node shapes in one interleaved run: three rounds each keep the full run
+            // within about 45 minutes on this VM.
+            rounds: if quick { 2 } else { 3 },
             udp_packets: if quick { 200_000 } else { 1_000_000 },
             secs: if quick { 2 } else { 3 },
-            // Bounded so that a machine shared with other work still finishes a full run in
-            // about half an hour (35 scenario rounds of 9 measurements: 5 over IPv4, 4 over
-            // IPv6).
+            // Bounded so that a machine shared with other work still finishes a full run
+            // (63 scenario rounds of 9 measurements: 5 over IPv4, 4 over IPv6).
             idle_wait: Duration::from_millis(if quick { 1000 } else { 3000 }),
             cpu: cpus - 1,
             only: Vec::new(),
@@ -186,18 +187,94 @@ pub struct Outcome {
     pub profiles: Vec<Profile>,
 }
 
-/// Where an lb scenario's time goes: its programs while trafgen sends one UDP flow through
-/// it, measured in a run of its own after the timed rounds with `kernel.bpf_stats_enabled`
-/// on (the kernel times every program run then, which the timed rounds must not pay).
+/// Where an lb scenario's time goes: its programs while one [`Load`] runs through it,
+/// measured in runs of their own after the timed rounds with `kernel.bpf_stats_enabled` on
+/// (the kernel times every program run then, which the timed rounds must not pay).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Profile {
     pub scenario: Scenario,
+    pub load: Load,
     /// Program name, runs, nanoseconds in all runs (the kernel's run_cnt and run_time_ns).
     pub programs: Vec<(String, u64, u64)>,
-    /// Datagrams delivered at the backends meanwhile.
+    /// Datagrams delivered at the backends meanwhile (sends: datagrams sent).
     pub delivered: u64,
     /// Their rate (with the kernel's timing on: a little below the timed rounds').
     pub pps: f64,
+}
+
+/// The traffic of one profile run: lb's own (a tracked flow, flow creations) and traffic
+/// that is not lb's but passes its hooks all the same, which lb must cost as little as the
+/// hooks allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// UDP from one source port to the IPv4 VIP: every datagram but the first a tracked
+    /// flow's.
+    Tracked,
+    /// One datagram from each source port 1..65535 to the IPv4 VIP: every datagram a flow's
+    /// first, so a flow creation each.
+    Created,
+    /// UDP from one source port to backend 0's address, routed by the node: not a service,
+    /// through lb's ingress and the bridge's egress.
+    Unrelated,
+    /// Unconnected UDP sends by a socket of the node's namespace (the one lb serves) to
+    /// backend 0's address: the node's own traffic, not a service's, through the socket hooks
+    /// and the bridge's egress.
+    NodeSends,
+    /// The same sends in a namespace lb does not serve (the client's, to its loopback): the
+    /// socket hooks run there too, being on the cgroup2 root.
+    OtherSends,
+}
+
+impl Load {
+    pub const ALL: [Load; 5] = [
+        Load::Tracked,
+        Load::Created,
+        Load::Unrelated,
+        Load::NodeSends,
+        Load::OtherSends,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Load::Tracked => "tracked flow",
+            Load::Created => "new flows",
+            Load::Unrelated => "not a service",
+            Load::NodeSends => "node's sends",
+            Load::OtherSends => "other netns' sends",
+        }
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Load::Tracked => "tracked",
+            Load::Created => "created",
+            Load::Unrelated => "unrelated",
+            Load::NodeSends => "node_sends",
+            Load::OtherSends => "other_sends",
+        }
+    }
+}
+
+/// Datagrams each send profile sends.
+const SENDS: u64 = 100_000;
+
+/// `SENDS` unconnected sends from a socket of `ns` to `to`: the rate they were made at.
+fn sends(ns: &Netns, to: SocketAddr) -> Result<f64> {
+    ns.run(move || -> Result<f64> {
+        let bind: SocketAddr = if to.is_ipv6() {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        } else {
+            (Ipv4Addr::UNSPECIFIED, 0).into()
+        };
+        let sock = UdpSocket::bind(bind).context("binding the sender")?;
+        let payload = [0u8; MIN_UDP_PAYLOAD];
+        let start = Instant::now();
+        for _ in 0..SENDS {
+            // A full queue (ENOBUFS) still ran the hooks: what is measured.
+            let _ = sock.send_to(&payload, to);
+        }
+        Ok(SENDS as f64 / start.elapsed().as_secs_f64())
+    })?
 }
 
 /// The run count and run time of every loaded program whose name starts with `lb_`, summed by
@@ -656,18 +733,32 @@ type Measured = Vec<(Metric, f64, Option<String>, Value)>;
 /// `eth0`.
 fn udp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Measured> {
     let ipv6 = metric.ipv6();
-    let dst = target(s, topo, ipv6, UDP_PORT).ip();
-    let src: IpAddr = if ipv6 {
-        topo.v6().client.into()
-    } else {
-        topo.client_ip.into()
-    };
     let ports = match metric {
         Metric::Udp1 | Metric::Udp1V6 => SrcPorts::Fixed(UDP_SPORT),
         _ => SrcPorts::Range {
             first: 1,
             count: 65_535,
         },
+    };
+    let dst = target(s, topo, ipv6, UDP_PORT).ip();
+    let (pps, void, detail) = udp_run(topo, cfg, dst, ports, cfg.udp_packets)?;
+    Ok(vec![(metric, pps, void, detail)])
+}
+
+/// `count` datagrams from the client to `dst` (its family's client address, ports `ports`):
+/// the delivered rate, why the run is void if it is, and what was counted.
+fn udp_run(
+    topo: &Topology,
+    cfg: &Config,
+    dst: IpAddr,
+    ports: SrcPorts,
+    count: u64,
+) -> Result<(f64, Option<String>, Value)> {
+    let ipv6 = dst.is_ipv6();
+    let src: IpAddr = if ipv6 {
+        topo.v6().client.into()
+    } else {
+        topo.client_ip.into()
     };
     let spec = UdpSpec {
         src_ports: ports,
@@ -680,7 +771,7 @@ fn udp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Mea
             UDP_SPORT,
             dst,
             UDP_PORT,
-            cfg.udp_packets,
+            count,
         )
     };
     let rx = |topo: &Topology| -> Result<Vec<u64>> {
@@ -718,7 +809,7 @@ fn udp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Mea
         "dst": dst.to_string(),
         "frame_bytes": udp_frame_len(ipv6, spec.payload_len) + FCS,
     });
-    Ok(vec![(metric, pps, void, detail)])
+    Ok((pps, void, detail))
 }
 
 /// Connections/s with wrk, `Connection: close`, over the metric's family.
@@ -1051,7 +1142,7 @@ pub fn run(cfg: &Config) -> Result<Outcome> {
 }
 
 impl Bench {
-    /// One UDP 1-flow run per scenario of `lb` with the kernel timing its programs.
+    /// Every [`Load`] through every scenario of `lb`, with the kernel timing its programs.
     pub fn profile(
         &self,
         cfg: &Config,
@@ -1070,42 +1161,79 @@ impl Bench {
                     continue;
                 }
             };
-            wait_idle(cfg.idle_wait)?;
-            let before = program_stats()?;
-            let measured = udp(topo, s, cfg, Metric::Udp1);
-            let after = program_stats()?;
+            let mut measured = Vec::new();
+            for load in Load::ALL {
+                wait_idle(cfg.idle_wait)?;
+                let before = program_stats()?;
+                let run = self.load(s, cfg, load);
+                let after = program_stats()?;
+                measured.push((load, run, before, after));
+            }
             active
                 .stop(topo)
                 .with_context(|| format!("tearing {} down", s.name()))?;
             let left = self.left_behind()?;
             ensure!(left.is_empty(), "profile, {} left {left:?}", s.name());
-            let (_, pps, void, detail) = match measured {
-                Ok(mut m) if !m.is_empty() => m.remove(0),
-                Ok(_) => continue,
-                Err(e) => {
-                    notes.push(format!("profile, {}: {e:#}", s.name()));
-                    continue;
-                }
-            };
-            if let Some(v) = void {
-                notes.push(format!("profile, {}: void: {v}", s.name()));
-                continue;
+            for (load, run, before, after) in measured {
+                let what = format!("profile, {}, {}", s.name(), load.name());
+                let (delivered, pps) = match run {
+                    Ok((_, _, Some(void))) => {
+                        notes.push(format!("{what}: void: {void}"));
+                        continue;
+                    }
+                    Ok((delivered, pps, None)) => (delivered, pps),
+                    Err(e) => {
+                        notes.push(format!("{what}: {e:#}"));
+                        continue;
+                    }
+                };
+                let programs = (after.iter())
+                    .map(|(name, &(runs, ns))| {
+                        let (r0, n0) = before.get(name).copied().unwrap_or_default();
+                        (name.clone(), runs - r0, ns - n0)
+                    })
+                    .filter(|(_, runs, _)| *runs > 0)
+                    .collect();
+                out.push(Profile {
+                    scenario: s,
+                    load,
+                    programs,
+                    delivered,
+                    pps,
+                });
             }
-            let programs = (after.iter())
-                .map(|(name, &(runs, ns))| {
-                    let (r0, n0) = before.get(name).copied().unwrap_or_default();
-                    (name.clone(), runs - r0, ns - n0)
-                })
-                .filter(|(_, runs, _)| *runs > 0)
-                .collect();
-            out.push(Profile {
-                scenario: s,
-                programs,
-                delivered: detail["delivered"].as_u64().unwrap_or(0),
-                pps,
-            });
         }
         Ok(out)
+    }
+
+    /// One profile run of `load` through scenario `s`: datagrams delivered (or sent), their
+    /// rate, and why the run is void if it is.
+    fn load(&self, s: Scenario, cfg: &Config, load: Load) -> Result<(u64, f64, Option<String>)> {
+        let topo = &self.topo;
+        let backend = SocketAddr::new(topo.backend_ips[0].into(), UDP_PORT);
+        let (dst, ports, count) = match load {
+            Load::Tracked => (vip(s, false), SrcPorts::Fixed(UDP_SPORT), cfg.udp_packets),
+            Load::Created => (
+                vip(s, false),
+                SrcPorts::Range {
+                    first: 1,
+                    count: 65_535,
+                },
+                65_535,
+            ),
+            Load::Unrelated => (backend.ip(), SrcPorts::Fixed(UDP_SPORT), cfg.udp_packets),
+            Load::NodeSends => return Ok((SENDS, sends(&topo.node, backend)?, None)),
+            Load::OtherSends => {
+                let sink = topo
+                    .client
+                    .run(|| UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)))?
+                    .context("binding the client's loopback sink")?;
+                let to = sink.local_addr()?;
+                return Ok((SENDS, sends(&topo.client, to)?, None));
+            }
+        };
+        let (pps, void, detail) = udp_run(topo, cfg, dst, ports, count)?;
+        Ok((detail["delivered"].as_u64().unwrap_or(0), pps, void))
     }
 }
 

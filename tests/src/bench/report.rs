@@ -517,35 +517,40 @@ fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
     }
     let _ = writeln!(
         md,
-        "\nlb's programs during one more UDP 1-flow run per lb scenario, timed by the kernel \
-         (`kernel.bpf_stats_enabled`, on for these runs only): runs per delivered datagram \
-         and nanoseconds per run. The rest of a datagram's time is the generator, the veths \
-         and whatever of the node's stack the scenario still passes.\n"
+        "\nlb's programs in profile runs after the timed ones, on the empty node, timed by the \
+         kernel (`kernel.bpf_stats_enabled`, on for these runs only): runs per datagram and \
+         nanoseconds per run. Traffic: _tracked flow_, UDP from one source port to the VIP; \
+         _new flows_, one datagram from each source port 1..65535 to the VIP (each a flow's \
+         first); _not a service_, UDP routed by the node to backend 0's own address; \
+         _node's sends_, unconnected UDP sends by a socket of the node's namespace to backend \
+         0; _other netns' sends_, the same in a namespace lb does not serve (to its loopback). \
+         Datagrams are those delivered at the backends (sends: those sent); the rest of a \
+         datagram's time is the generator, the veths and whatever of the node's stack the \
+         scenario still passes.\n"
     );
     let _ = writeln!(
         md,
-        "| scenario | program | runs per datagram | ns per run | ns per datagram |"
+        "| scenario | traffic | program | runs per datagram | ns per run | ns per datagram |"
     );
-    let _ = writeln!(md, "|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|");
     for p in profiles {
         let mut total = 0.0;
+        let (s, l) = (p.scenario.name(), p.load.name());
         for (name, runs, time) in &p.programs {
             let per_run = *time as f64 / *runs as f64;
             let per_dgram = *time as f64 / p.delivered.max(1) as f64;
             total += per_dgram;
             let _ = writeln!(
                 md,
-                "| {} | {name} | {:.2} | {per_run:.0} | {per_dgram:.0} |",
-                p.scenario.name(),
+                "| {s} | {l} | {name} | {:.2} | {per_run:.0} | {per_dgram:.0} |",
                 *runs as f64 / p.delivered.max(1) as f64
             );
         }
         let _ = writeln!(
             md,
-            "| {} | all | | | {total:.0} (of {:.0} at {}) |",
-            p.scenario.name(),
+            "| {s} | {l} | all | | | {total:.0} (of {:.0} at {:.3} M/s) |",
             1e9 / p.pps.max(1.0),
-            Metric::Udp1.show(p.pps)
+            p.pps / 1e6
         );
     }
 }
@@ -606,6 +611,7 @@ pub fn json(run: &Run) -> Value {
         "targets": targets,
         "profiles": run.profiles.iter().map(|p| json!({
             "scenario": p.scenario.name(),
+            "load": p.load.key(),
             "delivered": p.delivered,
             "pps": p.pps,
             "programs": p.programs.iter().map(|(name, runs, ns)| json!({
@@ -765,6 +771,7 @@ pub fn write(run: &Run, out: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::real::Load;
 
     fn sample(scenario: Scenario, metric: Metric, round: usize, value: f64) -> Sample {
         Sample {
@@ -890,6 +897,7 @@ mod tests {
             control_plane: None,
             profiles: vec![Profile {
                 scenario: Scenario::LbTc,
+                load: Load::Tracked,
                 programs: vec![("lb_tc_ingress".into(), 100, 15_000)],
                 delivered: 100,
                 pps: 1000.0,
@@ -1095,10 +1103,11 @@ mod tests {
         assert!(md.contains("| lb tc | 1250 | +250 |"), "{md}");
         // The synthetic profile: 100 runs of 150 ns for 100 datagrams at 1000 pps.
         assert!(
-            md.contains("| lb tc | lb_tc_ingress | 1.00 | 150 | 150 |"),
+            md.contains("| lb tc | tracked flow | lb_tc_ingress | 1.00 | 150 | 150 |"),
             "{md}"
         );
         assert_eq!(j["profiles"][0]["programs"][0]["run_time_ns"], 15_000);
+        assert_eq!(j["profiles"][0]["load"], "tracked");
         let dir = std::env::temp_dir().join(format!("lb-bench-report-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         write(&r, &dir).unwrap();

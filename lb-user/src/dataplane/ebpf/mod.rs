@@ -47,6 +47,7 @@ use lb_common::{
     Addr6, Backend, Backend6, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession,
     DsrSession6, Endpoint, Flow, Flow6, FlowKey, FlowKey6, Iface, Iface6, LAYOUT_MAP, MAP_LAYOUTS,
     PortKey, PortKey6, REASONS, Reason, Service, SockConfig, Timeouts, VipKey, VipKey6,
+    filter::AddrFilter,
 };
 
 mod attach;
@@ -155,6 +156,7 @@ pub struct EbpfNetwork {
     local6: HashMap<MapData, Addr6, u32>,
     ifaces6: HashMap<MapData, u32, Iface6>,
     config: Array<MapData, Config>,
+    addr_filter: Array<MapData, AddrFilter>,
     vetted_since: Array<MapData, u32>,
     counters: PerCpuHashMap<MapData, u32, Counters>,
     reasons: PerCpuArray<MapData, u64>,
@@ -435,6 +437,7 @@ impl EbpfNetwork {
             local6: HashMap::try_from(take(&mut ebpf, "lb_local_addrs6")?)?,
             ifaces6: HashMap::try_from(take(&mut ebpf, "lb_ifaces6")?)?,
             config: Array::try_from(take(&mut ebpf, "lb_config")?)?,
+            addr_filter: Array::try_from(take(&mut ebpf, "lb_addr_filter")?)?,
             vetted_since: Array::try_from(take(&mut ebpf, "lb_vetted_since")?)?,
             counters: PerCpuHashMap::try_from(counters)?,
             reasons: PerCpuArray::try_from(take(&mut ebpf, "lb_reasons")?)?,

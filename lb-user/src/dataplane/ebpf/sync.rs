@@ -15,6 +15,7 @@ use aya::maps::{Array, HashMap, MapData, MapError};
 use lb_common::{
     Addr6, BackendKey, BackendOf, Config, Counters, DsrSessionOf, FlowKeyOf, FlowOf, IPPROTO_UDP,
     Iface6, IfaceOf, MASQ_PORT_MAX, MASQ_PORT_MIN, MAX_LOCAL_ADDRS, PortKeyOf, Service, VipKeyOf,
+    filter::AddrFilter,
 };
 
 use super::{
@@ -42,9 +43,42 @@ fn random_key() -> Result<u32> {
     }
 }
 
+/// The address filter (`lb_common::filter`) of a network synced to `plan` on `node`: its
+/// service addresses (and the unspecified address, where a socket's connect finds the ports
+/// published on every node address), the node's and masquerade addresses as destinations;
+/// as backends, those of its sets and every backend in `keep`, whose flows outlive a drain.
+fn addr_filter(plan: &Plan, node: &NodeAddrs, keep: &BTreeSet<IpAddr>) -> AddrFilter {
+    let mut f = AddrFilter::ALL;
+    let dst = |f: &mut AddrFilter, a: MapAddr| match a {
+        MapAddr::V4(a) => f.admit_dst(&a),
+        MapAddr::V6(a) => f.admit_dst(&a),
+    };
+    let backend = |f: &mut AddrFilter, a: MapAddr| match a {
+        MapAddr::V4(a) => f.admit_backend(&a),
+        MapAddr::V6(a) => f.admit_backend(&a),
+    };
+    dst(&mut f, MapAddr::V4(0));
+    dst(&mut f, MapAddr::V6(Addr6::default()));
+    for key in plan.services.keys() {
+        dst(&mut f, key.addr());
+    }
+    for a in node.local.iter().chain(node.ifaces.iter().map(|(_, a)| a)) {
+        dst(&mut f, MapAddr::of(*a));
+    }
+    for (a, _) in plan.services.values().flatten() {
+        backend(&mut f, *a);
+    }
+    for a in keep {
+        backend(&mut f, MapAddr::of(*a));
+    }
+    f
+}
+
 /// What the maps hold, as the last sync left them.
 pub struct Mirror {
     config: Option<Config>,
+    /// What `lb_addr_filter` promises (unreadable: nothing, as a map never written).
+    filter: AddrFilter,
     local: BTreeMap<u32, u32>,
     ifaces: BTreeMap<u32, IfaceOf<u32>>,
     local6: BTreeMap<Addr6, u32>,
@@ -153,6 +187,7 @@ impl Mirror {
             .collect();
         Ok(Self {
             config: net.config.get(&0, 0).ok(),
+            filter: net.addr_filter.get(&0, 0).unwrap_or_default(),
             local: (net.local.iter())
                 .collect::<Result<_, _>>()
                 .context("reading lb_local_addrs")?,
@@ -273,6 +308,10 @@ impl EbpfNetwork {
         keep: &BTreeSet<IpAddr>,
     ) -> Result<SyncStats> {
         let mut stats = SyncStats::default();
+        // The filter's bits this sync needs are cleared before anything it writes can need
+        // them; those it frees are set once the entries that needed them are gone (the end).
+        let filter = addr_filter(plan, node, keep);
+        self.write_filter(m, m.filter.both(&filter), &mut stats)?;
         let (hole_min, hole_max) = node.ephemeral.unwrap_or(DEFAULT_EPHEMERAL);
         let cfg = Config {
             masquerade: plan.masquerade,
@@ -438,7 +477,22 @@ impl EbpfNetwork {
         if m.kept.as_ref() != Some(keep) {
             m.kept = Some(keep.clone());
         }
+        self.write_filter(m, filter, &mut stats)?;
         Ok(stats)
+    }
+
+    fn write_filter(
+        &mut self,
+        m: &mut Mirror,
+        filter: AddrFilter,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        if m.filter != filter {
+            (self.addr_filter.set(0, filter, 0)).context("writing lb_addr_filter")?;
+            m.filter = filter;
+            stats.written += 1;
+        }
+        Ok(())
     }
 
     fn put_service(&mut self, key: &ServiceKey, svc: Service) -> Result<()> {
@@ -716,5 +770,72 @@ impl IdPool {
             self.next += 1;
             self.next - 1
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lb_common::{IPPROTO_TCP, Timeouts};
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// Every address a packet of lb's can be to or from passes the filter, and the node's
+    /// other traffic is refused (these addresses hash to bits of their own).
+    #[test]
+    fn the_filter_admits_what_lb_translates_and_nothing_else() {
+        let vip = MapAddr::of(ip("10.99.0.10"));
+        let host_ip = MapAddr::of(ip("fd00::5"));
+        let plan = Plan {
+            masquerade: 0,
+            timeouts: Timeouts::default(),
+            services: BTreeMap::from([
+                (ServiceKey::Vip(vip), vec![(MapAddr::of(ip("10.0.0.2")), 0)]),
+                (
+                    ServiceKey::Port {
+                        addr: host_ip,
+                        port: 8080u16.to_be(),
+                        proto: IPPROTO_TCP,
+                    },
+                    vec![(MapAddr::of(ip("fd01::2")), 80u16.to_be())],
+                ),
+            ]),
+            dsr_timeout: None,
+        };
+        let node = NodeAddrs {
+            local: vec![ip("192.168.1.1"), ip("fd02::1")],
+            ifaces: vec![(3, ip("10.0.0.1"))],
+            ephemeral: None,
+        };
+        // A drained backend's flows are still translated: it stays admitted.
+        let keep = BTreeSet::from([ip("10.0.0.2"), ip("10.0.0.3"), ip("fd01::2")]);
+        let f = addr_filter(&plan, &node, &keep);
+        let dst = |s: &str| !match MapAddr::of(ip(s)) {
+            MapAddr::V4(a) => f.no_dst(&a),
+            MapAddr::V6(a) => f.no_dst(&a),
+        };
+        let backend = |s: &str| !match MapAddr::of(ip(s)) {
+            MapAddr::V4(a) => f.no_backend(&a),
+            MapAddr::V6(a) => f.no_backend(&a),
+        };
+        for a in [
+            "10.99.0.10",
+            "fd00::5",
+            "192.168.1.1",
+            "fd02::1",
+            "10.0.0.1",
+            "0.0.0.0",
+            "::",
+        ] {
+            assert!(dst(a), "{a} is a destination of lb's");
+        }
+        for a in ["10.0.0.2", "10.0.0.3", "fd01::2"] {
+            assert!(backend(a), "{a} is a backend");
+        }
+        for a in ["10.0.0.4", "172.17.0.9", "fd01::9"] {
+            assert!(!dst(a) && !backend(a), "{a} is nothing of lb's");
+        }
     }
 }
