@@ -2,6 +2,7 @@
 //! balancers, lb's dataplanes) measured with operators' tools through one topology
 //! ([`real`]), and what is made of their samples ([`report`]: medians, ratios, void runs,
 //! the targets, BENCHMARKS.md, the JSON and the chart).
+pub mod dsr;
 pub mod packets;
 pub mod real;
 pub mod report;

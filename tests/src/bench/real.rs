@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::{Value, json};
 
+use super::dsr::{self, DsrSample};
 use super::report::{Idle, Sample};
 use super::{Metric, Scenario};
 use crate::bpffs::Bpffs;
@@ -34,7 +35,7 @@ const BACKENDS: usize = 4;
 /// The UDP port trafgen sends to; each backend binds it (on `[::]`, both families) with a
 /// socket it never reads, so a datagram ends in a full receive buffer (a counter) rather
 /// than an ICMP error.
-const UDP_PORT: u16 = 9;
+pub(super) const UDP_PORT: u16 = 9;
 const SOCKPERF_PORT: u16 = 11111;
 const IPERF_PORT: u16 = 5001;
 /// The IPv6 iperf server's port (iperf 2 serves one family per server): a port of the
@@ -44,7 +45,7 @@ const IPERF6_PORT: u16 = 5002;
 /// meets another's TIME_WAIT sockets.
 const HTTP_BASE: u16 = 20000;
 /// The service's name in lb.
-const NETWORK: &str = "bench";
+pub(super) const NETWORK: &str = "bench";
 /// Source port of the 1-flow UDP run.
 const UDP_SPORT: u16 = 40000;
 /// A UDP run counts only when at least this share of what was sent reached the backends.
@@ -57,7 +58,7 @@ const IDLE_LOOK: Duration = Duration::from_millis(250);
 /// what trafgen writes.
 const FCS: usize = 4;
 /// How long a scenario may take to serve its first connection after set-up.
-const READY: Duration = Duration::from_secs(15);
+pub(super) const READY: Duration = Duration::from_secs(15);
 
 /// How much to measure.
 #[derive(Debug, Clone)]
@@ -75,6 +76,8 @@ pub struct Config {
     pub only: Vec<Scenario>,
     /// The node firewalls every scenario runs on, one after the other.
     pub shapes: Vec<NodeShape>,
+    /// Whether the DSR part ([`super::dsr`]) runs.
+    pub dsr: bool,
 }
 
 impl Config {
@@ -93,6 +96,7 @@ impl Config {
             cpu: cpus - 1,
             only: Vec::new(),
             shapes: NodeShape::ALL.to_vec(),
+            dsr: true,
         }
     }
 
@@ -185,6 +189,7 @@ pub struct Outcome {
     pub samples: Vec<Sample>,
     pub notes: Vec<String>,
     pub profiles: Vec<Profile>,
+    pub dsr: Vec<DsrSample>,
 }
 
 /// Where an lb scenario's time goes: its programs while one [`Load`] runs through it,
@@ -408,7 +413,7 @@ enum Active {
     Daemon { daemon: LbDaemon, bpffs: Bpffs },
 }
 
-fn lb_ok(d: &LbDaemon, args: &[String]) -> Result<String> {
+pub(super) fn lb_ok(d: &LbDaemon, args: &[String]) -> Result<String> {
     let r = d.cli(args);
     ensure!(
         r.ok(),
@@ -741,14 +746,17 @@ fn udp(topo: &Topology, s: Scenario, cfg: &Config, metric: Metric) -> Result<Mea
         },
     };
     let dst = target(s, topo, ipv6, UDP_PORT).ip();
-    let (pps, void, detail) = udp_run(topo, cfg, dst, ports, cfg.udp_packets)?;
+    let via = (&topo.node, NODE_CLIENT_IF);
+    let (pps, void, detail) = udp_run(topo, via, cfg, dst, ports, cfg.udp_packets)?;
     Ok(vec![(metric, pps, void, detail)])
 }
 
-/// `count` datagrams from the client to `dst` (its family's client address, ports `ports`):
-/// the delivered rate, why the run is void if it is, and what was counted.
-fn udp_run(
+/// `count` datagrams from the client to `dst` (its family's client address, ports `ports`),
+/// framed to the interface `via` of a namespace (the node's, where it routes or balances):
+/// the delivered rate at the backends, why the run is void if it is, and what was counted.
+pub(super) fn udp_run(
     topo: &Topology,
+    via: (&Netns, &str),
     cfg: &Config,
     dst: IpAddr,
     ports: SrcPorts,
@@ -766,7 +774,7 @@ fn udp_run(
         ..UdpSpec::new(
             ENDPOINT_IF,
             link_mac(&topo.client, ENDPOINT_IF)?,
-            link_mac(&topo.node, NODE_CLIENT_IF)?,
+            link_mac(via.0, via.1)?,
             src,
             UDP_SPORT,
             dst,
@@ -780,14 +788,14 @@ fn udp_run(
             .collect()
     };
     let before = rx(topo)?;
-    let node_before = link_stats(&topo.node, NODE_CLIENT_IF)?;
+    let node_before = link_stats(via.0, via.1)?;
     let run = trafgen_udp(&topo.client, &spec)?;
     // What is still in a queue of the path arrives within this.
     std::thread::sleep(Duration::from_millis(200));
     let per_backend: Vec<u64> = (rx(topo)?.iter().zip(&before))
         .map(|(a, b)| a - b)
         .collect();
-    let node = link_stats(&topo.node, NODE_CLIENT_IF)?.since(&node_before);
+    let node = link_stats(via.0, via.1)?.since(&node_before);
     let delivered: u64 = per_backend.iter().sum();
     let window = run.window.context("trafgen ran on a CPU of its own")?;
     let pps = delivered as f64 / window.as_secs_f64();
@@ -1134,10 +1142,17 @@ pub fn run(cfg: &Config) -> Result<Outcome> {
         .filter(|s| Scenario::LB.contains(s))
         .collect();
     let profiles = bench.profile(cfg, &lb, &mut notes)?;
+    drop(bench);
+    let dsr = if cfg.dsr {
+        dsr::run(cfg, &mut notes)?
+    } else {
+        Vec::new()
+    };
     Ok(Outcome {
         samples,
         notes,
         profiles,
+        dsr,
     })
 }
 
@@ -1232,7 +1247,8 @@ impl Bench {
                 return Ok((SENDS, sends(&topo.client, to)?, None));
             }
         };
-        let (pps, void, detail) = udp_run(topo, cfg, dst, ports, count)?;
+        let via = (&topo.node, NODE_CLIENT_IF);
+        let (pps, void, detail) = udp_run(topo, via, cfg, dst, ports, count)?;
         Ok((detail["delivered"].as_u64().unwrap_or(0), pps, void))
     }
 }

@@ -9,7 +9,11 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use serde_json::{Value, json};
 
-use super::{Metric, Scenario, real::Profile};
+use super::{
+    Metric, Scenario,
+    dsr::{self, DsrSample, DsrScenario},
+    real::{Load, Profile},
+};
 use crate::firewall::NodeShape;
 
 /// How idle the machine was before a measurement: the busy share of all CPUs over the last
@@ -242,6 +246,8 @@ pub struct Run {
     pub control_plane: Option<String>,
     /// The lb scenarios' programs, timed by the kernel in runs of their own.
     pub profiles: Vec<Profile>,
+    /// The DSR segment's samples.
+    pub dsr: Vec<DsrSample>,
     pub quick: bool,
 }
 
@@ -297,6 +303,7 @@ pub fn markdown(run: &Run) -> String {
 
     let sum = Summary::new(&of_shape(&run.samples, NodeShape::Empty));
     where_the_time_goes(&mut md, &sum, &run.profiles);
+    dsr_table(&mut md, &run.dsr);
 
     let voids: Vec<&Sample> = run.samples.iter().filter(|s| s.void.is_some()).collect();
     let _ = writeln!(md, "\n## Void runs\n");
@@ -509,8 +516,9 @@ fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
     }
     let _ = writeln!(
         md,
-        "\nWhat these numbers say about the missed targets, and what would close them: \
-         README.md, \"Benchmarks\" (written against the committed run).\n"
+        "\nWhat these numbers say about the missed targets, and what would close them: the \
+         hand-written section at the end of the committed BENCHMARKS.md (written against \
+         its run).\n"
     );
     if profiles.is_empty() {
         return;
@@ -551,6 +559,125 @@ fn where_the_time_goes(md: &mut String, sum: &Summary, profiles: &[Profile]) {
             "| {s} | {l} | all | | | {total:.0} (of {:.0} at {:.3} M/s) |",
             1e9 / p.pps.max(1.0),
             p.pps / 1e6
+        );
+    }
+    ingress_targets(md, profiles);
+}
+
+/// The speed issue's per-program targets, from the lb tc profiles: `lb_tc_ingress` at most
+/// 150 ns per packet of a tracked flow, a flow creation at most twice that; with what the
+/// same program costs a packet that is no service's (the parse, and the pull of headers a
+/// generator left in page fragments, which the stack pays in `ip_rcv` otherwise).
+fn ingress_targets(md: &mut String, profiles: &[Profile]) {
+    let per_run = |load: Load| {
+        let p = (profiles.iter()).find(|p| p.scenario == Scenario::LbTc && p.load == load)?;
+        let (_, runs, ns) = (p.programs.iter()).find(|(n, _, _)| n == "lb_tc_ingress")?;
+        Some(*ns as f64 / (*runs).max(1) as f64)
+    };
+    let (Some(tracked), Some(created)) = (per_run(Load::Tracked), per_run(Load::Created)) else {
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "\n`lb_tc_ingress` (lb tc): {tracked:.0} ns per packet of a tracked flow (target ≤ 150: \
+         {}), {created:.0} ns per flow creation, {:.1}× a tracked packet (target ≤ 2×: {}).",
+        if tracked <= 150.0 { "met" } else { "missed" },
+        created / tracked,
+        if created <= 2.0 * tracked {
+            "met"
+        } else {
+            "missed"
+        },
+    );
+    if let Some(base) = per_run(Load::Unrelated) {
+        let _ = writeln!(
+            md,
+            "A packet that is no service's costs it {base:.0} ns: beyond that, a tracked \
+             packet's own work is {:.0} ns and a creation's {:.0} ns.",
+            tracked - base,
+            created - base
+        );
+    }
+}
+
+/// The DSR segment: each scenario's medians (min–max) over its valid rounds, the ratio to
+/// the same run's path without a balancer, and what the balancer adds per datagram on the
+/// one CPU that runs generator and path.
+fn dsr_table(md: &mut String, samples: &[DsrSample]) {
+    if samples.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        md,
+        "\n## DSR (client → backends on one segment)\n\n\
+         `lb_tests::bench::dsr`: client, balancer and 4 backends on one bridge, the backends \
+         owning the VIP on `lo` and answering the client directly; trafgen's UDP counted at the \
+         backends, as in the main part. Base: the client sending to backend 0 itself (no \
+         balancer on the way, so two hops fewer: client → switch → backend against client → \
+         switch → balancer → switch → backend). The balancer's cost is the time it adds per \
+         datagram on the CPU that runs generator and path (a veth hands a frame on in the \
+         sender's softirq, so the balancer's work is done there too), those two hops included: \
+         compare the balancers with each other.\n"
+    );
+    let _ = write!(md, "| scenario |");
+    for m in dsr::METRICS {
+        let _ = write!(md, " {} | ratio | balancer, ns/datagram |", m.short());
+    }
+    let _ = write!(md, "\n|---|");
+    for _ in dsr::METRICS {
+        let _ = write!(md, "---|---|---|");
+    }
+    md.push('\n');
+    let cell = |s: DsrScenario, m: Metric| {
+        let v: Vec<f64> = (samples.iter())
+            .filter(|x| x.scenario == s && x.metric == m && x.void.is_none())
+            .map(|x| x.value)
+            .collect();
+        let med = median(&v)?;
+        let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = v.iter().copied().fold(0.0, f64::max);
+        Some((med, min, max))
+    };
+    for s in DsrScenario::ALL {
+        let _ = write!(md, "| {} |", s.name());
+        for m in dsr::METRICS {
+            match (cell(s, m), cell(DsrScenario::Direct, m)) {
+                (Some((v, lo, hi)), Some((base, _, _))) if v > 0.0 && base > 0.0 => {
+                    let _ = write!(
+                        md,
+                        " {} ({}–{}) | {:.2} | {:+.0} |",
+                        m.show(v),
+                        m.number(lo),
+                        m.number(hi),
+                        v / base,
+                        1e9 / v - 1e9 / base
+                    );
+                }
+                (Some((v, lo, hi)), _) => {
+                    let _ = write!(
+                        md,
+                        " {} ({}–{}) | - | - |",
+                        m.show(v),
+                        m.number(lo),
+                        m.number(hi)
+                    );
+                }
+                _ => {
+                    let _ = write!(md, " - | - | - |");
+                }
+            }
+        }
+        md.push('\n');
+    }
+    let voids: Vec<&DsrSample> = samples.iter().filter(|s| s.void.is_some()).collect();
+    for s in voids {
+        let _ = writeln!(
+            md,
+            "\n- void: round {}, {}, {}: {}",
+            s.round,
+            s.scenario.name(),
+            s.metric.name(),
+            s.void.as_deref().unwrap_or_default()
         );
     }
 }
@@ -609,6 +736,7 @@ pub fn json(run: &Run) -> Value {
         "summary": medians,
         "summary_by_node": by_node,
         "targets": targets,
+        "dsr": dsr::json(&run.dsr),
         "profiles": run.profiles.iter().map(|p| json!({
             "scenario": p.scenario.name(),
             "load": p.load.key(),
@@ -771,7 +899,6 @@ pub fn write(run: &Run, out: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::real::Load;
 
     fn sample(scenario: Scenario, metric: Metric, round: usize, value: f64) -> Sample {
         Sample {
@@ -895,13 +1022,45 @@ mod tests {
             notes: vec![],
             micro: None,
             control_plane: None,
-            profiles: vec![Profile {
-                scenario: Scenario::LbTc,
-                load: Load::Tracked,
-                programs: vec![("lb_tc_ingress".into(), 100, 15_000)],
-                delivered: 100,
-                pps: 1000.0,
-            }],
+            profiles: vec![
+                Profile {
+                    scenario: Scenario::LbTc,
+                    load: Load::Tracked,
+                    programs: vec![("lb_tc_ingress".into(), 100, 15_000)],
+                    delivered: 100,
+                    pps: 1000.0,
+                },
+                Profile {
+                    scenario: Scenario::LbTc,
+                    load: Load::Created,
+                    programs: vec![("lb_tc_ingress".into(), 100, 45_000)],
+                    delivered: 100,
+                    pps: 1000.0,
+                },
+                Profile {
+                    scenario: Scenario::LbTc,
+                    load: Load::Unrelated,
+                    programs: vec![("lb_tc_ingress".into(), 100, 10_000)],
+                    delivered: 100,
+                    pps: 1000.0,
+                },
+            ],
+            dsr: [(DsrScenario::Direct, 1e6), (DsrScenario::LbXdp, 5e5)]
+                .into_iter()
+                .map(|(scenario, value)| DsrSample {
+                    scenario,
+                    metric: Metric::Udp1,
+                    round: 0,
+                    value,
+                    void: None,
+                    idle: Idle {
+                        busy: 0.0,
+                        waited_ms: 0,
+                        reached: true,
+                    },
+                    detail: Value::Null,
+                })
+                .collect(),
             quick: true,
         }
     }
@@ -1107,6 +1266,20 @@ mod tests {
             "{md}"
         );
         assert_eq!(j["profiles"][0]["programs"][0]["run_time_ns"], 15_000);
+        // DSR: half the direct rate is a 0.50 ratio and 1000 ns more per datagram.
+        assert!(
+            md.contains("| lb xdp dsr | 0.500 Mpps (0.500–0.500) | 0.50 | +1000 | - | - | - |"),
+            "{md}"
+        );
+        assert_eq!(j["dsr"][1]["scenario"], "lb_xdp_dsr");
+        assert!(
+            md.contains("150 ns per packet of a tracked flow (target ≤ 150: met), 450 ns per flow creation, 3.0× a tracked packet (target ≤ 2×: missed)"),
+            "{md}"
+        );
+        assert!(
+            md.contains("costs it 100 ns: beyond that, a tracked packet's own work is 50 ns and a creation's 350 ns"),
+            "{md}"
+        );
         assert_eq!(j["profiles"][0]["load"], "tracked");
         let dir = std::env::temp_dir().join(format!("lb-bench-report-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

@@ -5,13 +5,14 @@
 //! `OUT/bench/ratios.svg` (`lb_tests::bench::report`).
 //!
 //! `lb-bench [--quick] [--out DIR] [--dataplane ebpf|nftables]... [--lb PATH] [--no-packets]
-//! [--no-traffic] [--no-control-plane] [--scenario NAME]... [--node SHAPE]...`: `--quick` runs fewer and shorter
+//! [--no-traffic] [--no-control-plane] [--no-dsr] [--scenario NAME]... [--node SHAPE]...`: `--quick` runs fewer and shorter
 //! rounds and the control plane at 100 and 1,000 services instead of 1,000 and 10,000;
 //! `--dataplane` picks the control plane's dataplanes (both by default); without `--lb` (the
 //! `lb` binary to drive) the real traffic and the control plane are left out; `--scenario`
 //! (a key of the JSON, e.g. `lb_tc`) runs only those scenarios of the real traffic, `--node`
 //! (`empty`, `docker`, `nomad`: `lb_tests::firewall`) only on those node shapes. Without
-//! `--out` nothing is written, the tables are printed only.
+//! `--no-dsr` leaves out the DSR segment (`lb_tests::bench::dsr`). Without `--out` nothing is
+//! written, the tables are printed only.
 use std::{fmt::Write as _, path::PathBuf};
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -35,6 +36,7 @@ struct Args {
     packets: bool,
     traffic: bool,
     control_plane: bool,
+    dsr: bool,
     out: Option<PathBuf>,
     scenarios: Vec<Scenario>,
     nodes: Vec<NodeShape>,
@@ -48,6 +50,7 @@ fn args() -> Result<Args> {
         packets: true,
         traffic: true,
         control_plane: true,
+        dsr: true,
         out: None,
         scenarios: Vec::new(),
         nodes: Vec::new(),
@@ -59,6 +62,7 @@ fn args() -> Result<Args> {
             "--no-packets" => a.packets = false,
             "--no-traffic" => a.traffic = false,
             "--no-control-plane" => a.control_plane = false,
+            "--no-dsr" => a.dsr = false,
             "--out" => a.out = Some(it.next().context("--out takes a directory")?.into()),
             "--scenario" => {
                 let key = it.next().context("--scenario takes a name")?;
@@ -109,6 +113,7 @@ fn main() -> Result<()> {
     if let Some(lb) = a.lb.as_deref().filter(|_| a.traffic) {
         let mut c = real::Config::new(lb, a.quick);
         c.only = a.scenarios.clone();
+        c.dsr = a.dsr;
         if !a.nodes.is_empty() {
             c.shapes = a.nodes.clone();
         }
@@ -133,8 +138,8 @@ fn main() -> Result<()> {
         )?),
         _ => None,
     };
-    let (samples, notes, profiles) = outcome.map_or((Vec::new(), Vec::new(), Vec::new()), |o| {
-        (o.samples, o.notes, o.profiles)
+    let (samples, notes, profiles, dsr) = outcome.map_or_else(Default::default, |o| {
+        (o.samples, o.notes, o.profiles, o.dsr)
     });
     let run = report::Run {
         machine: machine(),
@@ -150,6 +155,7 @@ fn main() -> Result<()> {
         micro,
         control_plane: control,
         profiles,
+        dsr,
         quick: a.quick,
     };
     let md = report::markdown(&run);
