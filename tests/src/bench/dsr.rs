@@ -14,7 +14,9 @@ use serde_json::{Value, json};
 use std::net::{IpAddr, Ipv6Addr, TcpListener, UdpSocket};
 
 use super::Metric;
-use super::real::{Config, NETWORK, READY, UDP_PORT, lb_ok, leftovers, udp_run, wait_idle};
+use super::real::{
+    Config, NETWORK, READY, UDP_PORT, lb_ok, leftovers, print_measured, udp_run, wait_idle,
+};
 use super::report::Idle;
 use crate::bpffs::Bpffs;
 use crate::daemon::{LbDaemon, service_set_ports};
@@ -203,14 +205,7 @@ pub fn run(cfg: &Config, notes: &mut Vec<String>) -> Result<Vec<DsrSample>> {
                 };
                 let (value, void, detail) =
                     measured.unwrap_or_else(|e| (0.0, Some(format!("{e:#}")), Value::Null));
-                println!(
-                    "lb bench:   {:<26} {:>16}{}",
-                    metric.name(),
-                    metric.show(value),
-                    void.as_deref()
-                        .map(|v| format!("  VOID: {v}"))
-                        .unwrap_or_default()
-                );
+                print_measured(metric, value, void.as_deref());
                 samples.push(DsrSample {
                     scenario: s,
                     metric,
@@ -248,7 +243,7 @@ pub fn json(samples: &[DsrSample]) -> Value {
                     "round": s.round,
                     "value": s.value,
                     "void": s.void,
-                    "idle": {"busy": s.idle.busy, "waited_ms": s.idle.waited_ms, "reached": s.idle.reached},
+                    "idle": s.idle.json(),
                     "detail": s.detail,
                 })
             })

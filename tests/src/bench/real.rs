@@ -1080,14 +1080,7 @@ impl Bench {
                     .collect()
             });
             for (metric, value, void, detail) in measured {
-                println!(
-                    "lb bench:   {:<26} {:>16}{}",
-                    metric.name(),
-                    metric.show(value),
-                    void.as_deref()
-                        .map(|v| format!("  VOID: {v}"))
-                        .unwrap_or_default()
-                );
+                print_measured(metric, value, void.as_deref());
                 samples.push(Sample {
                     node: self.shape,
                     scenario: s,
@@ -1114,6 +1107,16 @@ impl Bench {
         );
         Ok(samples)
     }
+}
+
+/// The progress line of one measurement.
+pub(super) fn print_measured(metric: Metric, value: f64, void: Option<&str>) {
+    println!(
+        "lb bench:   {:<26} {:>16}{}",
+        metric.name(),
+        metric.show(value),
+        void.map(|v| format!("  VOID: {v}")).unwrap_or_default()
+    );
 }
 
 /// The whole real-traffic part.

@@ -25,6 +25,13 @@ pub struct Idle {
     pub reached: bool,
 }
 
+impl Idle {
+    /// The JSON of a sample's `idle`.
+    pub fn json(&self) -> Value {
+        json!({"busy": self.busy, "waited_ms": self.waited_ms, "reached": self.reached})
+    }
+}
+
 /// One measurement of one metric in one scenario and round, on one node shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
@@ -694,7 +701,7 @@ pub fn json(run: &Run) -> Value {
                 "round": s.round,
                 "value": s.value,
                 "void": s.void,
-                "idle": {"busy": s.idle.busy, "waited_ms": s.idle.waited_ms, "reached": s.idle.reached},
+                "idle": s.idle.json(),
                 "detail": s.detail,
             })
         })
