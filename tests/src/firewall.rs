@@ -124,8 +124,14 @@ fn docker(topo: &Topology, published: &[(&str, u16)]) -> Result<()> {
              -A FORWARD -i {br} ! -o {br} -j ACCEPT\n\
              -A FORWARD -i {br} -o {br} -j ACCEPT\n"
         );
-        for b in &backends {
-            for (proto, port) in published {
+        // Port by port, each port's backends together: a datagram that is never answered
+        // stays NEW in conntrack and walks DOCKER to its rule with every packet, and the
+        // bench publishes some 60 ports per backend (one per scenario and round). In
+        // Docker's own order (container by container) the last backend's first rule would
+        // lie some 200 rules down the chain, while the no-LB path's backend 0 matches the
+        // first: the ratios would measure the rule order, not the paths.
+        for (proto, port) in published {
+            for b in &backends {
                 t += &format!(
                     "-A DOCKER -d {b}{host} ! -i {br} -o {br} -p {proto} -m {proto} --dport {port} -j ACCEPT\n"
                 );
