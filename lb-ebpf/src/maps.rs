@@ -2,8 +2,8 @@
 //! maps) per network; the controller pins them under `<bpffs>/<network>/` and records their
 //! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
-//! Who writes what: the controller is the only writer of the service, backend, address, address filter, endpoint,
-//! interface, DSR backend, socket config and config maps. The programs write `lb_flows`
+//! Who writes what: the controller is the only writer of the service, backend, address,
+//! address filter, endpoint, interface, DSR backend, socket config and config maps. The programs write `lb_flows`
 //! (entries of new flows, state and expiry of live ones), `lb_dsr_sessions`,
 //! `lb_sock_rev`, `lb_frags`, and the counters; the
 //! controller only deletes from `lb_flows` and `lb_dsr_sessions` (expired entries, and the
