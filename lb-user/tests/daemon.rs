@@ -365,12 +365,8 @@ fn a_network_removed_while_the_daemon_was_down_is_cleaned_up_at_start() {
         pins.exists(),
         "a stopped daemon leaves its dataplane in place"
     );
-    std::fs::write(
-        d.state_dir().join("state.json"),
-        DesiredState { networks: vec![] }.to_json(),
-    )
-    .unwrap();
-    d.restart().unwrap();
+    d.restart_with_state(&DesiredState { networks: vec![] }.to_json())
+        .unwrap();
     assert!(!pins.exists(), "the pins of the removed network are gone");
     assert!(
         !aliases().contains(&format!("{VIP}/32")),

@@ -76,16 +76,14 @@ fn a_failing_network_does_not_fail_a_change_to_another() {
         &topo.backend_ips[..1],
     ));
     // A second network whose namespace is gone while the daemon is down: saved, failing.
+    let mut state = DesiredState::from_json(&d.ok(&["state"])).unwrap();
     d.stop();
-    let path = d.state_dir().join("state.json");
-    let mut state = DesiredState::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let mut broken = state.networks[0].clone();
     broken.name = "broken".into();
     broken.netns = Some(format!("lbt-gone-{}", std::process::id()));
     broken.services.clear();
     state.networks.push(broken);
-    std::fs::write(&path, state.to_json()).unwrap();
-    d.restart().unwrap();
+    d.restart_with_state(&state.to_json()).unwrap();
     let b = network_status(&d, "broken");
     assert_eq!(b["applied"], false, "{b}");
     assert!(

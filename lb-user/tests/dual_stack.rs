@@ -365,7 +365,7 @@ fn published_ports_are_held_per_family() {
     if !lb_tests::require_root("published_ports_are_held_per_family") {
         return;
     }
-    use lb_user::node::hold::{Holder, check_free};
+    use lb_user::node::hold::{Holder, check_free, wanted};
     let ns = ipv6_node("hold6");
     let mut network: Network = serde_json::from_value(serde_json::json!({
         "name": "web", "interfaces": ["lbv0"], "netns": ns.name(),
@@ -405,7 +405,7 @@ fn published_ports_are_held_per_family() {
         .unwrap()
         .unwrap();
     network.services[0].ports[0].published = 18081;
-    let e = check_free(&network, None, Default::default()).unwrap_err();
+    let e = check_free(&network, wanted(&network).iter()).unwrap_err();
     assert!(format!("{e:#}").contains("tcp/18081@:: is in use"), "{e:#}");
 }
 

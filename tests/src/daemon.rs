@@ -168,6 +168,19 @@ impl LbDaemon {
     }
 
     /// Daemon flags and environment for the next [`LbDaemon::restart`].
+    /// Restarts the daemon on `state` (the store rebuilt from it with `--import`, as an
+    /// operator restores an export): the desired state replaced while the daemon was down.
+    pub fn restart_with_state(&mut self, state: &str) -> Result<()> {
+        let file = self.state_dir().join("restored.json");
+        std::fs::write(&file, state)?;
+        let extra = self.extra.clone();
+        self.extra
+            .extend(["--import".to_owned(), file.display().to_string()]);
+        let r = self.restart();
+        self.extra = extra;
+        r
+    }
+
     pub fn set_extra(&mut self, extra: &[&str]) {
         self.extra = extra.iter().map(|s| s.to_string()).collect();
     }

@@ -14,6 +14,7 @@
 //! | `GET /v1/services[?network=N]` | | [`ServiceEntry`] list |
 //! | `PUT /v1/networks/{network}/services/{id}/{generation}` | `{vip, backends, ports}` | [`Done`] |
 //! | `DELETE /v1/networks/{network}/services/{id}[/{generation}]` | | [`Done`] |
+//! | `POST /v1/changes[?dry_run=true]` | `{"changes": [edit, …]}` ([`crate::core::edit::Edit`]) | [`Done`]: every change or none, applied as one |
 //! | `GET /v1/elements[?network=N]` | | [`ElementEntry`] list |
 //! | `GET /v1/conntrack[?network=N]` | | [`ConntrackEntry`] list |
 //!
@@ -32,8 +33,8 @@ mod types;
 pub use client::{Client, Refused, Unreachable};
 pub use route::{ApiError, Request, route};
 pub use types::{
-    BackendState, BackendStats, ConntrackEntry, Done, ElementEntry, ErrorReply, LastSync,
-    NetworkStatus, NetworkSummary, Reply, ServiceEntry, Status,
+    BackendState, BackendStats, ChangeWork, ConntrackEntry, Done, ElementEntry, ErrorReply,
+    LastSync, NetworkStatus, NetworkSummary, Reply, ServiceEntry, Status, StoreStatus,
 };
 
 /// The default socket, as DESIGN.md's CLI gives it (`LB_SOCKET` overrides).

@@ -5,6 +5,7 @@ use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 
 use super::{ErrorReply, MAX_REQUEST};
+use crate::core::edit::Edit;
 use crate::core::model::{DesiredState, Network, Service};
 
 /// One API request, decoded and typed.
@@ -31,6 +32,12 @@ pub enum Request {
     },
     ServiceList {
         network: Option<String>,
+    },
+    /// Many changes as one: checked, saved and applied all together or not at all (a dry run
+    /// checks them and changes nothing).
+    Changes {
+        changes: Vec<Edit>,
+        dry_run: bool,
     },
     /// Replaces the whole desired state; a dry run checks it as the change would be checked
     /// and answers with what would change, changing nothing.
@@ -99,6 +106,7 @@ impl Request {
                 | Request::NetworkRm { .. }
                 | Request::ServiceSet { .. }
                 | Request::ServiceRm { .. }
+                | Request::Changes { .. }
                 | Request::Apply { .. }
         )
     }
@@ -150,6 +158,20 @@ impl Request {
             Request::ServiceList { network } => {
                 (Method::GET, format!("/v1/services{}", query(network)), None)
             }
+            Request::Changes { changes, dry_run } => {
+                let path = if *dry_run {
+                    "/v1/changes?dry_run=true"
+                } else {
+                    "/v1/changes"
+                };
+                (
+                    Method::POST,
+                    path.into(),
+                    json(&Batch {
+                        changes: changes.clone(),
+                    }),
+                )
+            }
             Request::Apply { state, dry_run } => {
                 let path = if *dry_run {
                     "/v1/state?dry_run=true"
@@ -199,6 +221,15 @@ pub fn route(
             (&[], Some(Request::Apply { state, dry_run }))
         }
         (["state"], _) => (&[Method::GET, Method::PUT], None),
+        (["changes"], &Method::POST) => {
+            let Batch { changes } = parse_json(body)?;
+            if changes.is_empty() {
+                return Err(ApiError::bad_request("changes: the list is empty"));
+            }
+            let dry_run = dry_run_query(query)?;
+            (&[], Some(Request::Changes { changes, dry_run }))
+        }
+        (["changes"], _) => (&[Method::POST], None),
         (["networks"], &Method::GET) => (&[], Some(Request::NetworkList)),
         (["networks"], &Method::POST) => {
             let network = parse_json(body)?;
@@ -280,7 +311,10 @@ pub fn route(
     };
     let takes_body = matches!(
         request,
-        Request::Apply { .. } | Request::NetworkAdd { .. } | Request::ServiceSet { .. }
+        Request::Apply { .. }
+            | Request::NetworkAdd { .. }
+            | Request::ServiceSet { .. }
+            | Request::Changes { .. }
     );
     if !takes_body && !body.is_empty() {
         return Err(ApiError::bad_request(format!(
@@ -293,6 +327,7 @@ pub fn route(
             | Request::Elements { .. }
             | Request::Conntrack { .. }
             | Request::Apply { .. }
+            | Request::Changes { .. }
     );
     if !takes_query && query.is_some() {
         return Err(ApiError::bad_request(format!(
@@ -304,7 +339,7 @@ pub fn route(
 
 fn no_such_path(path: &str) -> ApiError {
     ApiError::not_found(format!(
-        "no such path {path:?} (the API is under /v1/: status, state, networks, services, elements, conntrack)"
+        "no such path {path:?} (the API is under /v1/: status, state, changes, networks, services, elements, conntrack)"
     ))
 }
 
@@ -370,7 +405,14 @@ fn network_query(query: Option<&str>) -> Result<Option<String>, ApiError> {
     Ok(network)
 }
 
-/// `dry_run=true|false`, the only query `PUT /v1/state` takes.
+/// The body of `POST /v1/changes`.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Batch {
+    changes: Vec<Edit>,
+}
+
+/// `dry_run=true|false`, the only query `PUT /v1/state` and `POST /v1/changes` take.
 fn dry_run_query(query: Option<&str>) -> Result<bool, ApiError> {
     match query {
         None | Some("") | Some("dry_run=false") => Ok(false),

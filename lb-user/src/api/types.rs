@@ -21,6 +21,9 @@ pub struct Done {
     pub changes: Vec<Change>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// The store's revision with the change saved (`None` for a dry run).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
 }
 
 /// A refusal. `saved` is true when the change was saved and will be applied by a retry (the
@@ -159,12 +162,52 @@ pub struct NetworkStatus {
     pub last_sync: Option<LastSync>,
 }
 
-/// `GET /v1/status`: the dataplane in use and why, and each network's state.
+/// `GET /v1/status`: the dataplane in use and why, the store, what the last change cost, and
+/// each network's state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
     pub dataplane: String,
     pub reason: String,
+    #[serde(default)]
+    pub store: Option<StoreStatus>,
+    /// Networks found on the node when the store was created, which it does not know: left
+    /// as they are until a network of that name is added or applied.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<String>,
+    #[serde(default)]
+    pub last_change: Option<ChangeWork>,
     pub networks: Vec<NetworkStatus>,
+}
+
+/// The daemon's desired-state store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreStatus {
+    pub path: String,
+    /// Bumped by every change saved.
+    pub revision: u64,
+    /// Its size on disk.
+    pub bytes: u64,
+}
+
+/// What one change cost the daemon, counted: what a change costs must not grow with the
+/// state (`lb status -j` shows the last one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeWork {
+    /// The revision it was saved at.
+    pub revision: u64,
+    /// Contributions checked against the indexes.
+    pub validated: usize,
+    /// Sets (VIPs, published ports) composed again.
+    pub recomposed: usize,
+    /// Dumps of a namespace's addresses (the node checks' and the applies').
+    pub address_dumps: u64,
+    /// Keys the store wrote or deleted.
+    pub store_keys: usize,
+    /// Map entries (eBPF) or elements (nftables) written and deleted by its applies.
+    pub written: usize,
+    pub deleted: usize,
+    /// Inside the daemon, from the request to its answer.
+    pub micros: u64,
 }
 
 /// Every reply the daemon sends on success; the JSON is the inner value's.

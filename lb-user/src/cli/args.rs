@@ -73,9 +73,15 @@ pub enum DataplaneArg {
 pub enum Cmd {
     /// Run the daemon: owns the desired state and every network's dataplane.
     Daemon {
-        /// Where the desired state is kept (state.json, written before it is applied).
+        /// Where the desired state is kept (state.redb, each change saved before it is
+        /// applied; a state.json there from an earlier lb is migrated on first start).
         #[arg(long, default_value = daemon::DEFAULT_STATE_DIR)]
         state_dir: PathBuf,
+        /// Build a new store from a state exported by `lb state` (the JSON `lb apply -f`
+        /// takes) and start with it; the store it replaces is kept beside it as
+        /// state.redb.before-import. The way back from a store that cannot be read.
+        #[arg(long, value_name = "FILE")]
+        import: Option<PathBuf>,
         /// Maps and links are pinned here, one directory per network, so a restarted daemon
         /// adopts them without dropping a flow.
         #[arg(long, default_value = DEFAULT_BPFFS)]
@@ -118,6 +124,18 @@ pub enum Cmd {
     Service {
         #[command(subcommand)]
         cmd: ServiceCmd,
+    },
+    /// Apply many changes as one (an orchestrator's endpoint sync): a JSON file of
+    /// `{"changes": [...]}`, each change an object with its "op" (network_add, network_rm,
+    /// network_set, service_set, service_rm, backend_add, backend_rm, backend_disable,
+    /// backend_enable); every change or none is saved and applied, in one sync.
+    Batch {
+        /// The changes; `-` reads stdin.
+        #[arg(short = 'f', long = "file", value_name = "FILE")]
+        file: PathBuf,
+        /// Check the changes and print what they would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Replace the whole desired state with a JSON file, atomically, and print what changed.
     Apply {
@@ -235,6 +253,42 @@ pub enum NetworkCmd {
         /// The network's name.
         name: String,
     },
+    /// Change a network's settings in place; what is not given stays. Flows are kept,
+    /// except where the namespace changes (the network moves: its hooks and flows start
+    /// anew there).
+    Set {
+        /// The network's name.
+        name: String,
+        /// Replace the interfaces with these (repeatable).
+        #[arg(long = "interface", value_name = "IFNAME")]
+        interfaces: Vec<String>,
+        /// Add an interface (at the end) unless the network has it; repeatable.
+        #[arg(long = "add-interface", value_name = "IFNAME")]
+        add_interfaces: Vec<String>,
+        /// Take an interface out; repeatable.
+        #[arg(long = "remove-interface", value_name = "IFNAME")]
+        remove_interfaces: Vec<String>,
+        /// Move the network to this namespace (a name under /run/netns, or a path).
+        #[arg(long, value_name = "NETNS", conflicts_with = "own_netns")]
+        netns: Option<String>,
+        /// Move the network to the daemon's own namespace.
+        #[arg(long)]
+        own_netns: bool,
+        #[arg(long, value_enum)]
+        mode: Option<Mode>,
+        #[arg(long, value_enum)]
+        attach: Option<Attach>,
+        #[arg(long, value_enum)]
+        masquerade: Option<Masquerade>,
+        #[arg(long, value_enum)]
+        fast_path: Option<FastPath>,
+        #[arg(long, value_enum)]
+        hold_ports: Option<HoldPorts>,
+        /// A flow timeout, NAME=SECONDS, or NAME=default to return it to its default;
+        /// repeatable (names as `lb network add --timeout`).
+        #[arg(long = "timeout", value_name = "NAME=SECONDS")]
+        timeouts: Vec<String>,
+    },
     /// The networks, one row each.
     #[command(visible_alias = "ls")]
     List,
@@ -283,6 +337,38 @@ pub enum ServiceCmd {
         /// Only this network's.
         network: Option<String>,
     },
+    /// One backend of a service: add, remove, drain (disable) or enable it, without
+    /// repeating the rest of the service.
+    Backend {
+        #[command(subcommand)]
+        cmd: BackendCmd,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum BackendCmd {
+    /// Add a backend, IP[,disabled].
+    Add(BackendArgs),
+    /// Remove a backend: its UDP flows are flushed, its TCP connections finish.
+    #[command(visible_alias = "remove")]
+    Rm(BackendArgs),
+    /// Drain a backend: no new flows, its flows kept.
+    Disable(BackendArgs),
+    /// Let a drained backend take new flows again.
+    Enable(BackendArgs),
+}
+
+#[derive(Args)]
+pub struct BackendArgs {
+    /// The network it belongs to.
+    pub network: String,
+    /// The service's id.
+    pub service_id: String,
+    /// The backend's address (`add`: IP[,disabled]).
+    pub backend: String,
+    /// The generation; without it, the service's only one.
+    #[arg(long)]
+    pub generation: Option<String>,
 }
 
 /// The sizes `lb daemon` creates a network's maps with.

@@ -10,6 +10,7 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use lb_user::{
     api::{self, Done, ElementEntry, Request, Status},
+    core::edit::{Edit, Settings},
     core::model::{self, Backend, DesiredState, FlowTimeouts, Network, PortConfig, Service},
     core::{compose::ComposedNetwork, elements},
     daemon,
@@ -18,7 +19,7 @@ use lb_user::{
 };
 
 use super::{
-    args::{Cli, Cmd, Global, NetworkCmd, ServiceCmd},
+    args::{BackendArgs, BackendCmd, Cli, Cmd, Global, NetworkCmd, ServiceCmd},
     render,
 };
 
@@ -59,18 +60,34 @@ fn change(global: &Global, req: &Request) -> Result<()> {
     Ok(())
 }
 
-/// A desired-state file, or stdin for `-`.
-fn read_state_file(path: &Path) -> Result<DesiredState> {
-    let (text, name) = if path == Path::new("-") {
+/// A file's text and its name for messages, or stdin's for `-`.
+fn read_file(path: &Path) -> Result<(String, String)> {
+    if path == Path::new("-") {
         let mut text = String::new();
-        (std::io::stdin().read_to_string(&mut text)).context("reading the state from stdin")?;
-        (text, "stdin".to_owned())
+        (std::io::stdin().read_to_string(&mut text)).context("reading stdin")?;
+        Ok((text, "stdin".to_owned()))
     } else {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        (text, path.display().to_string())
-    };
+        Ok((text, path.display().to_string()))
+    }
+}
+
+/// A desired-state file, or stdin for `-`.
+fn read_state_file(path: &Path) -> Result<DesiredState> {
+    let (text, name) = read_file(path)?;
     DesiredState::from_json(&text).with_context(|| name)
+}
+
+/// One edit: sends it and prints what was done.
+fn edit(global: &Global, e: Edit) -> Result<()> {
+    change(
+        global,
+        &Request::Changes {
+            changes: vec![e],
+            dry_run: false,
+        },
+    )
 }
 
 /// `lb apply`: sends the state (a dry run changes nothing) and prints what changed; with
@@ -148,6 +165,7 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Daemon {
             state_dir,
+            import,
             bpffs,
             dataplane,
             metrics,
@@ -158,6 +176,7 @@ pub fn run(cli: Cli) -> Result<()> {
             sizes,
         } => daemon::run(daemon::Options {
             state_dir,
+            import,
             socket: global.socket.clone(),
             bpffs,
             dataplane: dataplane.choice(),
@@ -199,6 +218,55 @@ pub fn run(cli: Cli) -> Result<()> {
                 change(global, &Request::NetworkAdd { network })
             }
             NetworkCmd::Rm { name } => change(global, &Request::NetworkRm { name }),
+            NetworkCmd::Set {
+                name,
+                interfaces,
+                add_interfaces,
+                remove_interfaces,
+                netns,
+                own_netns,
+                mode,
+                attach,
+                masquerade,
+                fast_path,
+                hold_ports,
+                timeouts: specs,
+            } => {
+                let mut timeouts = std::collections::BTreeMap::new();
+                for spec in &specs {
+                    let (name, secs) = FlowTimeouts::parse(spec).map_err(|e| Usage(e.into()))?;
+                    timeouts.insert(name.to_owned(), secs);
+                }
+                let settings = Settings {
+                    interfaces: (!interfaces.is_empty()).then_some(interfaces),
+                    add_interfaces,
+                    remove_interfaces,
+                    netns: if own_netns {
+                        Some(None)
+                    } else {
+                        netns.map(Some)
+                    },
+                    mode,
+                    attach,
+                    masquerade,
+                    fast_path,
+                    hold_ports,
+                    timeouts,
+                };
+                if settings.is_empty() {
+                    return Err(Usage(anyhow::anyhow!(
+                        "nothing to set: give at least one setting (lb network set --help)"
+                    ))
+                    .into());
+                }
+                edit(
+                    global,
+                    Edit::NetworkSet {
+                        network: name,
+                        settings,
+                    },
+                )
+            }
             NetworkCmd::List => {
                 render::networks(global.json, &call::<Vec<_>>(global, &Request::NetworkList)?);
                 Ok(())
@@ -243,7 +311,59 @@ pub fn run(cli: Cli) -> Result<()> {
                 render::services(global.json, &list);
                 Ok(())
             }
+            ServiceCmd::Backend { cmd } => {
+                let ip = |a: &BackendArgs| {
+                    model::parse_ip(&a.backend)
+                        .map_err(|e| Usage(anyhow::Error::new(e).context("backend")))
+                };
+                let e = match cmd {
+                    BackendCmd::Add(a) => Edit::BackendAdd {
+                        backend: (a.backend.parse::<Backend>())
+                            .map_err(|e| Usage(anyhow::Error::new(e).context("backend")))?,
+                        network: a.network,
+                        service: a.service_id,
+                        generation: a.generation,
+                    },
+                    BackendCmd::Rm(a) => Edit::BackendRm {
+                        ip: ip(&a)?,
+                        network: a.network,
+                        service: a.service_id,
+                        generation: a.generation,
+                    },
+                    BackendCmd::Disable(a) => Edit::BackendDisable {
+                        ip: ip(&a)?,
+                        network: a.network,
+                        service: a.service_id,
+                        generation: a.generation,
+                    },
+                    BackendCmd::Enable(a) => Edit::BackendEnable {
+                        ip: ip(&a)?,
+                        network: a.network,
+                        service: a.service_id,
+                        generation: a.generation,
+                    },
+                };
+                edit(global, e)
+            }
         },
+        Cmd::Batch { file, dry_run } => {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Batch {
+                changes: Vec<Edit>,
+            }
+            let (text, name) = read_file(&file)?;
+            let mut de = serde_json::Deserializer::from_str(&text);
+            let batch: Batch = serde_path_to_error::deserialize(&mut de)
+                .map_err(|e| anyhow::anyhow!("{name}: {}: {}", e.path(), e.inner()))?;
+            change(
+                global,
+                &Request::Changes {
+                    changes: batch.changes,
+                    dry_run,
+                },
+            )
+        }
         Cmd::Apply {
             file,
             dry_run,

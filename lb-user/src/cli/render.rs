@@ -208,6 +208,31 @@ pub fn conntrack(json: bool, flows: &[ConntrackEntry]) {
 pub fn status(json: bool, status: &Status) {
     show(json, status, |v| {
         println!("dataplane: {} ({})", v.dataplane, v.reason);
+        if let Some(st) = &v.store {
+            println!(
+                "desired state: {} at revision {} ({} bytes)",
+                st.path, st.revision, st.bytes
+            );
+        }
+        if let Some(c) = &v.last_change {
+            println!(
+                "last change: revision {} in {} µs: {} checked, {} sets composed, {} address dumps, {} store keys, {} written, {} deleted",
+                c.revision,
+                c.micros,
+                c.validated,
+                c.recomposed,
+                c.address_dumps,
+                c.store_keys,
+                c.written,
+                c.deleted
+            );
+        }
+        if !v.left.is_empty() {
+            println!(
+                "left as found (not in the desired state when its store was created; add or apply a network of that name to take it over): {}",
+                v.left.join(", ")
+            );
+        }
         let mut t = Table::new(&[
             "NETWORK",
             "STATE",

@@ -11,7 +11,8 @@ use super::{
 };
 use crate::{
     api::{Client, Done, NetworkSummary, Refused, Request, ServiceEntry, Status},
-    core::model::{DesiredState, Network, Service},
+    core::edit::{Edit, Settings},
+    core::model::{Network, Service},
 };
 
 pub fn run(env: &Env, stdin: &[u8]) -> Result<String, CniError> {
@@ -228,23 +229,21 @@ fn ensure_network(client: &Client, conf: &Conf, bridge: Option<&str>) -> Result<
     if want.iter().all(|w| have.interfaces.contains(w)) {
         return Ok(false);
     }
-    // There is no request that changes one network's interfaces, so the whole state is read,
-    // the interfaces added and written back. A change another client makes in between is lost
-    // (the daemon has no compare-and-swap): runtimes serialise their ADDs per network.
-    let mut state: DesiredState = client
-        .call(&Request::State)
-        .map_err(err("reading the state for"))?;
-    let network = (state.networks.iter_mut())
-        .find(|n| n.name == conf.network)
-        .ok_or_else(|| CniError::new(code::TRY_AGAIN_LATER, "the lb network went away"))?;
-    for w in want {
-        if !network.interfaces.contains(&w) {
-            network.interfaces.push(w);
-        }
-    }
+    // Added by name, not by writing back a list read before: two ADDs at once each add
+    // their own, and nothing another client changed meanwhile is lost.
+    let add = want
+        .into_iter()
+        .filter(|w| !have.interfaces.contains(w))
+        .collect();
     client
-        .call::<Done>(&Request::Apply {
-            state,
+        .call::<Done>(&Request::Changes {
+            changes: vec![Edit::NetworkSet {
+                network: conf.network.clone(),
+                settings: Settings {
+                    add_interfaces: add,
+                    ..Settings::default()
+                },
+            }],
             dry_run: false,
         })
         .map_err(err("adding the bridge to"))?;

@@ -117,15 +117,20 @@ pub fn diff(old: &DesiredState, new: &DesiredState) -> Vec<Change> {
     out
 }
 
+/// The changes of one contribution (`None`: absent before, or after).
+pub fn contribution(network: &str, old: Option<&Service>, new: Option<&Service>) -> Vec<Change> {
+    services(
+        network,
+        old.map_or(&[], std::slice::from_ref),
+        new.map_or(&[], std::slice::from_ref),
+    )
+}
+
 /// A network's settings that differ, `field: old -> new`, read off their JSON so that every
 /// field the state file has is compared (services apart).
-fn settings(old: &Network, new: &Network) -> Vec<String> {
+pub fn settings(old: &Network, new: &Network) -> Vec<String> {
     let fields = |n: &Network| -> BTreeMap<String, serde_json::Value> {
-        let mut v = serde_json::to_value(Network {
-            services: vec![],
-            ..n.clone()
-        })
-        .expect("a network serializes");
+        let mut v = serde_json::to_value(n.settings()).expect("a network serializes");
         let map = std::mem::take(v.as_object_mut().expect("a network is an object"));
         map.into_iter().filter(|(k, _)| k != "services").collect()
     };

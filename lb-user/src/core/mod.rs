@@ -5,6 +5,7 @@
 //! a dataplane will be told is decided here and can be asserted without root.
 pub mod compose;
 pub mod diff;
+pub mod edit;
 pub mod elements;
 pub mod model;
 pub mod validate;

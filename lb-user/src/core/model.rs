@@ -307,9 +307,23 @@ impl FlowTimeouts {
 
     /// Sets one timeout from `NAME=SECS`, as `lb network add --timeout` takes it.
     pub fn set(&mut self, spec: &str) -> Result<(), Invalid> {
+        let (name, secs) = Self::parse(spec)?;
+        self.set_value(name, secs)
+    }
+
+    /// `NAME=SECS` as its name and seconds; `NAME=default` (as `lb network set --timeout`
+    /// takes it) as its name and `None`.
+    pub fn parse(spec: &str) -> Result<(&str, Option<u32>), Invalid> {
         let syntax = || Invalid::TimeoutSyntax(spec.to_owned());
         let (name, secs) = spec.split_once('=').ok_or_else(syntax)?;
-        let secs: u32 = secs.parse().map_err(|_| syntax())?;
+        if secs == "default" {
+            return Ok((name, None));
+        }
+        Ok((name, Some(secs.parse().map_err(|_| syntax())?)))
+    }
+
+    /// Sets timeout `name` to `secs` (`None`: its default).
+    pub fn set_value(&mut self, name: &str, secs: Option<u32>) -> Result<(), Invalid> {
         let slot = self
             .fields()
             .into_iter()
@@ -320,7 +334,7 @@ impl FlowTimeouts {
                 value: name.to_owned(),
                 expected: Self::NAMES.join(", "),
             })?;
-        *slot = Some(secs);
+        *slot = secs;
         Ok(())
     }
 
@@ -481,6 +495,22 @@ impl DesiredState {
 }
 
 impl Network {
+    /// The network without its services: its settings, as `lb network set` changes them.
+    pub fn settings(&self) -> Network {
+        Network {
+            name: self.name.clone(),
+            interfaces: self.interfaces.clone(),
+            netns: self.netns.clone(),
+            mode: self.mode,
+            attach: self.attach,
+            masquerade: self.masquerade,
+            fast_path: self.fast_path,
+            hold_ports: self.hold_ports,
+            timeouts: self.timeouts,
+            services: Vec::new(),
+        }
+    }
+
     /// Every VIP a contribution claims (the aliases the network keeps on its first interface).
     pub fn vips(&self) -> std::collections::BTreeSet<IpAddr> {
         self.services

@@ -13,7 +13,8 @@ use super::model::{
     DesiredState, Family, IFNAMSIZ, MAX_NETWORK_NAME, MAX_SERVICE_NAME, MAX_TIMEOUT_SECS, Mode,
     Network, PortConfig, PortKey, Proto, Service, port_number,
 };
-use crate::core::compose::compose;
+use crate::core::compose::{ComposedNetwork, compose};
+use crate::core::elements::SetKey;
 
 /// Why a value is not acceptable. Parse errors and validation errors share it so that the
 /// JSON file, the CLI flags and the API report a bad value in the same words.
@@ -131,6 +132,10 @@ pub enum Invalid {
     DsrTimeoutOnNat,
     #[error("backend {0} is also a VIP of this network; a VIP cannot be a backend")]
     BackendIsVip(IpAddr),
+    #[error("network add takes no services: add them with lb service set")]
+    NetworkAddTakesNoServices,
+    #[error("VIP {vip} is a backend of service {other:?}; a VIP cannot be a backend")]
+    VipIsOthersBackend { vip: IpAddr, other: String },
 }
 
 /// A validation failure: where (`network "web" service "api" generation "2"`) and why.
@@ -302,6 +307,12 @@ impl Network {
         format!("network {:?}", self.name)
     }
 
+    /// Checks the network's settings alone (everything [`Network::validate`] checks but its
+    /// services): what `lb network set` changes.
+    pub fn validate_settings(&self) -> Result<(), ValidationError> {
+        self.settings().validate()
+    }
+
     /// A refusal of one service. The path is formatted only when there is one: formatting
     /// it for every service checked costs more than the checks at 10,000 services.
     fn service_error(&self, service: &Service, reason: Invalid) -> ValidationError {
@@ -312,6 +323,82 @@ impl Network {
             ),
             reason,
         }
+    }
+}
+
+impl ComposedNetwork {
+    /// Checks `service` as it would be added to this network (or replace the contribution
+    /// with its key), against the network's index: the rules [`Network::validate`] applies to
+    /// it, without looking at any other contribution than those claiming what it claims. The
+    /// set sizes are checked once it is in ([`ComposedNetwork::oversized`]).
+    pub fn check_service(&self, service: &Service) -> Result<(), ValidationError> {
+        let at = |reason| self.service_error(service, reason);
+        service.validate().map_err(at)?;
+        let me = service.key();
+        let other = |set: &SetKey| {
+            (self.claimants(set))
+                .find(|k| k.service_id != service.id)
+                .map(|k| k.service_id.clone())
+        };
+        for &vip in &service.vips {
+            if let Some(other) = other(&SetKey::Vip(vip)) {
+                return Err(at(Invalid::VipTaken { vip, other }));
+            }
+            // A backend of another contribution (its own old version's does not count).
+            let own = (self.service(&me)).is_some_and(|s| s.backends.iter().any(|b| b.ip == vip));
+            if self.backend_refs(vip) > u32::from(own) {
+                let other = (self.services.iter())
+                    .find(|s| s.key() != me && s.backends.iter().any(|b| b.ip == vip))
+                    .map_or_else(String::new, |s| s.id.clone());
+                return Err(at(Invalid::VipIsOthersBackend { vip, other }));
+            }
+        }
+        if let Some(b) = (service.backends.iter())
+            .find(|b| (self.claimants(&SetKey::Vip(b.ip))).any(|k| *k != me))
+        {
+            return Err(at(Invalid::BackendIsVip(b.ip)));
+        }
+        for (key, _) in service.port_keys() {
+            for other_key in self.overlapping(&key) {
+                if let Some(other) = other(&SetKey::Port(other_key)) {
+                    return Err(at(if other_key == key {
+                        Invalid::PortTaken { key, other }
+                    } else {
+                        Invalid::PortOverlaps {
+                            key,
+                            other_key,
+                            other,
+                        }
+                    }));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The first of `sets` composed with more backends than the bucket space takes, refused
+    /// for `service` (the contribution that made it so).
+    pub fn oversized(
+        &self,
+        service: &Service,
+        sets: &BTreeSet<SetKey>,
+    ) -> Result<(), ValidationError> {
+        let max = lb_common::MAX_BACKENDS_PER_SET;
+        let composed = self.composed();
+        for set in sets {
+            let n = match set {
+                SetKey::Vip(vip) => composed.vips.get(vip).map_or(0, Vec::len),
+                SetKey::Port(key) => composed.ports.get(key).map_or(0, Vec::len),
+            };
+            if n > max as usize {
+                let set = match set {
+                    SetKey::Vip(vip) => format!("VIP {vip}"),
+                    SetKey::Port(key) => format!("port {key}"),
+                };
+                return Err(self.service_error(service, Invalid::TooManyBackends { set, n, max }));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -157,9 +157,7 @@ impl Daemon {
         let evictions = Family::<NetworkLabels, Counter>::default();
         let masq_failures = Family::<NetworkLabels, Counter>::default();
         let datapath = Family::<DatapathLabels, Counter>::default();
-        let networks: Vec<ComposedNetwork> = (self.desired.networks.iter())
-            .map(|n| self.composed[&n.name].clone())
-            .collect();
+        let networks: Vec<ComposedNetwork> = self.desired.networks().cloned().collect();
         for n in networks.iter().cloned() {
             if reader.is_none()
                 && let Ok(c) = self.dp.counts(&n)

@@ -4,18 +4,25 @@
 //! - Ownership: one thread (the actor) owns the desired state and the dataplane; API
 //!   connections and the metrics endpoint only send it jobs. Requests are therefore applied
 //!   one at a time, in arrival order, and no two writers ever touch one network's maps.
-//! - Durability: a change is validated whole, then written atomically to `state.json` under
-//!   the state dir, and only then applied. A crash at any point leaves either the old or the
-//!   new desired state on disk, and the next start applies it.
+//! - Cost: a change costs what it changes. It is checked against indexes and composed set by
+//!   set ([`crate::core::edit`]), checked against the node for what it adds only, saved as
+//!   the keys it changes ([`store`]), and a change of services alone writes only the sets it
+//!   touched ([`Dataplane::apply_sets`]). Settings, networks added or removed, a whole state
+//!   replaced and retries apply a network whole.
+//! - Durability: a change (one edit, or a batch as one) is checked, then committed to the
+//!   store in one transaction, and only then applied. A crash at any point leaves either the
+//!   old or the new desired state on disk, and the next start applies it.
 //! - Failure: a network whose apply fails keeps its last good dataplane (the dataplane's
 //!   contract), the error is logged and shown by `lb status`, and the apply is retried every
-//!   [`Options::retry`] until it succeeds. `applied.json` records what was last applied to
-//!   each network, so a restarted daemon knows which aliases and hooks are its own.
+//!   [`Options::retry`] until it succeeds. `applied.json` records the settings and VIPs last
+//!   applied to each network (its services as of its last whole apply: a change of services
+//!   alone does not rewrite it), so a restarted daemon knows which aliases and hooks are its
+//!   own.
 //! - Restart: nothing is flushed. Maps and links are pinned; the new daemon adopts them and
 //!   re-applies every network, which writes only what differs (nothing, after a plain restart).
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
     time::{Duration, Instant, SystemTime},
@@ -26,22 +33,23 @@ use hyper::StatusCode;
 
 use crate::{
     api::{
-        ApiError, BackendState, BackendStats, ConntrackEntry, Done, ElementEntry, LastSync,
-        NetworkStatus, NetworkSummary, Reply, Request, ServiceEntry, Status,
+        ApiError, BackendState, BackendStats, ChangeWork, ConntrackEntry, Done, ElementEntry,
+        LastSync, NetworkStatus, NetworkSummary, Reply, Request, ServiceEntry, Status, StoreStatus,
     },
     core::{
         compose::ComposedNetwork,
-        diff::diff,
-        elements::{claims, network_elements},
+        edit::{Desired, Edit, Edited, Refusal, Touched},
+        elements::{SetKey, claims, network_elements},
         model::{DesiredState, Family, Network, PortKey, Proto, Service},
     },
     dataplane::{
-        Dataplane, FlowState, SyncStats,
+        Dataplane, Delta, FlowState, SyncStats,
         ebpf::{MapSizes, OnIncompatible, TcMode},
     },
     node::{
         check,
         hold::{self, Holder},
+        netlink,
         watch::{Changes, NetnsKey},
     },
 };
@@ -49,11 +57,11 @@ use crate::{
 mod caps;
 mod metrics;
 mod server;
+pub mod store;
 
 pub use server::{metrics_addr, run};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb";
-const STATE: &str = "state.json";
 const APPLIED: &str = "applied.json";
 
 /// Which dataplane the daemon runs.
@@ -66,6 +74,8 @@ pub enum DataplaneChoice {
 
 pub struct Options {
     pub state_dir: PathBuf,
+    /// A state exported by `lb state`, to build a new store from (`--import`).
+    pub import: Option<PathBuf>,
     pub socket: PathBuf,
     pub bpffs: PathBuf,
     pub dataplane: DataplaneChoice,
@@ -94,12 +104,16 @@ struct Stats {
 
 pub struct Daemon {
     state_dir: PathBuf,
-    desired: DesiredState,
-    /// Every network of `desired`, composed: once when it changes (a commit composes what it
-    /// changes), then read by the capacity check, the apply, the status and the metrics.
-    composed: BTreeMap<String, ComposedNetwork>,
-    /// What each network's dataplane holds now: the last network value applied successfully.
+    store: store::Store,
+    /// The desired state: every network composed and indexed, kept up to date edit by edit
+    /// and read by the checks, the apply, the status and the metrics.
+    desired: Desired,
+    /// What each network's dataplane holds now: the last network value applied successfully
+    /// (whole, or changed by a partial apply as the desired one was).
     applied: BTreeMap<String, ComposedNetwork>,
+    /// Networks to apply whole at the next reconcile: changed in a way a partial apply does
+    /// not cover, or whose partial apply failed.
+    dirty: BTreeSet<String>,
     /// The last apply error of each network that is not in its desired state yet.
     errors: BTreeMap<String, String>,
     /// Networks whose node changed under them (an address, a link, the namespace): applied
@@ -107,11 +121,22 @@ pub struct Daemon {
     stale: BTreeSet<String>,
     /// `applied` changed since applied.json was last written.
     unrecorded: bool,
+    /// Networks found on the node when the store was created, which it does not know: left
+    /// as they are (see [`store`]).
+    left: BTreeSet<String>,
+    /// What the last change cost, counted.
+    last_change: Option<ChangeWork>,
     dp: Box<dyn Dataplane>,
     dataplane_reason: String,
     stats: Stats,
     /// The published ports held for each applied network (`node::hold`).
     holder: Holder,
+}
+
+/// A change of the desired state: edits (one request's, or a batch) or a whole state.
+pub enum Change {
+    Edits(Vec<Edit>),
+    Replace(DesiredState),
 }
 
 fn read_state(path: &Path) -> Result<Option<DesiredState>> {
@@ -125,14 +150,28 @@ fn read_state(path: &Path) -> Result<Option<DesiredState>> {
 }
 
 impl Daemon {
-    /// Loads the state dir and brings every network to its desired state (adopting what is
-    /// pinned, removing what is no longer configured).
+    /// Opens the state dir's store and brings every network to its desired state (see
+    /// [`Daemon::with_store`]).
     pub fn new(state_dir: &Path, dp: Box<dyn Dataplane>, dataplane_reason: String) -> Result<Self> {
         create_private_dir(state_dir)?;
-        let state_path = state_dir.join(STATE);
-        let desired = read_state(&state_path)
-            .context("the desired state on disk is unreadable; fix or remove it to start empty")?
-            .unwrap_or_default();
+        let opened = store::Store::open(state_dir, None)?;
+        Self::with_store(opened, state_dir, dp, dataplane_reason)
+    }
+
+    /// Brings every network of the store's state to its desired state (adopting what is
+    /// pinned, removing what is no longer configured; on a store just created, leaving what
+    /// it does not know).
+    pub fn with_store(
+        opened: store::Opened,
+        state_dir: &Path,
+        dp: Box<dyn Dataplane>,
+        dataplane_reason: String,
+    ) -> Result<Self> {
+        let store::Opened {
+            store,
+            state,
+            origin,
+        } = opened;
         let applied = match read_state(&state_dir.join(APPLIED)) {
             Ok(s) => s.unwrap_or_default(),
             Err(e) => {
@@ -141,27 +180,46 @@ impl Daemon {
                 DesiredState::default()
             }
         };
-        let composed = (desired.networks.iter())
-            .map(|n| (n.name.clone(), ComposedNetwork::new(n.clone())))
-            .collect();
+        let mut left = store.left()?;
         let mut d = Daemon {
             state_dir: state_dir.to_path_buf(),
-            desired,
-            composed,
+            desired: Desired::new(state),
             applied: applied
                 .networks
                 .into_iter()
                 .map(|n| (n.name.clone(), ComposedNetwork::new(n)))
                 .collect(),
+            dirty: BTreeSet::new(),
             errors: BTreeMap::new(),
             stale: BTreeSet::new(),
             unrecorded: true,
+            left: BTreeSet::new(),
+            last_change: None,
             dp,
             dataplane_reason,
             stats: Stats::default(),
             holder: Holder::default(),
+            store,
         };
-        let keep: Vec<&str> = d.desired.networks.iter().map(|n| n.name.as_str()).collect();
+        let desired: Vec<String> = d.desired.networks().map(|n| n.name.clone()).collect();
+        if origin == store::Origin::Created {
+            // A new store does not know what was served before it: nothing found is removed.
+            let keep: Vec<&str> = desired.iter().map(String::as_str).collect();
+            let mut found = d.dp.others(&keep)?;
+            found.extend(d.applied.keys().filter(|n| !desired.contains(n)).cloned());
+            found.sort();
+            found.dedup();
+            d.applied.retain(|n, _| desired.contains(n));
+            if !found.is_empty() {
+                tracing::warn!(networks = ?found, "a new, empty desired-state store: networks found on the node are left as they are (add or apply a network of that name to take it over)");
+                d.store.leave(&found)?;
+                left.extend(found);
+            }
+        }
+        d.left = left;
+        let keep: Vec<&str> = (desired.iter().chain(&d.left))
+            .map(String::as_str)
+            .collect();
         let gone: Vec<ComposedNetwork> = (d.applied.values())
             .filter(|n| !keep.contains(&n.name.as_str()))
             .cloned()
@@ -182,32 +240,27 @@ impl Daemon {
         }
         // Every network once, even when applied.json says it is in place: after a reboot the
         // pins are gone, and after a plain restart this writes nothing.
-        let names: Vec<String> = d.desired.networks.iter().map(|n| n.name.clone()).collect();
-        for name in names {
-            d.errors.insert(name, "not applied yet".into());
+        for name in desired {
+            d.errors.insert(name.clone(), "not applied yet".into());
+            d.dirty.insert(name);
         }
         d.reconcile();
         d.record();
         Ok(d)
     }
 
-    /// Holds `net`'s published ports as they are now (after its apply: the dataplane serves
-    /// them first). A failure is `lb status`'s to show, not the apply's.
-    fn hold(&mut self, net: &Network) {
-        if let Err(e) = self.holder.sync(net) {
-            tracing::warn!(network = %net.name, error = %format!("{e:#}"), "holding published ports");
-        }
-    }
-
-    pub fn desired(&self) -> &DesiredState {
-        &self.desired
+    /// The whole desired state (a copy, as `lb state` exports it).
+    pub fn desired(&self) -> DesiredState {
+        self.desired.to_state()
     }
 
     pub fn has_errors(&self) -> bool {
         !self.errors.is_empty()
     }
 
-    /// Brings every network to its desired state; returns the networks whose apply failed.
+    /// Applies whole every network that needs it (removed, changed in a way a partial apply
+    /// does not cover, failed, or whose node changed); returns the networks whose apply
+    /// failed.
     pub fn reconcile(&mut self) -> BTreeMap<String, String> {
         let start = Instant::now();
         let mut failed = BTreeMap::new();
@@ -217,7 +270,7 @@ impl Daemon {
             .collect();
         // A network neither desired nor on the node (its apply failed, then it was removed)
         // has nothing left to retry.
-        let moot: Vec<String> = (self.errors.keys().chain(&self.stale))
+        let moot: Vec<String> = (self.errors.keys().chain(&self.stale).chain(&self.dirty))
             .filter(|n| self.desired.network(n).is_none() && !self.applied.contains_key(*n))
             .cloned()
             .collect();
@@ -242,39 +295,42 @@ impl Daemon {
                 }
             }
         }
-        let names: Vec<String> = (self.desired.networks.iter())
+        let names: Vec<String> = (self.desired.networks())
             .map(|n| n.name.clone())
+            .filter(|n| {
+                self.dirty.contains(n) || self.errors.contains_key(n) || self.stale.contains(n)
+            })
             .collect();
-        for name in names {
-            let net = &self.composed[&name];
-            let previous = self.applied.get(&name);
-            if previous.map(|p| p.network()) == Some(net.network())
-                && !self.errors.contains_key(&name)
-                && !self.stale.contains(&name)
-            {
-                if self.holder.has_failed(&name) {
-                    let net = net.clone();
-                    self.hold(&net);
-                }
-                continue;
-            }
-            let net = net.clone();
+        for name in &names {
+            let net = self.desired.network(name).expect("listed above").clone();
+            let previous = self.applied.get(name);
             match self.dp.apply(&net, previous) {
                 Ok(stats) => {
-                    self.hold(&net);
-                    self.errors.remove(&net.name);
-                    self.stale.remove(&net.name);
-                    (self.stats.last_sync).insert(net.name.clone(), (SystemTime::now(), stats));
-                    self.applied.insert(net.name.clone(), net);
+                    hold(&mut self.holder, &net);
+                    self.errors.remove(name);
+                    self.stale.remove(name);
+                    self.dirty.remove(name);
+                    (self.stats.last_sync).insert(name.clone(), (SystemTime::now(), stats));
+                    self.applied.insert(name.clone(), net);
                     self.unrecorded = true;
                 }
                 Err(e) => {
                     let msg = format!("{e:#}");
-                    tracing::warn!(network = %net.name, error = %msg, "apply failed; the last good dataplane stays, will retry");
-                    self.stats.own.apply_failed(&net.name);
-                    self.errors.insert(net.name.clone(), msg.clone());
-                    failed.insert(net.name.clone(), msg);
+                    tracing::warn!(network = %name, error = %msg, "apply failed; the last good dataplane stays, will retry");
+                    self.stats.own.apply_failed(name);
+                    self.errors.insert(name.clone(), msg.clone());
+                    failed.insert(name.clone(), msg);
                 }
+            }
+        }
+        // Ports that could not be held are tried again with every reconcile.
+        let unheld: Vec<String> = (self.desired.networks())
+            .filter(|n| !names.contains(&n.name) && self.holder.has_failed(&n.name))
+            .map(|n| n.name.clone())
+            .collect();
+        for name in unheld {
+            if let Some(net) = self.desired.network(&name) {
+                hold(&mut self.holder, net);
             }
         }
         (self.stats.own.reconcile).observe(start.elapsed().as_secs_f64());
@@ -282,12 +338,14 @@ impl Daemon {
     }
 
     /// Writes applied.json if `applied` changed since it was last written: the applied
-    /// networks, serialized by reference (none is cloned). Its own copy, not a link to
-    /// state.json: an operator may rewrite state.json in place while the daemon is down, and
-    /// this record must still say what was applied then.
+    /// networks, serialized by reference (none is cloned). Its own copy, not a link to the
+    /// store: an operator may import another state while the daemon is down, and this
+    /// record must still say what was applied then.
     ///
     /// The actor calls it after answering, so that a change's answer does not wait for the
-    /// record (tens of milliseconds at 10,000 services). A crash before it is the crash
+    /// record (tens of milliseconds at 10,000 services); only whole applies and removals
+    /// mark it, since what it is read for (the networks, their namespaces, interfaces and
+    /// VIP aliases) is never changed by a partial apply. A crash before it is the crash
     /// between an apply and its record that was always possible: the next start applies the
     /// desired state over the previous record, which the dataplanes handle (aliases of VIPs
     /// no longer wanted are removed, an nftables table that is not the recorded one is
@@ -313,7 +371,7 @@ impl Daemon {
 
     /// The namespaces the desired state uses ([`crate::node::watch`] follows them).
     pub fn netns_keys(&self) -> BTreeSet<NetnsKey> {
-        (self.desired.networks.iter())
+        (self.desired.networks())
             .map(|n| n.netns_key().map(str::to_owned))
             .collect()
     }
@@ -322,7 +380,7 @@ impl Daemon {
     /// its networks are applied again, which re-reads the node's addresses, re-attaches and
     /// re-adds aliases where an interface was recreated, or fails with a status that says why.
     pub fn node_changed(&mut self, ns: &NetnsKey, changes: Changes) {
-        let names: Vec<String> = (self.desired.networks.iter())
+        let names: Vec<String> = (self.desired.networks())
             .filter(|n| n.netns_key() == ns.as_deref())
             .map(|n| n.name.clone())
             .collect();
@@ -338,10 +396,10 @@ impl Daemon {
         // Neighbours or the ruleset: only the fast path (and DSR backends' MACs) of the
         // networks applied there. One that is not applied gets all of it at its retry.
         for name in names {
-            if self.errors.contains_key(&name) {
+            if self.errors.contains_key(&name) || self.dirty.contains(&name) {
                 continue;
             }
-            let Some(n) = self.composed.get(&name) else {
+            let Some(n) = self.desired.network(&name) else {
                 continue;
             };
             if let Err(e) = self.dp.refresh(n, changes.firewall) {
@@ -357,6 +415,7 @@ impl Daemon {
     fn forget(&mut self, name: &str) {
         self.errors.remove(name);
         self.stale.remove(name);
+        self.dirty.remove(name);
         self.stats.last_sync.remove(name);
         self.stats.own.forget(name);
     }
@@ -368,67 +427,84 @@ impl Daemon {
         }
     }
 
-    /// Validates `new` whole and checks it against the node, saves it, then applies it; a dry
-    /// run stops after the checks. The answer says which of these it got to: a refusal (400,
-    /// nothing saved), a failure to save (500, nothing changed), or saved but a network it
-    /// touched not applied yet (500 with `saved`: the retry applies it); and, either way,
-    /// what differs from the current desired state.
-    fn commit(
+    /// Checks `change` (against the indexes, then the node for what it adds), saves it in
+    /// one store transaction, then applies it; a dry run stops after the checks. The answer
+    /// says which of these it got to: a refusal (nothing saved), a failure to save (500,
+    /// nothing changed), or saved but a network it touched not applied yet (500 with
+    /// `saved`: the retry applies it); and, either way, what it changes.
+    pub fn commit(
         &mut self,
-        new: DesiredState,
+        change: Change,
         what: String,
         dry_run: bool,
     ) -> Result<Reply, ApiError> {
-        let rejected = |e: anyhow::Error| ApiError::bad_request(format!("rejected: {e:#}"));
-        new.validate()
-            .map_err(|e| rejected(anyhow::Error::new(e)))?;
-        // Every VIP lb has or had an alias for: such an address on the node is lb's own.
-        let lb_vips: BTreeSet<_> = (self.desired.networks.iter())
-            .chain(self.applied.values().map(|n| n.network()))
-            .flat_map(|n| n.vips())
-            .collect();
-        // Each network the change touches is composed here, once: checked, then kept for the
-        // apply and every later read.
-        let mut composed = BTreeMap::new();
-        for net in &new.networks {
-            if self.desired.network(&net.name) != Some(net) {
-                let c = ComposedNetwork::new(net.clone());
-                self.dp.supports(net).map_err(rejected)?;
-                self.dp.check_capacity(&c).map_err(rejected)?;
-                check::check(net, self.desired.network(&net.name), lb_vips.clone())
-                    .map_err(rejected)?;
-                hold::check_free(
-                    net,
-                    self.desired.network(&net.name),
-                    self.holder.held(&net.name),
-                )
-                .map_err(rejected)?;
-                composed.insert(net.name.clone(), c);
+        let start = Instant::now();
+        let dumps = netlink::address_dumps();
+        let edited = match change {
+            Change::Edits(edits) => {
+                let n = edits.len();
+                let mut edited = Edited::default();
+                for (i, e) in edits.into_iter().enumerate() {
+                    if let Err(r) = self.desired.edit(e, &mut edited) {
+                        self.desired.undo(edited);
+                        return Err(refused(r, (n > 1).then_some(i)));
+                    }
+                }
+                edited
             }
+            Change::Replace(state) => self.desired.replace(state),
+        };
+        if let Err(e) = self.check(&edited) {
+            self.desired.undo(edited);
+            return Err(e);
         }
-        let changes = diff(&self.desired, &new);
         if dry_run {
+            let changes = edited.changes.clone();
+            self.desired.undo(edited);
             return Ok(Reply::Done(Done {
                 done: "dry run: nothing saved or applied; the change would make".to_owned(),
                 changes,
                 dry_run: true,
+                revision: None,
             }));
         }
-        crate::write_atomically(&self.state_dir.join(STATE), new.to_json().as_bytes())
-            .context("saving the desired state (nothing was changed)")
-            .map_err(|e| ApiError::internal(&e, false))?;
+        if edited.touched.is_empty() {
+            // Nothing to save; what is failing is tried again now, as after any change.
+            self.reconcile();
+            return Ok(Reply::Done(Done {
+                done: what,
+                changes: Vec::new(),
+                dry_run: false,
+                revision: Some(self.store.revision()),
+            }));
+        }
+        let (revision, store_keys) = match self.store.commit(&writes(&self.desired, &edited)) {
+            Ok(r) => r,
+            Err(e) => {
+                self.desired.undo(edited);
+                let e = e.context("saving the desired state (nothing was changed)");
+                return Err(ApiError::internal(&e, false));
+            }
+        };
+        for name in edited.touched.keys() {
+            self.left.remove(name);
+        }
+        let (failed, stats) = self.apply(&edited.touched);
+        self.last_change = Some(ChangeWork {
+            revision,
+            validated: edited.checked,
+            recomposed: edited.touched.values().map(|t| t.sets.len()).sum(),
+            address_dumps: netlink::address_dumps() - dumps,
+            store_keys,
+            written: stats.written,
+            deleted: stats.deleted,
+            micros: start.elapsed().as_micros() as u64,
+        });
         // A network that was failing before this change and is not part of it keeps its own
         // error (in `lb status`, and retried); it does not make this change's answer an error.
-        let touched: BTreeSet<String> = (new.networks.iter())
-            .filter(|n| self.desired.network(&n.name) != Some(*n))
-            .chain((self.desired.networks.iter()).filter(|n| new.network(&n.name).is_none()))
-            .map(|n| n.name.clone())
-            .collect();
-        self.desired = new;
-        (self.composed).retain(|name, _| self.desired.network(name).is_some());
-        self.composed.extend(composed);
-        let failed = self.reconcile();
-        if let Some((network, error)) = (failed.into_iter()).find(|(n, _)| touched.contains(n)) {
+        if let Some((network, error)) =
+            (failed.into_iter()).find(|(n, _)| edited.touched.contains_key(n))
+        {
             let e = anyhow::anyhow!(
                 "{what}: saved, but network {network} is not applied yet (its last good dataplane stays; retrying every few seconds): {error}"
             );
@@ -436,27 +512,129 @@ impl Daemon {
         }
         Ok(Reply::Done(Done {
             done: what,
-            changes,
+            changes: edited.changes,
             dry_run: false,
+            revision: Some(revision),
         }))
     }
 
-    fn network(&self, name: &str) -> Result<&Network, ApiError> {
+    /// Checks the networks `edited` touched against the dataplane and the node, for what the
+    /// edits added: a network added or changed whole is checked whole (its interfaces, its
+    /// VIPs and published ports new to it), one whose services changed only for the VIPs,
+    /// `host_ip`s and ports they added (no address dump without one).
+    fn check(&mut self, edited: &Edited) -> Result<(), ApiError> {
+        let rejected = |e: anyhow::Error| ApiError::bad_request(format!("rejected: {e:#}"));
+        for (name, t) in &edited.touched {
+            let Some(net) = self.desired.network(name) else {
+                continue;
+            };
+            self.dp.supports(net).map_err(rejected)?;
+            if t.whole {
+                self.dp.check_capacity(net).map_err(rejected)?;
+            } else {
+                self.dp
+                    .check_capacity_sets(net, &t.sets)
+                    .map_err(rejected)?;
+            }
+            // Every VIP lb has or had an alias for but those the change adds: such an address
+            // on the node is lb's own. Only needed where a dump is made.
+            let lb_vips = || -> BTreeSet<IpAddr> {
+                (self
+                    .desired
+                    .networks()
+                    .flat_map(|n| n.composed().vips.keys().copied()))
+                .chain(
+                    self.applied
+                        .values()
+                        .flat_map(|n| n.composed().vips.keys().copied()),
+                )
+                .filter(|v| !t.new_vips.contains(v))
+                .collect()
+            };
+            check::check_added(net, &t.new_vips, &t.new_host_ips, lb_vips).map_err(rejected)?;
+            let held = self.holder.held(name);
+            let new_ports: BTreeSet<PortKey> = if t.whole {
+                hold::wanted(net)
+            } else {
+                (t.new_ports.iter())
+                    .filter(|k| hold::holds(net, k))
+                    .copied()
+                    .collect()
+            };
+            hold::check_free(net, new_ports.difference(&held)).map_err(rejected)?;
+        }
+        Ok(())
+    }
+
+    /// Applies what `touched` changed: a network whose services alone changed, and which is
+    /// applied and clean, by its dataplane's partial apply; every other one whole (by the
+    /// reconcile that follows). Returns the networks that failed, and what the partial
+    /// applies wrote.
+    fn apply(
+        &mut self,
+        touched: &BTreeMap<String, Touched>,
+    ) -> (BTreeMap<String, String>, SyncStats) {
+        let mut failed = BTreeMap::new();
+        let mut total = SyncStats::default();
+        for (name, t) in touched {
+            let partial = !t.whole
+                && !t.removed
+                && !self.dirty.contains(name)
+                && !self.errors.contains_key(name)
+                && !self.stale.contains(name);
+            let (Some(net), Some(applied), true) =
+                (self.desired.network(name), self.applied.get(name), partial)
+            else {
+                self.dirty.insert(name.clone());
+                continue;
+            };
+            let delta = delta(applied, net, t);
+            match self.dp.apply_sets(net, &delta) {
+                Ok(Some(stats)) => {
+                    total.written += stats.written;
+                    total.deleted += stats.deleted;
+                    total.flows_flushed += stats.flows_flushed;
+                    (self.stats.last_sync).insert(name.clone(), (SystemTime::now(), stats));
+                    let applied = self.applied.get_mut(name).expect("matched above");
+                    for key in &t.services {
+                        match net.service(key) {
+                            Some(s) => {
+                                applied.upsert(s.clone());
+                            }
+                            None => {
+                                applied.remove(key);
+                            }
+                        }
+                    }
+                    if delta.ports_changed {
+                        hold(&mut self.holder, net);
+                    }
+                }
+                Ok(None) => {
+                    self.dirty.insert(name.clone());
+                }
+                Err(e) => {
+                    let msg = format!("{e:#}");
+                    tracing::warn!(network = %name, error = %msg, "a partial apply failed; the network is applied whole");
+                    self.dirty.insert(name.clone());
+                }
+            }
+        }
+        failed.extend(self.reconcile());
+        (failed, total)
+    }
+
+    fn network(&self, name: &str) -> Result<&ComposedNetwork, ApiError> {
         self.desired
             .network(name)
             .ok_or_else(|| ApiError::not_found(format!("unknown network {name:?}")))
     }
 
-    /// The network named, or every network, composed.
-    fn selected(&self, network: &Option<String>) -> Result<Vec<ComposedNetwork>, ApiError> {
+    /// The network named, or every network.
+    fn selected(&self, network: &Option<String>) -> Result<Vec<&ComposedNetwork>, ApiError> {
         match network {
-            Some(n) => {
-                self.network(n)?;
-                Ok(vec![self.composed[n].clone()])
-            }
-            None => Ok((self.desired.networks.iter())
-                .map(|n| self.composed[&n.name].clone())
-                .collect()),
+            Some(n) => Ok(vec![self.network(n)?]),
+            None => Ok(self.desired.networks().collect()),
         }
     }
 
@@ -464,33 +642,23 @@ impl Daemon {
     pub fn handle(&mut self, req: Request) -> Result<Reply, ApiError> {
         match req {
             Request::NetworkAdd { network } => {
-                if self.desired.network(&network.name).is_some() {
-                    return Err(ApiError::new(
-                        StatusCode::CONFLICT,
-                        format!(
-                            "network {:?} exists (remove it first, or replace the whole state with lb apply)",
-                            network.name
-                        ),
-                    ));
-                }
-                if !network.services.is_empty() {
-                    return Err(ApiError::bad_request(
-                        "network add takes no services: add them with lb service set",
-                    ));
-                }
                 let what = format!("network {} added", network.name);
-                let mut new = self.desired.clone();
-                new.networks.push(network);
-                self.commit(new, what, false)
+                self.commit(
+                    Change::Edits(vec![Edit::NetworkAdd { network }]),
+                    what,
+                    false,
+                )
             }
             Request::NetworkRm { name } => {
-                self.network(&name)?;
-                let mut new = self.desired.clone();
-                new.networks.retain(|n| n.name != name);
-                self.commit(new, format!("network {name} removed"), false)
+                let what = format!("network {name} removed");
+                self.commit(
+                    Change::Edits(vec![Edit::NetworkRm { network: name }]),
+                    what,
+                    false,
+                )
             }
             Request::NetworkList => Ok(Reply::Networks(
-                (self.desired.networks.iter())
+                (self.desired.networks())
                     .map(|n| NetworkSummary {
                         name: n.name.clone(),
                         interfaces: n.interfaces.clone(),
@@ -503,48 +671,44 @@ impl Daemon {
                     .collect(),
             )),
             Request::ServiceSet { network, service } => {
-                self.network(&network)?;
                 let what = format!(
                     "service {} generation {} set in {network}",
                     service.id, service.generation
                 );
-                let mut new = self.desired.clone();
-                new.network_mut(&network)
-                    .expect("checked above")
-                    .upsert_service(service);
-                self.commit(new, what, false)
+                self.commit(
+                    Change::Edits(vec![Edit::ServiceSet { network, service }]),
+                    what,
+                    false,
+                )
             }
             Request::ServiceRm {
                 network,
                 id,
                 generation,
             } => {
-                self.network(&network)?;
-                let mut new = self.desired.clone();
-                let n = new
-                    .network_mut(&network)
-                    .expect("checked above")
-                    .remove_services(&id, generation.as_deref());
-                if n == 0 {
-                    return Err(ApiError::not_found(match &generation {
-                        Some(g) => {
-                            format!("network {network} has no service {id:?} generation {g:?}")
-                        }
-                        None => format!("network {network} has no service {id:?}"),
-                    }));
-                }
-                self.commit(
-                    new,
-                    format!(
-                        "{n} {} of service {id} removed from {network}",
-                        if n == 1 { "generation" } else { "generations" }
-                    ),
-                    false,
-                )
+                let what = match &generation {
+                    Some(g) => format!("service {id} generation {g} removed from {network}"),
+                    None => format!("service {id} removed from {network}"),
+                };
+                let edit = Edit::ServiceRm {
+                    network,
+                    service: id,
+                    generation,
+                };
+                self.commit(Change::Edits(vec![edit]), what, false)
+            }
+            Request::Changes { changes, dry_run } => {
+                let what = match changes.as_slice() {
+                    [one] => describe(one),
+                    many => format!("{} changes applied as one", many.len()),
+                };
+                self.commit(Change::Edits(changes), what, dry_run)
             }
             Request::ServiceList { network } => {
+                let selected: Vec<ComposedNetwork> =
+                    self.selected(&network)?.into_iter().cloned().collect();
                 let mut out = Vec::new();
-                for n in self.selected(&network)? {
+                for n in selected {
                     out.extend(self.service_entries(&n));
                 }
                 Ok(Reply::Services(out))
@@ -554,19 +718,21 @@ impl Daemon {
                     1 => "the state of 1 network applied".to_owned(),
                     n => format!("the state of {n} networks applied"),
                 };
-                self.commit(state, what, dry_run)
+                self.commit(Change::Replace(state), what, dry_run)
             }
-            Request::State => Ok(Reply::State(self.desired.clone())),
+            Request::State => Ok(Reply::State(self.desired.to_state())),
             Request::Elements { network } => Ok(Reply::Elements(
-                (self.selected(&network)?.iter())
+                (self.selected(&network)?.into_iter())
                     .flat_map(|n| {
                         (network_elements(n).into_iter()).map(|e| ElementEntry::new(&n.name, e))
                     })
                     .collect(),
             )),
             Request::Conntrack { network } => {
+                let selected: Vec<ComposedNetwork> =
+                    self.selected(&network)?.into_iter().cloned().collect();
                 let mut out = Vec::new();
-                for n in self.selected(&network)? {
+                for n in selected {
                     let flows = (self.dp.flows(&n))
                         .with_context(|| format!("network {}: reading its flows", n.name))
                         .map_err(|e| ApiError::internal(&e, false))?;
@@ -587,21 +753,16 @@ impl Daemon {
 
     fn status(&mut self) -> Status {
         let mut networks = Vec::new();
-        for name in self
-            .desired
-            .networks
-            .iter()
-            .map(|n| n.name.clone())
-            .collect::<Vec<_>>()
-        {
-            let n = self.composed[&name].clone();
-            let counted = self.dp.flow_stats(&n);
+        let names: Vec<String> = self.desired.networks().map(|n| n.name.clone()).collect();
+        for name in names {
+            let n = self.desired.network(&name).expect("listed above");
+            let counted = self.dp.flow_stats(n);
             let mut warnings = self
                 .dp
-                .warnings(&n)
+                .warnings(n)
                 .unwrap_or_else(|e| vec![format!("checking the node: {e:#}")]);
             warnings.extend(self.holder.warnings(&n.name));
-            if let Ok(missing) = check::missing_interfaces(&n)
+            if let Ok(missing) = check::missing_interfaces(n)
                 && !missing.is_empty()
             {
                 warnings.push(format!(
@@ -609,22 +770,21 @@ impl Daemon {
                     missing.join(", ")
                 ));
             }
+            let path = self.dp.path(n);
+            let n = self.desired.network(&name).expect("listed above");
             networks.push(NetworkStatus {
-                applied: !self.errors.contains_key(&n.name),
+                applied: !self.errors.contains_key(&n.name) && !self.dirty.contains(&n.name),
                 error: self.errors.get(&n.name).cloned(),
                 attach: n.attach,
                 mode: n.mode,
-                path: self.dp.path(&n),
+                path,
                 services: n.services.len(),
-                backends: (n.services.iter())
-                    .flat_map(|s| s.backends.iter().map(|b| b.ip))
-                    .collect::<BTreeSet<_>>()
-                    .len(),
+                backends: n.backend_addrs().count(),
                 flows: counted.as_ref().map(|c| c.by_state.iter().sum()),
                 flows_by_state: counted.as_ref().map(|c| {
                     (FlowState::ALL.iter())
                         .zip(c.by_state)
-                        .filter(|(s, _)| s.shown_for(&n))
+                        .filter(|(s, _)| s.shown_for(n))
                         .map(|(s, n)| (*s, n))
                         .collect()
                 }),
@@ -644,7 +804,160 @@ impl Daemon {
         Status {
             dataplane: self.dp.kind().to_string(),
             reason: self.dataplane_reason.clone(),
+            store: Some(StoreStatus {
+                path: self.store.path().display().to_string(),
+                revision: self.store.revision(),
+                bytes: self.store.bytes(),
+            }),
+            left: self.left.iter().cloned().collect(),
+            last_change: self.last_change,
             networks,
+        }
+    }
+}
+
+/// The store writes of `edited`: what each network it touched is now.
+fn writes<'a>(desired: &'a Desired, edited: &'a Edited) -> Vec<store::Write<'a>> {
+    let mut out = Vec::new();
+    for (name, t) in &edited.touched {
+        let Some(net) = desired.network(name) else {
+            out.push(store::Write::NetworkGone(name));
+            continue;
+        };
+        if t.whole {
+            out.push(store::Write::Network {
+                settings: net.network(),
+                fresh: t.rewritten,
+            });
+        }
+        if t.rewritten {
+            // In the network's order, each in a new place.
+            for s in &net.services {
+                out.push(store::Write::Service {
+                    network: name,
+                    key: t
+                        .services
+                        .get(&s.key())
+                        .expect("a rewritten network's services are touched"),
+                    service: Some(s),
+                    fresh: true,
+                });
+            }
+            continue;
+        }
+        for key in &t.services {
+            out.push(store::Write::Service {
+                network: name,
+                key,
+                service: net.service(key),
+                fresh: false,
+            });
+        }
+    }
+    out
+}
+
+/// What changed between `applied` and `net` in the sets and contributions `t` touched, for a
+/// partial apply.
+fn delta<'a>(applied: &ComposedNetwork, net: &ComposedNetwork, t: &'a Touched) -> Delta<'a> {
+    let mut new_backends = BTreeSet::new();
+    let mut gone_backends = BTreeSet::new();
+    for key in &t.services {
+        let old = applied.service(key).into_iter().flat_map(|s| &s.backends);
+        let new = net.service(key).into_iter().flat_map(|s| &s.backends);
+        new_backends.extend(
+            new.map(|b| b.ip)
+                .filter(|ip| applied.backend_refs(*ip) == 0),
+        );
+        gone_backends.extend(old.map(|b| b.ip).filter(|ip| net.backend_refs(*ip) == 0));
+    }
+    let exists = |n: &ComposedNetwork, set: &SetKey| match set {
+        SetKey::Vip(v) => n.composed().vips.contains_key(v),
+        SetKey::Port(k) => n.composed().ports.contains_key(k),
+    };
+    let changed = |set: &SetKey| exists(applied, set) != exists(net, set);
+    Delta {
+        sets: &t.sets,
+        new_backends,
+        gone_backends,
+        vips_changed: (t.sets.iter()).any(|s| matches!(s, SetKey::Vip(_)) && changed(s)),
+        ports_changed: (t.sets.iter()).any(|s| matches!(s, SetKey::Port(_)) && changed(s)),
+    }
+}
+
+/// A refusal of an edit as the API answers it; `at`: its place in a batch.
+fn refused(r: Refusal, at: Option<usize>) -> ApiError {
+    let which = at.map_or_else(String::new, |i| format!("change {i}: "));
+    match r {
+        Refusal::NotFound(m) => ApiError::not_found(format!("{which}{m}")),
+        Refusal::Conflict(m) => ApiError::new(StatusCode::CONFLICT, format!("{which}{m}")),
+        Refusal::Invalid(v) => ApiError::bad_request(format!("{which}rejected: {v}")),
+    }
+}
+
+/// One edit in words, as its answer says it was done.
+fn describe(edit: &Edit) -> String {
+    let generation = |g: &Option<String>| {
+        g.as_ref()
+            .map_or_else(String::new, |g| format!(" generation {g}"))
+    };
+    match edit {
+        Edit::NetworkAdd { network } => format!("network {} added", network.name),
+        Edit::NetworkRm { network } => format!("network {network} removed"),
+        Edit::NetworkSet { network, .. } => format!("network {network} set"),
+        Edit::ServiceSet { network, service } => format!(
+            "service {} generation {} set in {network}",
+            service.id, service.generation
+        ),
+        Edit::ServiceRm {
+            network,
+            service,
+            generation: g,
+        } => {
+            format!("service {service}{} removed from {network}", generation(g))
+        }
+        Edit::BackendAdd {
+            network,
+            service,
+            generation: g,
+            backend,
+        } => format!(
+            "backend {} added to service {service}{} in {network}",
+            backend.ip,
+            generation(g)
+        ),
+        Edit::BackendRm {
+            network,
+            service,
+            generation: g,
+            ip,
+        } => {
+            format!(
+                "backend {ip} removed from service {service}{} in {network}",
+                generation(g)
+            )
+        }
+        Edit::BackendDisable {
+            network,
+            service,
+            generation: g,
+            ip,
+        } => {
+            format!(
+                "backend {ip} of service {service}{} in {network} disabled",
+                generation(g)
+            )
+        }
+        Edit::BackendEnable {
+            network,
+            service,
+            generation: g,
+            ip,
+        } => {
+            format!(
+                "backend {ip} of service {service}{} in {network} enabled",
+                generation(g)
+            )
         }
     }
 }
@@ -716,6 +1029,14 @@ fn frontend_owner(network: &Network, proto: Proto, frontend: SocketAddr) -> Opti
         .or_else(|| {
             (network.services.iter()).find(|s| s.port_keys().any(|(k, _)| k.overlaps(&packet)))
         })
+}
+
+/// Holds `net`'s published ports as they are now (after its apply: the dataplane serves them
+/// first). A failure is `lb status`'s to show, not the apply's.
+fn hold(holder: &mut Holder, net: &Network) {
+    if let Err(e) = holder.sync(net) {
+        tracing::warn!(network = %net.name, error = %format!("{e:#}"), "holding published ports");
+    }
 }
 
 fn create_private_dir(dir: &Path) -> Result<()> {

@@ -15,11 +15,11 @@ use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 
 use super::{
-    APPLIED, Daemon, DataplaneChoice, Options, STATE, create_private_dir, metrics, read_state,
+    APPLIED, Daemon, DataplaneChoice, Options, create_private_dir, metrics, read_state, store,
 };
 use crate::{
     api::{self, ApiError, MAX_REQUEST, Reply, Request},
-    core::model::Network,
+    core::model::{DesiredState, Network},
     dataplane::{Dataplane, EbpfDataplane, Kind, NftDataplane, probe},
     lock::Lock,
     node::watch,
@@ -111,16 +111,17 @@ fn dataplane(opts: &Options) -> Result<(Box<dyn Dataplane>, String)> {
     }
 }
 
-/// Every network this state dir knows of (applied or desired), for retiring the dataplane
-/// that is not in use: unreadable files only mean less to clean up.
-fn known_networks(state_dir: &Path) -> Vec<Network> {
+/// Every network this state dir knows of (applied, or desired in `desired`), for retiring
+/// the dataplane that is not in use: an unreadable applied.json only means less to clean up.
+fn known_networks(state_dir: &Path, desired: &DesiredState) -> Vec<Network> {
     let mut out: BTreeMap<String, Network> = BTreeMap::new();
-    for file in [APPLIED, STATE] {
-        if let Ok(Some(s)) = read_state(&state_dir.join(file)) {
-            for n in s.networks {
-                out.insert(n.name.clone(), n);
-            }
+    if let Ok(Some(s)) = read_state(&state_dir.join(APPLIED)) {
+        for n in s.networks {
+            out.insert(n.name.clone(), n);
         }
+    }
+    for n in &desired.networks {
+        out.insert(n.name.clone(), n.clone());
     }
     out.into_values().collect()
 }
@@ -498,10 +499,21 @@ pub fn run(opts: Options) -> Result<()> {
         }),
         None => None,
     };
+    // The store before anything on the node: one that cannot be read stops the start here,
+    // with the dataplane as it is.
+    let store_file = opts.state_dir.join(store::FILE);
+    let opened = created.track(&store_file, || {
+        store::Store::open(&opts.state_dir, opts.import.as_deref())
+    })?;
+    tracing::info!(store = %opened.store.path().display(), revision = opened.store.revision(), origin = ?opened.origin, "desired state opened");
     let (dp, reason) = dataplane(&opts)?;
     tracing::info!(dataplane = %dp.kind(), reason = %reason, "dataplane selected");
-    retire_other(dp.kind(), &opts, &known_networks(&opts.state_dir));
-    let daemon = Daemon::new(&opts.state_dir, dp, reason)?;
+    retire_other(
+        dp.kind(),
+        &opts,
+        &known_networks(&opts.state_dir, &opened.state),
+    );
+    let daemon = Daemon::with_store(opened, &opts.state_dir, dp, reason)?;
     // The socket last (under its lock, so nothing else binds it meanwhile): a client (and
     // the tests' harness) that can connect talks to a daemon that has applied its state.
     let listener = {

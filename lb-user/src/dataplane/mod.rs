@@ -9,7 +9,7 @@
 //! `previous` as the applied state until a call succeeds. `remove` undoes everything `apply`
 //! did for a network and tolerates pieces already gone.
 use std::{
-    collections::HashMap,
+    collections::{BTreeSet, HashMap},
     net::{IpAddr, SocketAddr},
 };
 
@@ -210,6 +210,21 @@ impl FlowStats {
     }
 }
 
+/// A change of some sets of a network alone (its contributions changed; its settings, its
+/// VIPs and its place did not), for [`Dataplane::apply_sets`].
+#[derive(Clone, Debug)]
+pub struct Delta<'a> {
+    /// The sets (VIPs, published ports) whose composition may have changed.
+    pub sets: &'a BTreeSet<SetKey>,
+    /// Backends the network did not list before, and those it no longer lists (their flows
+    /// go as a removed backend's do).
+    pub new_backends: BTreeSet<IpAddr>,
+    pub gone_backends: BTreeSet<IpAddr>,
+    /// A VIP, or a published port, was added or removed: aliases, or held ports, change.
+    pub vips_changed: bool,
+    pub ports_changed: bool,
+}
+
 /// Reads one network's counters, off the actor (see [`Dataplane::counts_reader`]).
 pub type CountsReader = fn(&ComposedNetwork) -> Result<Vec<Count>>;
 
@@ -225,12 +240,35 @@ pub trait Dataplane: Send {
     fn check_capacity(&mut self, _network: &ComposedNetwork) -> Result<()> {
         Ok(())
     }
+    /// [`Dataplane::check_capacity`] of a change of `sets` alone (counted against what the
+    /// network holds now); by default the whole check.
+    fn check_capacity_sets(
+        &mut self,
+        network: &ComposedNetwork,
+        _sets: &BTreeSet<SetKey>,
+    ) -> Result<()> {
+        self.check_capacity(network)
+    }
     fn apply(
         &mut self,
         network: &ComposedNetwork,
         previous: Option<&ComposedNetwork>,
     ) -> Result<SyncStats>;
+    /// Applies a change of `delta.sets` alone, the network as it must be now: writes only
+    /// those sets, and either succeeds or leaves the network serving, as [`Dataplane::apply`]
+    /// does. `None`: this dataplane (or this network on it) has no partial apply for the
+    /// change, and the caller applies the network whole; so does it after an error.
+    fn apply_sets(
+        &mut self,
+        _network: &ComposedNetwork,
+        _delta: &Delta,
+    ) -> Result<Option<SyncStats>> {
+        Ok(None)
+    }
     fn remove(&mut self, network: &Network) -> Result<()>;
+    /// The networks this dataplane holds something of that are not in `keep` (what
+    /// [`Dataplane::remove_others`] would remove).
+    fn others(&mut self, keep: &[&str]) -> Result<Vec<String>>;
     /// Removes whatever this dataplane holds for networks that are not in `keep` (left by a
     /// daemon that stopped before removing them), and returns their names.
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>>;

@@ -105,6 +105,10 @@ impl Dataplane for Recording {
         self.call(Call::Remove(network.name.clone()), &network.name)
     }
 
+    fn others(&mut self, _keep: &[&str]) -> Result<Vec<String>> {
+        Ok(Vec::new())
+    }
+
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
         let keep = keep.iter().map(|k| (*k).to_owned()).collect();
         self.shared().calls.push(Call::RemoveOthers(keep));

@@ -24,8 +24,6 @@ use crate::{
 /// does not block unrelated changes. `lb_vips` are every VIP lb has in the state, so that
 /// aliases lb added (even without [`crate::node::ALIAS_PROTO`]) do not count as the node's.
 pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<IpAddr>) -> Result<()> {
-    let ifaces = net.interfaces.clone();
-    let name = net.name.clone();
     // What `old` already had, as sets: a change of one service costs a lookup per service,
     // not a scan of the old network per service.
     let (old_vips, old_hosts): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) =
@@ -35,6 +33,26 @@ pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<IpAddr>) ->
         .filter(|v| !old_vips.contains(v))
         .collect();
     let host_ips: BTreeSet<IpAddr> = host_ips(net).difference(&old_hosts).copied().collect();
+    check_added(net, &vips, &host_ips, || lb_vips)
+}
+
+/// [`check`] of what a change adds to `net`: VIPs and `host_ip`s new to it (its interfaces
+/// are always looked at). `lb_vips` is asked for only where there is something to check
+/// against the node's addresses.
+pub fn check_added(
+    net: &Network,
+    vips: &BTreeSet<IpAddr>,
+    host_ips: &BTreeSet<IpAddr>,
+    lb_vips: impl FnOnce() -> BTreeSet<IpAddr>,
+) -> Result<()> {
+    let ifaces = net.interfaces.clone();
+    let name = net.name.clone();
+    let (vips, host_ips) = (vips.clone(), host_ips.clone());
+    let lb_vips = if vips.is_empty() && host_ips.is_empty() {
+        BTreeSet::new()
+    } else {
+        lb_vips()
+    };
     let where_ = net.netns.as_ref().map_or_else(
         || "the daemon's netns".to_owned(),
         |ns| format!("netns {ns}"),

@@ -39,6 +39,11 @@ pub fn wanted(network: &Network) -> BTreeSet<PortKey> {
         .collect()
 }
 
+/// Whether `network` holds published port `key` (see [`wanted`]).
+pub fn holds(network: &Network, key: &PortKey) -> bool {
+    network.hold_ports == HoldPorts::On && key.proto != Proto::Sctp
+}
+
 /// A socket bound to `key`'s address and port (see the module's contracts), or the bind's
 /// error. In the calling thread's namespace. A key of every IPv6 address binds `[::]` with
 /// `IPV6_V6ONLY`, so that it holds the IPv6 port alone and the IPv4 key holds its own.
@@ -134,13 +139,11 @@ fn where_(network: &Network) -> String {
     )
 }
 
-/// Refuses `network` when a port it would hold anew (not wanted by `old`, nor in `held`,
-/// what the daemon holds for it now) is taken in its namespace: a published port must be
+/// Refuses `network` when a port it would hold anew (`new`: those a change adds that the
+/// daemon does not hold for it now) is taken in its namespace: a published port must be
 /// free, as kubelet and Docker require. Checked by binding it and letting it go again.
-pub fn check_free(network: &Network, old: Option<&Network>, held: BTreeSet<PortKey>) -> Result<()> {
-    let mut have = old.map(wanted).unwrap_or_default();
-    have.extend(held);
-    let new: Vec<PortKey> = wanted(network).difference(&have).copied().collect();
+pub fn check_free<'a>(network: &Network, new: impl Iterator<Item = &'a PortKey>) -> Result<()> {
+    let new: Vec<PortKey> = new.copied().collect();
     if new.is_empty() {
         return Ok(());
     }

@@ -240,6 +240,7 @@ impl Netlink {
     /// Every address of every interface of the namespace, of both families, lb's aliases
     /// included.
     pub fn addresses(&self) -> Result<Vec<NodeAddr>> {
+        DUMPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok((self.addr_messages(None)?.iter())
             .filter_map(|m| {
                 let (addr, prefix) = Self::addr(m)?;
@@ -773,4 +774,12 @@ impl Netlink {
             })
             .collect())
     }
+}
+
+/// Address dumps made by this process ([`Netlink::addresses`]): with thousands of VIP aliases
+/// one costs more than the rest of a change, so the daemon counts them per change.
+static DUMPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub fn address_dumps() -> u64 {
+    DUMPS.load(std::sync::atomic::Ordering::Relaxed)
 }

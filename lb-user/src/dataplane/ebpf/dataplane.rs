@@ -27,7 +27,7 @@ use crate::{
     core::compose::{ComposedNetwork, PortKey},
     core::elements::{SetKey, claimed_by},
     core::model::{Attach, Family, Mode, Network, Proto},
-    dataplane::{Count, Dataplane, Flow, FlowStats, Kind, SyncStats, aliases},
+    dataplane::{Count, Dataplane, Delta, Flow, FlowStats, Kind, SyncStats, aliases},
     node::{
         LinkKind, Netlink, cgroup, in_netns, netlink, netns,
         veth::{self, Peer},
@@ -340,6 +340,49 @@ impl Dataplane for EbpfDataplane {
         Ok(stats)
     }
 
+    /// The sets' entries alone, through the mirror, without entering the namespace (maps
+    /// are reached by their fds), reading the node, or touching hooks and aliases. Not for a
+    /// change of VIPs (aliases), nor a `dsr` network (its sets carry backend MACs resolved
+    /// from the node), nor a network this process has not applied whole yet.
+    fn apply_sets(
+        &mut self,
+        network: &ComposedNetwork,
+        delta: &Delta,
+    ) -> Result<Option<SyncStats>> {
+        if delta.vips_changed || network.mode == Mode::Dsr {
+            return Ok(None);
+        }
+        let Some(dp) = self.nets.get_mut(&network.name) else {
+            return Ok(None);
+        };
+        let sets = ebpf::plan_sets(network, network.composed(), delta.sets);
+        let stats = (dp.sync_sets(&sets, &delta.new_backends, &delta.gone_backends))
+            .with_context(|| format!("network {}: writing maps", network.name))?;
+        tracing::debug!(network = %network.name, written = stats.written, deleted = stats.deleted,
+            flushed = stats.flows_flushed, "sets applied");
+        Ok(Some(stats))
+    }
+
+    /// What the sets need, counted against what the maps hold.
+    fn check_capacity_sets(
+        &mut self,
+        network: &ComposedNetwork,
+        sets: &BTreeSet<SetKey>,
+    ) -> Result<()> {
+        if !self.nets.contains_key(&network.name) {
+            return self.check_capacity(network);
+        }
+        let configured = self.sizes;
+        let part = ebpf::plan_sets(network, network.composed(), sets);
+        let dp = self.net(&network.name)?;
+        let sizes = dp.sizes();
+        ebpf::need_sets(&part, dp.held()?, network.interfaces.len()).check(
+            &network.name,
+            &sizes,
+            &configured,
+        )
+    }
+
     fn refresh(&mut self, network: &ComposedNetwork, firewall: bool) -> Result<()> {
         if !self.nets.contains_key(&network.name) {
             // Never applied by this process: its next apply decides the path.
@@ -432,27 +475,33 @@ impl Dataplane for EbpfDataplane {
         self.remove_others(&[]).map(drop)
     }
 
-    fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
-        let mut removed = Vec::new();
+    fn others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
+        let mut out = Vec::new();
         let entries = match std::fs::read_dir(&self.bpffs) {
             Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
             Err(e) => return Err(e).with_context(|| format!("listing {}", self.bpffs.display())),
         };
         for entry in entries {
             let entry = entry.with_context(|| format!("listing {}", self.bpffs.display()))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            if !entry.path().is_dir() || keep.contains(&name.as_str()) {
-                continue;
+            if entry.path().is_dir() && !keep.contains(&name.as_str()) {
+                out.push(name);
             }
-            self.nets.remove(&name);
-            self.liberal.remove(&name);
-            // Unknown interfaces: TCX and XDP links go with their pins.
-            ebpf::detach_all(&entry.path(), &[], self.tc_mode)?;
-            tracing::info!(network = %name, "removed pins of a network that is no longer configured");
-            removed.push(name);
         }
-        Ok(removed)
+        Ok(out)
+    }
+
+    fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
+        let others = self.others(keep)?;
+        for name in &others {
+            self.nets.remove(name);
+            self.liberal.remove(name);
+            // Unknown interfaces: TCX and XDP links go with their pins.
+            ebpf::detach_all(&ebpf::pin_dir(&self.bpffs, name), &[], self.tc_mode)?;
+            tracing::info!(network = %name, "removed pins of a network that is no longer configured");
+        }
+        Ok(others)
     }
 
     fn flows(&mut self, network: &ComposedNetwork) -> Result<Vec<Flow>> {

@@ -61,8 +61,8 @@ mod sync;
 
 pub use attach::detach_all;
 pub use plan::{
-    Held, MapAddr, MapIp, MapSizes, Need, NodeAddrs, Plan, ServiceKey, SetBackend, be, be4, be6,
-    ip, ip4, ip6, need, plan,
+    Held, MapAddr, MapIp, MapSizes, Need, NodeAddrs, Plan, PlanSets, ServiceKey, SetBackend, be,
+    be4, be6, ip, ip4, ip6, need, need_sets, plan, plan_sets,
 };
 
 /// Names of the programs in the object, as `bpftool prog show` lists them.

@@ -1,6 +1,6 @@
 //! What one network's maps must hold, computed from the composed state alone (pure).
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
@@ -8,7 +8,8 @@ use anyhow::{Result, bail};
 use lb_common::{Addr6, MASQ_ALWAYS, MASQ_AUTO, MASQ_NEVER, MAX_IFACES, Service, Timeouts};
 
 use crate::{
-    core::compose::Composed,
+    core::compose::{Composed, PortKey},
+    core::elements::SetKey,
     core::model::{Family, Masquerade, Mode, Network},
 };
 
@@ -101,23 +102,10 @@ pub fn plan(network: &Network, composed: &Composed) -> Plan {
     // Composition gives each key the backends of its own family.
     let mut services = BTreeMap::new();
     for (vip, backends) in &composed.vips {
-        let set = backends.iter().map(|ip| (MapAddr::of(*ip), 0)).collect();
-        services.insert(ServiceKey::Vip(MapAddr::of(*vip)), set);
+        services.insert(vip_key(*vip), vip_set(backends));
     }
     for (key, backends) in &composed.ports {
-        let set = backends
-            .iter()
-            .map(|(ip, port)| (MapAddr::of(*ip), port.to_be()))
-            .collect();
-        let addr = key.host_ip.map_or(MapAddr::any(key.family), MapAddr::of);
-        services.insert(
-            ServiceKey::Port {
-                addr,
-                port: key.port.to_be(),
-                proto: key.proto.number(),
-            },
-            set,
-        );
+        services.insert(port_key(key), port_set(backends));
     }
     let masquerade = match network.masquerade {
         Masquerade::Auto => MASQ_AUTO,
@@ -130,6 +118,52 @@ pub fn plan(network: &Network, composed: &Composed) -> Plan {
         services,
         dsr_timeout: (network.mode == Mode::Dsr).then(|| network.timeouts.dsr_secs()),
     }
+}
+
+/// Some service entries of a plan, each with its set (`None`: no entry) and its
+/// [`Plan::service_meta`]: what a change of some sets alone writes ([`plan_sets`]).
+pub type PlanSets = BTreeMap<ServiceKey, (Option<Vec<(MapAddr, u16)>>, (u32, u32))>;
+
+/// The entries of `sets` alone, as [`plan`] has them (`None`: the set is not composed, its
+/// entry goes), each with its [`Plan::service_meta`]: what a change of those sets writes.
+pub fn plan_sets(network: &Network, composed: &Composed, sets: &BTreeSet<SetKey>) -> PlanSets {
+    let meta = Plan {
+        masquerade: 0,
+        timeouts: Timeouts::DEFAULT,
+        services: BTreeMap::new(),
+        dsr_timeout: (network.mode == Mode::Dsr).then(|| network.timeouts.dsr_secs()),
+    };
+    (sets.iter())
+        .map(|set| {
+            let (key, want) = match set {
+                SetKey::Vip(vip) => (vip_key(*vip), composed.vips.get(vip).map(|b| vip_set(b))),
+                SetKey::Port(k) => (port_key(k), composed.ports.get(k).map(|b| port_set(b))),
+            };
+            (key, (want, meta.service_meta(&key)))
+        })
+        .collect()
+}
+
+fn vip_key(vip: IpAddr) -> ServiceKey {
+    ServiceKey::Vip(MapAddr::of(vip))
+}
+
+fn vip_set(backends: &[IpAddr]) -> Vec<(MapAddr, u16)> {
+    backends.iter().map(|ip| (MapAddr::of(*ip), 0)).collect()
+}
+
+fn port_key(key: &PortKey) -> ServiceKey {
+    ServiceKey::Port {
+        addr: key.host_ip.map_or(MapAddr::any(key.family), MapAddr::of),
+        port: key.port.to_be(),
+        proto: key.proto.number(),
+    }
+}
+
+fn port_set(backends: &[(IpAddr, u16)]) -> Vec<(MapAddr, u16)> {
+    (backends.iter())
+        .map(|(ip, port)| (MapAddr::of(*ip), port.to_be()))
+        .collect()
 }
 
 /// An IPv4 address as the IPv4 maps hold it (network byte order in memory); `None` for
@@ -318,6 +352,38 @@ pub fn need(plan: &Plan, held: &Held, ifaces: usize) -> Need {
     n
 }
 
+/// [`need`] of a change of some sets alone (`sets`: [`plan_sets`]), every other entry held
+/// as it is.
+pub fn need_sets(sets: &PlanSets, held: &Held, ifaces: usize) -> Need {
+    let mut n = Need {
+        ifaces,
+        counters: held.values().map(|(_, set)| set.len()).sum(),
+        ..Need::default()
+    };
+    for (key, (_, set)) in held {
+        *n.slots(key) += set.len();
+        *n.entries(key) += 1;
+    }
+    for (key, (want, _)) in sets {
+        match (held.get(key), want) {
+            (Some(_), None) => *n.entries(key) -= 1,
+            (None, Some(want)) => {
+                *n.entries(key) += 1;
+                *n.slots(key) += want.len();
+                n.counters += want.len();
+            }
+            (Some((_, have)), Some(want)) if !same_set(have, want) => {
+                *n.slots(key) += want.len();
+                n.counters += matching_backends(have, want)
+                    .filter(Option::is_none)
+                    .count();
+            }
+            _ => {}
+        }
+    }
+    n
+}
+
 /// Whether a held backend set is the wanted one, slot for slot.
 pub fn same_set(have: &[SetBackend], want: &[(MapAddr, u16)]) -> bool {
     have.iter()
@@ -340,6 +406,16 @@ pub fn matching_backends<'a>(
 }
 
 impl Need {
+    /// The service entries of `key`'s map.
+    fn entries(&mut self, key: &ServiceKey) -> &mut usize {
+        match (key, key.addr().is_v6()) {
+            (ServiceKey::Vip(_), false) => &mut self.vips,
+            (ServiceKey::Vip(_), true) => &mut self.vips6,
+            (ServiceKey::Port { .. }, false) => &mut self.ports,
+            (ServiceKey::Port { .. }, true) => &mut self.ports6,
+        }
+    }
+
     /// The backend slots of `key`'s family.
     fn slots(&mut self, key: &ServiceKey) -> &mut usize {
         if key.addr().is_v6() {

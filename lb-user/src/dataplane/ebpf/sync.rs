@@ -20,7 +20,7 @@ use lb_common::{
 
 use super::{
     EbpfNetwork, Held, MapAddr, MapIp, NodeAddrs, Plan, ServiceKey, SetBackend, gc,
-    plan::{matching_backends, same_set},
+    plan::{PlanSets, matching_backends, same_set},
 };
 use crate::dataplane::SyncStats;
 
@@ -49,14 +49,7 @@ fn random_key() -> Result<u32> {
 /// as backends, those of its sets and every backend in `keep`, whose flows outlive a drain.
 fn addr_filter(plan: &Plan, node: &NodeAddrs, keep: &BTreeSet<IpAddr>) -> AddrFilter {
     let mut f = AddrFilter::ALL;
-    let dst = |f: &mut AddrFilter, a: MapAddr| match a {
-        MapAddr::V4(a) => f.admit_dst(&a),
-        MapAddr::V6(a) => f.admit_dst(&a),
-    };
-    let backend = |f: &mut AddrFilter, a: MapAddr| match a {
-        MapAddr::V4(a) => f.admit_backend(&a),
-        MapAddr::V6(a) => f.admit_backend(&a),
-    };
+    let (dst, backend) = (admit_dst, admit_backend);
     dst(&mut f, MapAddr::V4(0));
     dst(&mut f, MapAddr::V6(Addr6::default()));
     for key in plan.services.keys() {
@@ -72,6 +65,20 @@ fn addr_filter(plan: &Plan, node: &NodeAddrs, keep: &BTreeSet<IpAddr>) -> AddrFi
         backend(&mut f, MapAddr::of(*a));
     }
     f
+}
+
+fn admit_dst(f: &mut AddrFilter, a: MapAddr) {
+    match a {
+        MapAddr::V4(a) => f.admit_dst(&a),
+        MapAddr::V6(a) => f.admit_dst(&a),
+    }
+}
+
+fn admit_backend(f: &mut AddrFilter, a: MapAddr) {
+    match a {
+        MapAddr::V4(a) => f.admit_backend(&a),
+        MapAddr::V6(a) => f.admit_backend(&a),
+    }
 }
 
 /// What the maps hold, as the last sync left them.
@@ -368,107 +375,17 @@ impl EbpfNetwork {
         sync_set(&mut self.ifaces6, &mut m.ifaces6, ifaces6, &mut stats)
             .context("writing lb_ifaces6")?;
 
-        // What the previous sync retired: no program run that read a service entry before it
-        // switched can still be going.
-        for (set_id, count, v6) in std::mem::take(&mut m.retired_sets) {
-            self.delete_set(set_id, count, v6, &mut stats)?;
-            m.set_ids.release(set_id);
-        }
-        for (owner, id) in std::mem::take(&mut m.retired_counters) {
-            if let Some(key) = owner.filter(|k| m.services.contains_key(k)) {
-                let c = self.counter(id)?;
-                let total = m.folded.entry(key).or_default();
-                total.packets += c.packets;
-                total.bytes += c.bytes;
-            }
-            match self.counters.remove(&id) {
-                Ok(()) => stats.deleted += 1,
-                // Never counted a packet.
-                Err(e) if not_found(&e) => {}
-                Err(e) => return Err(e).context("deleting from lb_counters"),
-            }
-            m.counter_ids.release(id);
-        }
-
+        self.delete_retired(m, &mut stats)?;
         // Removed entries first, so that the service maps never hold more than the plan.
         let gone: Vec<ServiceKey> = (m.services.keys())
             .filter(|k| !plan.services.contains_key(k))
             .copied()
             .collect();
         for key in gone {
-            self.delete_service(&key)?;
-            stats.deleted += 1;
-            let (s, set) = m.services.remove(&key).expect("listed above");
-            m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
-            m.retired_counters
-                .extend(set.iter().map(|b| (None, b.counter)));
-            m.folded.remove(&key);
+            self.sync_key(m, &key, None, (0, 0), &mut stats)?;
         }
-
         for (key, want) in &plan.services {
-            let (session_timeout, flags) = plan.service_meta(key);
-            let old = m.services.get_mut(key);
-            if let Some((svc, have)) = old
-                && same_set(have, want)
-            {
-                // The same set under other settings (a network turned dsr, a new session
-                // timeout): the entry changes, the set stays.
-                if (svc.session_timeout, svc.flags) != (session_timeout, flags) {
-                    let new = Service {
-                        session_timeout,
-                        flags,
-                        ..*svc
-                    };
-                    *svc = new;
-                    self.put_service(key, new)?;
-                    stats.written += 1;
-                }
-                continue;
-            }
-            let old = m.services.get(key);
-            let set_id = m.set_ids.take().context("no free backend set id")?;
-            let have: &[SetBackend] = old.map_or(&[], |(_, have)| have);
-            let kept: Vec<Option<u32>> = matching_backends(have, want)
-                .map(|b| b.map(|b| b.counter))
-                .collect();
-            let mut set = Vec::with_capacity(want.len());
-            for (slot, ((addr, port), kept)) in want.iter().zip(kept).enumerate() {
-                // A backend keeps its counter across set changes of its service.
-                let counter = match kept {
-                    Some(c) => c,
-                    None => self.new_counter(&mut m.counter_ids)?,
-                };
-                let b = SetBackend {
-                    addr: *addr,
-                    port: *port,
-                    counter,
-                };
-                let k = BackendKey {
-                    set_id,
-                    slot: slot as u32,
-                };
-                self.put_backend(k, &b)?;
-                stats.written += 1;
-                set.push(b);
-            }
-            let svc = Service {
-                set_id,
-                count: want.len() as u32,
-                session_timeout,
-                flags,
-            };
-            self.put_service(key, svc)?;
-            stats.written += 1;
-            if let Some((s, have)) = m.services.insert(*key, (svc, set)) {
-                m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
-                let now: BTreeSet<u32> = (m.services[key].1.iter()).map(|b| b.counter).collect();
-                (m.retired_counters).extend(
-                    (have.iter())
-                        .map(|b| b.counter)
-                        .filter(|c| !now.contains(c))
-                        .map(|c| (Some(*key), c)),
-                );
-            }
+            self.sync_key(m, key, Some(want), plan.service_meta(key), &mut stats)?;
         }
         // Only a backend gone since the last sync can have flows to flush.
         if m.kept.as_ref().is_none_or(|k| !k.is_subset(keep)) {
@@ -491,6 +408,119 @@ impl EbpfNetwork {
             (self.addr_filter.set(0, filter, 0)).context("writing lb_addr_filter")?;
             m.filter = filter;
             stats.written += 1;
+        }
+        Ok(())
+    }
+
+    /// Deletes what the previous sync retired: no program run that read a service entry
+    /// before it switched can still be going.
+    fn delete_retired(&mut self, m: &mut Mirror, stats: &mut SyncStats) -> Result<()> {
+        for (set_id, count, v6) in std::mem::take(&mut m.retired_sets) {
+            self.delete_set(set_id, count, v6, stats)?;
+            m.set_ids.release(set_id);
+        }
+        for (owner, id) in std::mem::take(&mut m.retired_counters) {
+            if let Some(key) = owner.filter(|k| m.services.contains_key(k)) {
+                let c = self.counter(id)?;
+                let total = m.folded.entry(key).or_default();
+                total.packets += c.packets;
+                total.bytes += c.bytes;
+            }
+            match self.counters.remove(&id) {
+                Ok(()) => stats.deleted += 1,
+                // Never counted a packet.
+                Err(e) if not_found(&e) => {}
+                Err(e) => return Err(e).context("deleting from lb_counters"),
+            }
+            m.counter_ids.release(id);
+        }
+        Ok(())
+    }
+
+    /// Makes service entry `key` hold `want` (`None`: no entry) with `meta` (the entry's
+    /// `(session_timeout, flags)`, [`Plan::service_meta`]): a changed set is written whole
+    /// under a fresh set id before the entry switches to it, and the old set and the counters
+    /// it gave up are retired (deleted by the next sync).
+    fn sync_key(
+        &mut self,
+        m: &mut Mirror,
+        key: &ServiceKey,
+        want: Option<&Vec<(MapAddr, u16)>>,
+        (session_timeout, flags): (u32, u32),
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        let Some(want) = want else {
+            let Some((s, set)) = m.services.remove(key) else {
+                return Ok(());
+            };
+            self.delete_service(key)?;
+            stats.deleted += 1;
+            m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
+            m.retired_counters
+                .extend(set.iter().map(|b| (None, b.counter)));
+            m.folded.remove(key);
+            return Ok(());
+        };
+        if let Some((svc, have)) = m.services.get_mut(key)
+            && same_set(have, want)
+        {
+            // The same set under other settings (a network turned dsr, a new session
+            // timeout): the entry changes, the set stays.
+            if (svc.session_timeout, svc.flags) != (session_timeout, flags) {
+                let new = Service {
+                    session_timeout,
+                    flags,
+                    ..*svc
+                };
+                *svc = new;
+                self.put_service(key, new)?;
+                stats.written += 1;
+            }
+            return Ok(());
+        }
+        let old = m.services.get(key);
+        let set_id = m.set_ids.take().context("no free backend set id")?;
+        let have: &[SetBackend] = old.map_or(&[], |(_, have)| have);
+        let kept: Vec<Option<u32>> = matching_backends(have, want)
+            .map(|b| b.map(|b| b.counter))
+            .collect();
+        let mut set = Vec::with_capacity(want.len());
+        for (slot, ((addr, port), kept)) in want.iter().zip(kept).enumerate() {
+            // A backend keeps its counter across set changes of its service.
+            let counter = match kept {
+                Some(c) => c,
+                None => self.new_counter(&mut m.counter_ids)?,
+            };
+            let b = SetBackend {
+                addr: *addr,
+                port: *port,
+                counter,
+            };
+            let k = BackendKey {
+                set_id,
+                slot: slot as u32,
+            };
+            self.put_backend(k, &b)?;
+            stats.written += 1;
+            set.push(b);
+        }
+        let svc = Service {
+            set_id,
+            count: want.len() as u32,
+            session_timeout,
+            flags,
+        };
+        self.put_service(key, svc)?;
+        stats.written += 1;
+        if let Some((s, have)) = m.services.insert(*key, (svc, set)) {
+            m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
+            let now: BTreeSet<u32> = (m.services[key].1.iter()).map(|b| b.counter).collect();
+            (m.retired_counters).extend(
+                (have.iter())
+                    .map(|b| b.counter)
+                    .filter(|c| !now.contains(c))
+                    .map(|c| (Some(*key), c)),
+            );
         }
         Ok(())
     }
@@ -594,42 +624,102 @@ impl EbpfNetwork {
     /// them, which ends the flow; the collector then takes the entries. DSR sessions follow
     /// the same rule.
     fn flush_flows(&mut self, keep: &BTreeSet<IpAddr>) -> Result<usize> {
-        Ok(flush_udp(&mut self.flows, keep)
-            + flush_udp(&mut self.flows6, keep)
-            + flush_udp_sessions(&mut self.dsr_sessions, keep)
-            + flush_udp_sessions(&mut self.dsr_sessions6, keep))
+        self.flush_flows_to(&|ip| !keep.contains(&ip))
+    }
+
+    /// [`EbpfNetwork::flush_flows`] of the flows whose backend `doomed` says is gone.
+    fn flush_flows_to(&mut self, doomed: &dyn Fn(IpAddr) -> bool) -> Result<usize> {
+        Ok(flush_udp(&mut self.flows, doomed)
+            + flush_udp(&mut self.flows6, doomed)
+            + flush_udp_sessions(&mut self.dsr_sessions, doomed)
+            + flush_udp_sessions(&mut self.dsr_sessions6, doomed))
+    }
+
+    /// Writes a change of some sets alone ([`plan::plan_sets`] of them), as [`EbpfNetwork::sync`]
+    /// writes them within a whole plan: nothing else is compared or written, so the cost is
+    /// the change's at any size. `new_backends` are the backends the network did not list
+    /// before (admitted by the address filter first), `gone_backends` those it no longer
+    /// lists (their UDP flows flushed). The filter only admits here: a bit an address no
+    /// longer needs is set again by the next whole sync.
+    pub fn sync_sets(
+        &mut self,
+        sets: &PlanSets,
+        new_backends: &BTreeSet<IpAddr>,
+        gone_backends: &BTreeSet<IpAddr>,
+    ) -> Result<SyncStats> {
+        let mut m = match self.mirror.take() {
+            Some(m) => m,
+            None => Mirror::read(self)?,
+        };
+        let result = self.sync_sets_with(&mut m, sets, new_backends, gone_backends);
+        if result.is_ok() {
+            self.mirror = Some(m);
+        }
+        result
+    }
+
+    fn sync_sets_with(
+        &mut self,
+        m: &mut Mirror,
+        sets: &PlanSets,
+        new_backends: &BTreeSet<IpAddr>,
+        gone_backends: &BTreeSet<IpAddr>,
+    ) -> Result<SyncStats> {
+        let mut stats = SyncStats::default();
+        let mut filter = m.filter;
+        for (key, (want, _)) in sets {
+            if want.is_some() {
+                admit_dst(&mut filter, key.addr());
+            }
+        }
+        for b in new_backends {
+            admit_backend(&mut filter, MapAddr::of(*b));
+        }
+        self.write_filter(m, filter, &mut stats)?;
+        self.delete_retired(m, &mut stats)?;
+        for (key, (want, meta)) in sets {
+            self.sync_key(m, key, want.as_ref(), *meta, &mut stats)?;
+        }
+        if !gone_backends.is_empty() {
+            stats.flows_flushed = self.flush_flows_to(&|ip| gone_backends.contains(&ip))?;
+        }
+        if let Some(kept) = &mut m.kept {
+            kept.extend(new_backends);
+            kept.retain(|ip| !gone_backends.contains(ip));
+        }
+        Ok(stats)
     }
 }
 
-/// Deletes the UDP sessions of `sessions` whose backend is not in `keep`.
+/// Deletes the UDP sessions of `sessions` whose backend is `doomed`.
 fn flush_udp_sessions<A: MapIp>(
     sessions: &mut HashMap<MapData, FlowKeyOf<A>, DsrSessionOf<A>>,
-    keep: &BTreeSet<IpAddr>,
+    doomed: &dyn Fn(IpAddr) -> bool,
 ) -> usize
 where
     FlowKeyOf<A>: aya::Pod,
     DsrSessionOf<A>: aya::Pod,
 {
-    flush_udp_of(sessions, keep, |_, s| s.backend.ip())
+    flush_udp_of(sessions, doomed, |_, s| s.backend.ip())
 }
 
-/// Deletes the entries of `flows` of UDP flows whose backend is not in `keep`.
+/// Deletes the entries of `flows` of UDP flows whose backend is `doomed`.
 fn flush_udp<A: MapIp>(
     flows: &mut HashMap<MapData, FlowKeyOf<A>, FlowOf<A>>,
-    keep: &BTreeSet<IpAddr>,
+    doomed: &dyn Fn(IpAddr) -> bool,
 ) -> usize
 where
     FlowKeyOf<A>: aya::Pod,
     FlowOf<A>: aya::Pod,
 {
-    flush_udp_of(flows, keep, |k, e| gc::backend_of(k, e).ip())
+    flush_udp_of(flows, doomed, |k, e| gc::backend_of(k, e).ip())
 }
 
 /// Deletes the entries of `map` (keyed by a flow's tuple) of UDP whose backend, as `backend`
-/// reads it, is not in `keep`; returns how many.
+/// reads it, is `doomed`; returns how many.
 fn flush_udp_of<A: MapIp, V: aya::Pod>(
     map: &mut HashMap<MapData, FlowKeyOf<A>, V>,
-    keep: &BTreeSet<IpAddr>,
+    doomed: &dyn Fn(IpAddr) -> bool,
     backend: impl Fn(&FlowKeyOf<A>, &V) -> IpAddr,
 ) -> usize
 where
@@ -637,7 +727,7 @@ where
 {
     let doomed: Vec<_> = (map.iter())
         .filter_map(|e| e.ok())
-        .filter(|(k, v)| k.proto == IPPROTO_UDP && !keep.contains(&backend(k, v)))
+        .filter(|(k, v)| k.proto == IPPROTO_UDP && doomed(backend(k, v)))
         .map(|(k, _)| k)
         .collect();
     for k in &doomed {

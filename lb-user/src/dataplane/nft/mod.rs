@@ -436,6 +436,22 @@ impl Dataplane for NftDataplane {
 
     /// Tables of networks not in `keep`, in the daemon's own namespace (a network in another
     /// namespace is known from applied.json and removed by `remove`).
+    fn others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
+        let mut out: Vec<String> = Vec::new();
+        for family in ["ip", "ip6", "netdev"] {
+            let json = exec::nft(&["-j", "list", "tables", family], None)?;
+            for name in exec::names(&json, "table")? {
+                if let Some(network) = name.strip_prefix(TABLE_PREFIX)
+                    && !keep.contains(&network)
+                    && !out.iter().any(|o| o == network)
+                {
+                    out.push(network.to_owned());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn remove_others(&mut self, keep: &[&str]) -> Result<Vec<String>> {
         let mut removed = Vec::new();
         // A network's NAT tables, and its DSR table where it was a dsr network.
