@@ -70,6 +70,14 @@ pub fn masquerade<A: Inet>(
     if unsafe { (*rep).flags } != FLOW_EGRESS | FLOW_REPLY {
         return not_ours;
     }
+    // An answered flow keeps the translation it started with, as the kernel's NAT binds a
+    // connection at its first packet: masquerade switched on mid-flow (`lb network set
+    // --masquerade always`) applies to new flows; moving an answered one to a new source
+    // would have its backend reset it.
+    // SAFETY: as above.
+    if unsafe { (*rep).replied } != 0 {
+        return not_ours;
+    }
     // SAFETY: plain data copied out.
     let Some(iface) = (unsafe { A::ifaces().get(&ifindex) }).copied() else {
         return not_ours;

@@ -25,6 +25,7 @@ use lb_tests::{
 };
 use lb_user::{
     api::{self, ErrorReply, Request},
+    core::edit::{Edit, Settings},
     core::model::{
         Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
     },
@@ -154,8 +155,28 @@ fn corpus(state: &DesiredState) -> Vec<Request> {
         },
         Request::ServiceRm {
             network: net.name.clone(),
-            id: service.id,
+            id: service.id.clone(),
             generation: None,
+        },
+        Request::Changes {
+            changes: vec![
+                Edit::BackendDisable {
+                    network: net.name.clone(),
+                    service: service.id.clone(),
+                    generation: None,
+                    ip: service.backends[0].ip,
+                },
+                Edit::NetworkSet {
+                    network: net.name.clone(),
+                    settings: Settings {
+                        masquerade: Some(Masquerade::Always),
+                        netns: Some(None),
+                        timeouts: [("udp".to_owned(), None)].into(),
+                        ..Settings::default()
+                    },
+                },
+            ],
+            dry_run: true,
         },
         Request::Elements { network: None },
         Request::Elements {
@@ -171,6 +192,10 @@ fn every_request_reads_back_as_written() {
         networks: vec![sample_network("web")],
     };
     let mut requests = corpus(&state);
+    requests.extend([
+        Request::Watch { from: None },
+        Request::Watch { from: Some(7) },
+    ]);
     // Names the daemon refuses still travel intact, to be refused by name.
     for odd in ["a b", "x/y", "50%", "é", "?q=1", "..", "#"] {
         requests.extend([

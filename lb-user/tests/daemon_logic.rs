@@ -6,12 +6,13 @@
 use std::{net::Ipv4Addr, path::PathBuf};
 
 use lb_user::{
-    api::Request,
+    api::{Event, Request},
     core::{
         compose::compose,
+        edit::Edit,
         model::{Backend, DesiredState, HoldPorts, Network, Service},
     },
-    daemon::Daemon,
+    daemon::{Daemon, store},
     dataplane::record::{Call, Recording},
 };
 
@@ -214,4 +215,195 @@ fn a_network_never_applied_and_removed_is_forgotten() {
     assert!(!d.has_errors(), "its failure went with it");
     d.retry();
     assert_eq!(dp.take(), [], "nothing left to retry or remove");
+}
+
+/// A batch is one transaction and one sync: a thousand backend changes over a hundred
+/// services are saved at one revision and applied by one apply of their network; a batch
+/// with one change that cannot be made changes nothing, applies nothing, and names it.
+#[test]
+fn a_batch_is_all_or_nothing_and_one_sync() {
+    let dir = StateDir::new("batch");
+    let dp = Recording::new();
+    let mut d = daemon(&dir, &dp);
+    d.handle(Request::NetworkAdd {
+        network: network("a"),
+    })
+    .unwrap();
+    let mut setup = Vec::new();
+    for i in 0..100u8 {
+        setup.push(Edit::ServiceSet {
+            network: "a".into(),
+            service: service(&format!("s{i}"), "1", [10, 99, 0, i], &[]),
+        });
+    }
+    d.handle(Request::Changes {
+        changes: setup,
+        dry_run: false,
+    })
+    .unwrap();
+    dp.take();
+    let before = d.revision();
+    let mut changes = Vec::new();
+    for i in 0..100u8 {
+        for j in 0..10u8 {
+            changes.push(Edit::BackendAdd {
+                network: "a".into(),
+                service: format!("s{i}"),
+                generation: None,
+                backend: Backend {
+                    ip: Ipv4Addr::new(10, 20, i, j + 1).into(),
+                    disabled: false,
+                },
+            });
+        }
+    }
+    assert_eq!(changes.len(), 1000);
+    let mut bad = changes.clone();
+    // A backend that is a VIP of the network: refused, as `lb service set` would be.
+    bad[500] = Edit::BackendAdd {
+        network: "a".into(),
+        service: "s7".into(),
+        generation: None,
+        backend: Backend {
+            ip: Ipv4Addr::new(10, 99, 0, 9).into(),
+            disabled: false,
+        },
+    };
+    let state = d.desired();
+    let e = d
+        .handle(Request::Changes {
+            changes: bad,
+            dry_run: false,
+        })
+        .expect_err("refused");
+    assert!(
+        e.reply.error.starts_with("change 500: rejected:")
+            && e.reply.error.contains("10.99.0.9 is also a VIP"),
+        "{e:?}"
+    );
+    assert!(d.desired() == state, "nothing of it was kept");
+    assert_eq!(d.revision(), before, "nothing saved");
+    assert_eq!(applies(&dp.take()), [], "nothing applied");
+
+    d.handle(Request::Changes {
+        changes,
+        dry_run: false,
+    })
+    .unwrap();
+    assert_eq!(d.revision(), before + 1, "one revision");
+    assert_eq!(
+        applies(&dp.take()),
+        [("a".to_owned(), Some(100))],
+        "one sync"
+    );
+    let state = d.desired();
+    let backends: usize = (state.networks[0].services.iter())
+        .map(|s| s.backends.len())
+        .sum();
+    assert_eq!(backends, 1000);
+    // And it is what the store gives back.
+    drop(d);
+    let d = daemon(&dir, &dp);
+    assert!(d.desired() == state, "the store gives it back in its order");
+}
+
+/// The watch: every change once, in order, with its revision and whether it was applied; a
+/// retry that applies a failing network says so; a watcher that comes back with a revision
+/// gets what it missed; one whose revision is older than the history kept is told to read
+/// the state again.
+#[test]
+fn the_watch_gives_each_change_once_and_what_a_watcher_missed() {
+    let dir = StateDir::new("watch");
+    let dp = Recording::new();
+    let mut d = daemon(&dir, &dp);
+    let (history, mut live) = d.watch(None).unwrap();
+    assert!(history.is_empty());
+    let start = d.revision();
+    d.handle(Request::NetworkAdd {
+        network: network("a"),
+    })
+    .unwrap();
+    for i in 1..=3u8 {
+        d.handle(Request::ServiceSet {
+            network: "a".into(),
+            service: service("web", "1", [10, 99, 0, 10], &[[10, 20, 0, i]]),
+        })
+        .unwrap();
+    }
+    dp.fail("a", true);
+    d.handle(Request::ServiceSet {
+        network: "a".into(),
+        service: service("web", "1", [10, 99, 0, 10], &[[10, 20, 0, 9]]),
+    })
+    .expect_err("saved, not applied");
+    dp.fail("a", false);
+    d.retry();
+    let event = |line: &[u8]| serde_json::from_slice::<Event>(line).unwrap();
+    let mut seen = Vec::new();
+    while let Ok(line) = live.try_recv() {
+        seen.push(event(&line));
+    }
+    let revisions: Vec<u64> = seen.iter().map(|e| e.revision).collect();
+    assert_eq!(
+        revisions,
+        [
+            start + 1,
+            start + 2,
+            start + 3,
+            start + 4,
+            start + 5,
+            start + 5
+        ],
+        "{seen:?}"
+    );
+    assert!(seen[..4].iter().all(|e| e.applied == Some(true)));
+    assert_eq!(seen[4].applied, Some(false));
+    assert_eq!(seen[5].networks, ["a"], "the retry's");
+    assert!(seen[3].changes.iter().any(|c| c.backend.is_some()));
+
+    // Back from revision start + 2: the three after it, from the store.
+    let (history, _) = d.watch(Some(start + 2)).unwrap();
+    let missed: Vec<u64> = history.iter().map(|l| event(l).revision).collect();
+    assert_eq!(missed, [start + 3, start + 4, start + 5]);
+    assert_eq!(event(&history[0]).changes, seen[2].changes);
+    // After a restart too.
+    drop(d);
+    let mut d = daemon(&dir, &dp);
+    let (history, _) = d.watch(Some(start + 4)).unwrap();
+    assert_eq!(history.len(), 1);
+
+    // Past the history kept: a backend drained and back, again and again.
+    for i in 0..store::HISTORY {
+        let (network, service, generation, ip) = (
+            "a".into(),
+            "web".into(),
+            None,
+            Ipv4Addr::new(10, 20, 0, 9).into(),
+        );
+        let change = if i % 2 == 0 {
+            Edit::BackendDisable {
+                network,
+                service,
+                generation,
+                ip,
+            }
+        } else {
+            Edit::BackendEnable {
+                network,
+                service,
+                generation,
+                ip,
+            }
+        };
+        d.handle(Request::Changes {
+            changes: vec![change],
+            dry_run: false,
+        })
+        .unwrap();
+    }
+    let e = d.watch(Some(start + 4)).expect_err("too old");
+    assert_eq!(e.status.as_u16(), 410, "{e:?}");
+    assert!(e.reply.error.contains("read the state again"), "{e:?}");
+    let recent = d.revision() - 10;
+    assert_eq!(d.watch(Some(recent)).unwrap().0.len(), 10);
 }

@@ -226,6 +226,12 @@ impl Fixture {
 
     /// Writes the fixture's network into the maps, as `lb load` does.
     pub fn sync(&mut self) {
+        self.sync_walked(None);
+    }
+
+    /// [`Fixture::sync`] after the flow collector's walk `walked` (what lets retired counter
+    /// ids be handed out again), as the daemon syncs.
+    pub fn sync_walked(&mut self, walked: Option<&ebpf::gc::Referenced>) {
         let composed = compose(&self.net);
         let plan = ebpf::plan(&self.net, &composed);
         let mut node = NodeAddrs {
@@ -240,7 +246,7 @@ impl Fixture {
         let keep: BTreeSet<std::net::IpAddr> = (self.net.services.iter())
             .flat_map(|s| s.backends.iter().map(|b| b.ip))
             .collect();
-        self.dp.sync(&plan, &node, &keep).expect("sync");
+        self.dp.sync(&plan, &node, &keep, walked).expect("sync");
     }
 
     pub fn run(&mut self, prog: Prog, input: &[u8]) -> (u32, Vec<u8>) {

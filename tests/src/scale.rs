@@ -1,7 +1,10 @@
 //! Node-scale desired states and the control-plane benchmark: a state of N services applied
-//! with `lb apply -f` from scratch, then one backend at a time changed with `lb service set`,
-//! timed end to end (CLI start to exit) against a daemon whose network is one veth in a
-//! namespace of its own; with the daemon's RSS and the memory its maps charge.
+//! with `lb apply -f` from scratch, then one backend at a time drained or enabled again with
+//! `lb service backend`, timed end to end (CLI start to exit) and inside the daemon (its
+//! `last_change`), then a stream of backend changes at a steady rate through the API, batched
+//! by the client in 10 ms windows, each timed from when it was due to its batch's answer
+//! (applied); against a daemon whose network is one veth in a namespace of its own; with the
+//! kernel's time to add N VIP aliases alone, the daemon's RSS and the memory its maps charge.
 use std::{
     collections::BTreeSet,
     net::Ipv4Addr,
@@ -13,6 +16,18 @@ use anyhow::{Context as _, Result, bail};
 use lb_user::core::model::{
     Attach, Backend, DesiredState, Masquerade, Mode, Network, PortConfig, Proto, Service,
 };
+
+/// `ms` of a duration below a second, `s` above.
+fn ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else if ms >= 10.0 {
+        format!("{ms:.1} ms")
+    } else {
+        format!("{ms:.2} ms")
+    }
+}
 
 use crate::{bpffs::Bpffs, daemon::LbDaemon, netns::Netns};
 
@@ -34,12 +49,9 @@ pub fn backend(i: u32, k: u32, per: u32) -> Ipv4Addr {
 }
 
 /// `n` services `s0`…, each a VIP with `per` backends and one published TCP port
-/// (`FIRST_PORT + i` to `target`), as a generated node would have them.
+/// (`FIRST_PORT + i` to `target`) while ports last (45,535 of them), as a generated node
+/// would have them.
 pub fn services(n: u32, per: u32, target: u16) -> Vec<Service> {
-    assert!(
-        u32::from(FIRST_PORT) + n <= 65536,
-        "{n} services run out of ports"
-    );
     (0..n)
         .map(|i| Service {
             id: format!("s{i}"),
@@ -51,12 +63,16 @@ pub fn services(n: u32, per: u32, target: u16) -> Vec<Service> {
                     disabled: false,
                 })
                 .collect(),
-            ports: vec![PortConfig {
-                proto: Proto::Tcp,
-                published: FIRST_PORT + i as u16,
-                target: Some(target),
-                host_ip: None,
-            }],
+            ports: u16::try_from(u32::from(FIRST_PORT) + i)
+                .ok()
+                .map(|published| PortConfig {
+                    proto: Proto::Tcp,
+                    published,
+                    target: Some(target),
+                    host_ip: None,
+                })
+                .into_iter()
+                .collect(),
         })
         .collect()
 }
@@ -117,12 +133,29 @@ pub struct Row {
     pub per: u32,
     /// The full apply's time, or why it failed (with its time).
     pub apply: (Duration, Option<String>),
-    /// Each one-backend change's time, and the first failure if any did.
+    /// The kernel's time to add the state's VIP aliases alone (`ip -batch` in a scratch
+    /// namespace): the part of an eBPF apply lb does not decide.
+    pub aliases: Option<Duration>,
+    /// Each one-backend change's time through the CLI, and the first failure if any did.
     pub changes: Vec<Duration>,
     pub change_error: Option<String>,
+    /// Each of those changes inside the daemon (`last_change.micros`).
+    pub inside: Vec<Duration>,
+    /// The churn: changes asked per second, changes made, and each change's time from when
+    /// it was due to its batch's answer.
+    pub churn: Option<Churn>,
     pub rss_kib: Option<u64>,
     /// Memory the daemon's maps charge (the kernel's `memlock` of each map it holds).
     pub map_kib: Option<u64>,
+}
+
+/// A stream of backend changes at a steady rate.
+pub struct Churn {
+    pub rate: u32,
+    pub made: usize,
+    pub secs: f64,
+    pub latency: Vec<Duration>,
+    pub error: Option<String>,
 }
 
 fn timed(d: &LbDaemon, args: &[String]) -> (Duration, Option<String>) {
@@ -170,9 +203,123 @@ fn map_memlock_kib(pid: u32) -> Option<u64> {
     (!seen.is_empty()).then_some(total / 1024)
 }
 
+/// The kernel's time to add `n` host addresses (the VIP aliases of `n` services) to a veth
+/// in a namespace of its own.
+fn alias_time(n: u32) -> Result<Duration> {
+    let ns = Netns::new("cpalias")?;
+    ns.ip([
+        "link", "add", "cpa0", "type", "veth", "peer", "name", "cpa1",
+    ])?;
+    ns.ip(["link", "set", "cpa0", "up"])?;
+    let batch: String = (0..n)
+        .map(|i| format!("address add {}/32 dev cpa0\n", vip(i)))
+        .collect();
+    let file = std::env::temp_dir().join(format!("lb-aliases-{}", std::process::id()));
+    std::fs::write(&file, batch)?;
+    let start = Instant::now();
+    let r = ns.ip(["-batch", file.to_str().unwrap_or_default()]);
+    let took = start.elapsed();
+    let _ = std::fs::remove_file(&file);
+    r?;
+    Ok(took)
+}
+
+/// The daemon's last change's time inside it (`lb status -j`'s `last_change.micros`).
+fn inside(d: &LbDaemon) -> Option<Duration> {
+    let v: serde_json::Value = serde_json::from_str(&d.ok(&["status", "--json"])).ok()?;
+    Some(Duration::from_micros(v["last_change"]["micros"].as_u64()?))
+}
+
+/// Drains or enables again backend `k % per` of service `(k * 7919) % n` (spread over the
+/// state), as change `k` of a stream does; `state` is each backend's (disabled or not).
+fn toggle(
+    state: &mut std::collections::BTreeMap<(u32, u32), bool>,
+    svcs: &[Service],
+    k: u32,
+) -> lb_user::core::edit::Edit {
+    let i = (k as usize * 7919) % svcs.len();
+    let s = &svcs[i];
+    let b = k % s.backends.len() as u32;
+    let disabled = state.entry((i as u32, b)).or_default();
+    *disabled = !*disabled;
+    let (network, service, generation, ip) = (
+        "bench".to_owned(),
+        s.id.clone(),
+        None,
+        s.backends[b as usize].ip,
+    );
+    if *disabled {
+        lb_user::core::edit::Edit::BackendDisable {
+            network,
+            service,
+            generation,
+            ip,
+        }
+    } else {
+        lb_user::core::edit::Edit::BackendEnable {
+            network,
+            service,
+            generation,
+            ip,
+        }
+    }
+}
+
+/// `rate` backend changes a second for `secs`, through the API: each due at its time, sent in
+/// the batch of every change due when the previous batch was answered (at least every 10 ms),
+/// and timed from when it was due to its batch's answer.
+fn churn(d: &LbDaemon, svcs: &[Service], rate: u32, secs: u32) -> Churn {
+    use lb_user::api::{Client, Done, Request};
+    let client = Client::new(&d.socket());
+    let mut state = std::collections::BTreeMap::new();
+    let every = Duration::from_secs(1) / rate;
+    let total = rate * secs;
+    let start = Instant::now();
+    let mut next = 0u32;
+    let mut out = Churn {
+        rate,
+        made: 0,
+        secs: 0.0,
+        latency: Vec::new(),
+        error: None,
+    };
+    while next < total {
+        let window = start + every * next + Duration::from_millis(10);
+        if let Some(wait) = window.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let due = ((start.elapsed().as_nanos() / every.as_nanos()) as u32 + 1).min(total);
+        let changes: Vec<_> = (next..due).map(|k| toggle(&mut state, svcs, k)).collect();
+        let req = Request::Changes {
+            changes,
+            dry_run: false,
+        };
+        if let Err(e) = client.call::<Done>(&req) {
+            out.error = Some(format!("{e:#}"));
+            break;
+        }
+        let answered = start.elapsed();
+        for k in next..due {
+            out.latency.push(answered.saturating_sub(every * k));
+        }
+        out.made += (due - next) as usize;
+        next = due;
+    }
+    out.secs = start.elapsed().as_secs_f64();
+    out
+}
+
 /// Applies `n` services of `per` backends from scratch through `lb` on `dataplane`, then
-/// changes one backend of `changes` services one at a time.
-pub fn control_plane(lb: &Path, dataplane: &str, n: u32, per: u32, changes: u32) -> Result<Row> {
+/// drains and enables again one backend of `changes` services one at a time through the CLI,
+/// then (`churn`: changes a second) a stream of backend changes for 5 s through the API.
+pub fn control_plane(
+    lb: &Path,
+    dataplane: &str,
+    n: u32,
+    per: u32,
+    changes: u32,
+    churn_rate: Option<u32>,
+) -> Result<Row> {
     let ns = Netns::new("cpbench")?;
     ns.ip([
         "link", "add", "cpb0", "type", "veth", "peer", "name", "cpb1",
@@ -180,7 +327,14 @@ pub fn control_plane(lb: &Path, dataplane: &str, n: u32, per: u32, changes: u32)
     ns.ip(["link", "set", "cpb0", "up"])?;
     ns.ip(["addr", "add", "10.250.0.1/16", "dev", "cpb0"])?;
     let bpffs = Bpffs::new()?;
-    let d = LbDaemon::start(lb, bpffs.path(), &["--dataplane", dataplane])?;
+    // Every VIP's and port's set, and room for those a change replaces.
+    let slots = (2 * n * per + 1024).max(lb_common::MAX_BACKEND_SLOTS);
+    let slots = slots.to_string();
+    let d = LbDaemon::start(
+        lb,
+        bpffs.path(),
+        &["--dataplane", dataplane, "--max-backends", &slots],
+    )?;
     let st = state("bench", ns.name(), &["cpb0".into()], services(n, per, 80));
     let file = d.state_dir().with_file_name("bench.json");
     std::fs::write(&file, st.to_json()).context("writing the generated state")?;
@@ -193,21 +347,54 @@ pub fn control_plane(lb: &Path, dataplane: &str, n: u32, per: u32, changes: u32)
         services: n,
         per,
         apply,
+        aliases: None,
         changes: Vec::new(),
         change_error: None,
+        inside: Vec::new(),
+        churn: None,
         rss_kib: None,
         map_kib: None,
     };
     let svcs = &st.networks[0].services;
+    let mut toggled = std::collections::BTreeMap::new();
     for k in 0..changes {
-        // Spread over the state, and a backend address no generated service uses.
-        let s = &svcs[(k as usize * 7919) % svcs.len()];
-        let args = one_backend_changed("bench", s, nth(Ipv4Addr::new(100, 200, 0, 1), k));
+        let args: Vec<String> = match toggle(&mut toggled, svcs, k) {
+            lb_user::core::edit::Edit::BackendDisable { service, ip, .. } => [
+                "service",
+                "backend",
+                "disable",
+                "bench",
+                &service,
+                &ip.to_string(),
+            ]
+            .map(String::from)
+            .into(),
+            lb_user::core::edit::Edit::BackendEnable { service, ip, .. } => [
+                "service",
+                "backend",
+                "enable",
+                "bench",
+                &service,
+                &ip.to_string(),
+            ]
+            .map(String::from)
+            .into(),
+            _ => unreachable!("a toggle drains or enables"),
+        };
         let (took, err) = timed(&d, &args);
         row.changes.push(took);
         if let Some(e) = err {
             row.change_error.get_or_insert(e);
+        } else if let Some(t) = inside(&d) {
+            row.inside.push(t);
         }
+    }
+    if row.apply.1.is_none()
+        && let Some(rate) = churn_rate
+    {
+        // Changes after the CLI's: toggles of other backends.
+        let svcs: Vec<Service> = svcs.iter().skip(1).cloned().collect();
+        row.churn = Some(churn(&d, &svcs, rate, 5));
     }
     let pid = d.pid().context("the daemon is running")?;
     row.rss_kib = status_kib(pid, "VmRSS:");
@@ -217,6 +404,10 @@ pub fn control_plane(lb: &Path, dataplane: &str, n: u32, per: u32, changes: u32)
         if !status.contains("applied") {
             bail!("status after the bench: {status}");
         }
+    }
+    drop(d);
+    if dataplane == "ebpf" {
+        row.aliases = alias_time(n).ok();
     }
     Ok(row)
 }
@@ -229,25 +420,20 @@ pub fn quantile(v: &[Duration], q: f64) -> Option<Duration> {
     v.get(rank - 1).copied()
 }
 
-fn ms(d: Duration) -> String {
-    let ms = d.as_secs_f64() * 1000.0;
-    if ms >= 1000.0 {
-        format!("{:.2} s", ms / 1000.0)
-    } else {
-        format!("{ms:.1} ms")
-    }
-}
-
 /// The report's lines for `rows`.
 pub fn report(rows: &[Row]) -> String {
     use std::fmt::Write as _;
     let mut out = format!(
-        "{:<9} {:>9} {:>10} {:>11} {:>11} {:>9} {:>11}  {}\n",
+        "{:<9} {:>9} {:>10} {:>9} {:>11} {:>11} {:>10} {:>16} {:>11} {:>9} {:>11}  {}\n",
         "dataplane",
         "services",
         "apply",
+        "aliases",
         "change p50",
         "change p99",
+        "in daemon",
+        "churn (p99)",
+        "churn done",
         "RSS",
         "map memory",
         "failures"
@@ -263,14 +449,28 @@ pub fn report(rows: &[Row]) -> String {
         if let Some(e) = &r.change_error {
             failures.push(format!("changes failed: {e}"));
         }
+        if let Some(e) = r.churn.as_ref().and_then(|c| c.error.as_ref()) {
+            failures.push(format!("churn failed: {e}"));
+        }
+        let (churn, done) = match &r.churn {
+            Some(c) => (
+                format!("{}/s ({})", c.rate, opt_ms(quantile(&c.latency, 0.99))),
+                format!("{:.0}/s", c.made as f64 / c.secs.max(1e-9)),
+            ),
+            None => ("-".into(), "-".into()),
+        };
         let _ = writeln!(
             out,
-            "{:<9} {:>9} {:>10} {:>11} {:>11} {:>9} {:>11}  {}",
+            "{:<9} {:>9} {:>10} {:>9} {:>11} {:>11} {:>10} {:>16} {:>11} {:>9} {:>11}  {}",
             r.dataplane,
             format!("{}x{}", r.services, r.per),
             ms(r.apply.0),
+            opt_ms(r.aliases),
             opt_ms(quantile(&r.changes, 0.5)),
             opt_ms(quantile(&r.changes, 0.99)),
+            opt_ms(quantile(&r.inside, 0.5)),
+            churn,
+            done,
             kib(r.rss_kib),
             kib(r.map_kib),
             if failures.is_empty() {

@@ -1269,8 +1269,9 @@ fn named_counters(f: &mut Fixture) -> BTreeSet<u32> {
 
 /// A sync writes from its mirror of the maps, never reading them: across a backend replaced,
 /// a service removed and one added the mirror stays what the maps hold. A counter exists only
-/// once its service or backend carried a packet, goes one sync after its owner, and an id
-/// handed out again starts at zero. Only backends have counters (a service is their sum).
+/// once its service or backend carried a packet, goes one sync after its owner, and its id is
+/// handed out again only once a walk of the flow table finds no entry naming it, starting at
+/// zero. Only backends have counters (a service is their sum).
 #[test]
 fn the_mirror_is_the_maps_and_counters_exist_only_for_what_exists() {
     let Some(mut f) = fixture() else { return };
@@ -1323,9 +1324,32 @@ fn the_mirror_is_the_maps_and_counters_exist_only_for_what_exists() {
         "then deleted"
     );
 
-    // A new service takes the lowest free ids, freed ones among them, at zero.
+    // Freed ids are not handed out while a flow may name them: not without a walk of the
+    // flow table, nor after one that finds them named (db's flow, web's replaced backend's).
     f.net.services.push(service("new", DB_VIP, &[DB], vec![]));
     f.sync();
+    assert!(
+        named_counters(&mut f).is_disjoint(&freed),
+        "no walk yet: nothing freed is handed out"
+    );
+    let walk = |ids: BTreeSet<u32>| lb_user::dataplane::ebpf::gc::Referenced {
+        since: std::time::Instant::now(),
+        ids,
+    };
+    f.net.services.retain(|s| s.id != "new");
+    f.sync_walked(Some(&walk(freed.clone())));
+    f.net.services.push(service("new", DB_VIP, &[DB], vec![]));
+    f.sync_walked(Some(&walk(freed.clone())));
+    assert!(
+        named_counters(&mut f).is_disjoint(&freed),
+        "a walk that finds them named keeps them out"
+    );
+    // A walk that finds none naming them: handed out again (the lowest free ids), at zero,
+    // whatever a draining flow counted to them meanwhile.
+    f.net.services.retain(|s| s.id != "new");
+    f.sync_walked(Some(&walk(BTreeSet::new())));
+    f.net.services.push(service("new", DB_VIP, &[DB], vec![]));
+    f.sync_walked(Some(&walk(BTreeSet::new())));
     let reused: Vec<u32> = named_counters(&mut f)
         .intersection(&freed)
         .copied()

@@ -75,13 +75,7 @@ impl Client {
         let (method, path, body) = request.to_http();
         let (status, reply) = self.send(method, &path, body.unwrap_or_default())?;
         if !status.is_success() {
-            return Err(match serde_json::from_slice::<ErrorReply>(&reply) {
-                Ok(reply) => Refused { status, reply }.into(),
-                Err(_) => anyhow!(
-                    "the daemon answered {status}: {}",
-                    String::from_utf8_lossy(&reply)
-                ),
-            });
+            return Err(refusal(status, &reply));
         }
         serde_json::from_slice(&reply)
             .with_context(|| format!("the daemon's reply to {path} is not what the CLI reads"))
@@ -96,12 +90,69 @@ impl Client {
             .block_on(self.send_async(method, path, body))
     }
 
+    /// Watches the daemon's changes (`GET /v1/watch`), from after revision `from`: calls
+    /// `on` with each event line as it arrives, until `on` says to stop (false), the daemon
+    /// ends the stream, or the connection goes.
+    pub fn watch(&self, from: Option<u64>, mut on: impl FnMut(&str) -> bool) -> Result<()> {
+        let (_, path, _) = Request::Watch { from }.to_http();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the client's runtime")?
+            .block_on(async {
+                let (status, mut body, conn) = self.open(Method::GET, &path, Vec::new()).await?;
+                if !status.is_success() {
+                    let reply = body.collect().await?.to_bytes();
+                    return Err(refusal(status, &reply));
+                }
+                let mut pending: Vec<u8> = Vec::new();
+                while let Some(frame) = body.frame().await {
+                    let Ok(data) = frame.context("reading the watch")?.into_data() else {
+                        continue;
+                    };
+                    pending.extend_from_slice(&data);
+                    while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = pending.drain(..=end).collect();
+                        if !on(String::from_utf8_lossy(&line[..end]).as_ref()) {
+                            conn.abort();
+                            return Ok(());
+                        }
+                    }
+                }
+                conn.abort();
+                Ok(())
+            })
+    }
+
     async fn send_async(
         &self,
         method: Method,
         path: &str,
         body: Vec<u8>,
     ) -> Result<(StatusCode, Bytes)> {
+        let socket = self.socket.display();
+        let (status, body, conn) = self.open(method, path, body).await?;
+        let reply = body
+            .collect()
+            .await
+            .with_context(|| format!("reading the daemon's answer on {socket}"))?
+            .to_bytes();
+        conn.abort();
+        Ok((status, reply))
+    }
+
+    /// Sends one request; returns the status, the body as it comes, and the connection's
+    /// task (aborted once the body is read).
+    async fn open(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(
+        StatusCode,
+        hyper::body::Incoming,
+        tokio::task::JoinHandle<hyper::Result<()>>,
+    )> {
         let socket = self.socket.display();
         let stream = (tokio::net::UnixStream::connect(&self.socket).await)
             .map_err(|e| Unreachable::new(&self.socket, &e))?;
@@ -123,14 +174,17 @@ impl Client {
             .send_request(request)
             .await
             .with_context(|| format!("the daemon at {socket} did not answer"))?;
-        let status = response.status();
-        let reply = response
-            .into_body()
-            .collect()
-            .await
-            .with_context(|| format!("reading the daemon's answer on {socket}"))?
-            .to_bytes();
-        conn.abort();
-        Ok((status, reply))
+        Ok((response.status(), response.into_body(), conn))
+    }
+}
+
+/// The daemon's refusal `reply` (with `status`) as an error.
+fn refusal(status: StatusCode, reply: &[u8]) -> anyhow::Error {
+    match serde_json::from_slice::<ErrorReply>(reply) {
+        Ok(reply) => Refused { status, reply }.into(),
+        Err(_) => anyhow!(
+            "the daemon answered {status}: {}",
+            String::from_utf8_lossy(reply)
+        ),
     }
 }

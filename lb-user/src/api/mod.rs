@@ -15,6 +15,7 @@
 //! | `PUT /v1/networks/{network}/services/{id}/{generation}` | `{vip, backends, ports}` | [`Done`] |
 //! | `DELETE /v1/networks/{network}/services/{id}[/{generation}]` | | [`Done`] |
 //! | `POST /v1/changes[?dry_run=true]` | `{"changes": [edit, …]}` ([`crate::core::edit::Edit`]) | [`Done`]: every change or none, applied as one |
+//! | `GET /v1/watch[?from=REVISION]` | | a stream of [`Event`]s, one JSON object per line: those after `from` first (410 when the history kept no longer has them all), then each as it happens |
 //! | `GET /v1/elements[?network=N]` | | [`ElementEntry`] list |
 //! | `GET /v1/conntrack[?network=N]` | | [`ConntrackEntry`] list |
 //!
@@ -33,7 +34,7 @@ mod types;
 pub use client::{Client, Refused, Unreachable};
 pub use route::{ApiError, Request, route};
 pub use types::{
-    BackendState, BackendStats, ChangeWork, ConntrackEntry, Done, ElementEntry, ErrorReply,
+    BackendState, BackendStats, ChangeWork, ConntrackEntry, Done, ElementEntry, ErrorReply, Event,
     LastSync, NetworkStatus, NetworkSummary, Reply, ServiceEntry, Status, StoreStatus,
 };
 

@@ -46,6 +46,10 @@ pub enum Request {
         dry_run: bool,
     },
     State,
+    /// The stream of applied changes, from after revision `from` (`None`: from now).
+    Watch {
+        from: Option<u64>,
+    },
     Elements {
         network: Option<String>,
     },
@@ -181,6 +185,14 @@ impl Request {
                 (Method::PUT, path.into(), json(state))
             }
             Request::State => (Method::GET, "/v1/state".into(), None),
+            Request::Watch { from } => (
+                Method::GET,
+                match from {
+                    Some(r) => format!("/v1/watch?from={r}"),
+                    None => "/v1/watch".into(),
+                },
+                None,
+            ),
             Request::Elements { network } => {
                 (Method::GET, format!("/v1/elements{}", query(network)), None)
             }
@@ -299,7 +311,22 @@ pub fn route(
                 network: network_query(query)?,
             }),
         ),
-        (["services" | "elements" | "conntrack"], _) => (&[Method::GET], None),
+        (["watch"], &Method::GET) => {
+            let from = match query {
+                None | Some("") => None,
+                Some(q) => Some(
+                    (q.strip_prefix("from="))
+                        .and_then(|r| r.parse().ok())
+                        .ok_or_else(|| {
+                            ApiError::bad_request(format!(
+                                "query: {q:?} (only from=REVISION, a number)"
+                            ))
+                        })?,
+                ),
+            };
+            (&[], Some(Request::Watch { from }))
+        }
+        (["services" | "elements" | "conntrack" | "watch"], _) => (&[Method::GET], None),
         _ => return Err(no_such_path(path)),
     };
     let Some(request) = request else {
@@ -328,6 +355,7 @@ pub fn route(
             | Request::Conntrack { .. }
             | Request::Apply { .. }
             | Request::Changes { .. }
+            | Request::Watch { .. }
     );
     if !takes_query && query.is_some() {
         return Err(ApiError::bad_request(format!(
@@ -339,7 +367,7 @@ pub fn route(
 
 fn no_such_path(path: &str) -> ApiError {
     ApiError::not_found(format!(
-        "no such path {path:?} (the API is under /v1/: status, state, changes, networks, services, elements, conntrack)"
+        "no such path {path:?} (the API is under /v1/: status, state, changes, watch, networks, services, elements, conntrack)"
     ))
 }
 

@@ -179,6 +179,24 @@ pub struct Status {
     pub networks: Vec<NetworkStatus>,
 }
 
+/// One line of `GET /v1/watch`: a change saved at a revision, once applied (or failing to
+/// be, `applied: false`: a retry applies it and says so with an event of its own).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub revision: u64,
+    /// The changes saved at this revision (none for an event of networks applied by a retry).
+    #[serde(default)]
+    pub changes: Vec<Change>,
+    /// Whether every network the change touched is applied; absent from events sent from
+    /// the history (a watcher that reconnects: `lb status` says what is applied now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<bool>,
+    /// Networks a retry applied (their changes were saved at earlier revisions), the state
+    /// being that of `revision`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub networks: Vec<String>,
+}
+
 /// The daemon's desired-state store.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StoreStatus {

@@ -154,6 +154,14 @@ pub enum Cmd {
     },
     /// The desired state, as JSON (the format `lb apply -f` takes).
     State,
+    /// Follow the changes the daemon applies, one line each, as they happen (JSON lines
+    /// with -j): from after revision --from first (the history keeps the last 4096), then
+    /// live, until interrupted.
+    Watch {
+        /// Start after this revision (`lb status` and every change's answer give it).
+        #[arg(long, value_name = "REVISION")]
+        from: Option<u64>,
+    },
     /// Composed elements, what the dataplane is told bucket by bucket, in moby's notation
     /// (`nat-service-vip 10.99.0.10 . 0-32767 : 10.20.0.11`); of a desired-state file with
     /// --state, without a daemon.

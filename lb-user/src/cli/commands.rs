@@ -369,6 +369,19 @@ pub fn run(cli: Cli) -> Result<()> {
             dry_run,
             wait,
         } => apply(global, &file, dry_run, wait),
+        Cmd::Watch { from } => {
+            let mut out = std::io::stdout().lock();
+            api::Client::new(&global.socket).watch(from, |line| {
+                use std::io::Write as _;
+                let text = if global.json {
+                    line.to_owned()
+                } else {
+                    render::event(line)
+                };
+                // A closed pipe (`lb watch | head`) ends the watch.
+                writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+            })
+        }
         Cmd::State => {
             render::state(global.json, &call(global, &Request::State)?);
             Ok(())

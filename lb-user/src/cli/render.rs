@@ -3,7 +3,8 @@
 //! header), and under `--json` the reply itself, the same data as the table, as one document.
 use lb_user::{
     api::{
-        ConntrackEntry, Done, ElementEntry, NetworkStatus, NetworkSummary, ServiceEntry, Status,
+        ConntrackEntry, Done, ElementEntry, Event, NetworkStatus, NetworkSummary, ServiceEntry,
+        Status,
     },
     core::model::DesiredState,
 };
@@ -89,6 +90,28 @@ pub fn done(json: bool, d: &Done) {
             println!("  {c}");
         }
     });
+}
+
+/// One line of `lb watch` in words: `revision 12: + backend 10.20.0.11 of ... (applied)`.
+pub fn event(line: &str) -> String {
+    let Ok(e) = serde_json::from_str::<Event>(line) else {
+        // The daemon's last word on a stream it ends (`{"error": ...}`), or a line this lb
+        // does not know: as it is.
+        return line.to_owned();
+    };
+    let state = match e.applied {
+        Some(true) => " (applied)",
+        Some(false) => " (saved, NOT APPLIED yet)",
+        None => "",
+    };
+    if !e.networks.is_empty() {
+        return format!("revision {}: applied {}", e.revision, e.networks.join(", "));
+    }
+    if e.changes.is_empty() {
+        return format!("revision {}: no changes{state}", e.revision);
+    }
+    let changes: Vec<String> = e.changes.iter().map(ToString::to_string).collect();
+    format!("revision {}{state}: {}", e.revision, changes.join("; "))
 }
 
 pub fn networks(json: bool, list: &[NetworkSummary]) {

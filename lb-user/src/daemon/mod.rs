@@ -34,13 +34,14 @@ use hyper::StatusCode;
 use crate::{
     api::{
         ApiError, BackendState, BackendStats, ChangeWork, ConntrackEntry, Done, ElementEntry,
-        LastSync, NetworkStatus, NetworkSummary, Reply, Request, ServiceEntry, Status, StoreStatus,
+        Event, LastSync, NetworkStatus, NetworkSummary, Reply, Request, ServiceEntry, Status,
+        StoreStatus,
     },
     core::{
         compose::ComposedNetwork,
         edit::{Desired, Edit, Edited, Refusal, Touched},
         elements::{SetKey, claims, network_elements},
-        model::{DesiredState, Family, Network, PortKey, Proto, Service},
+        model::{DesiredState, Family, Network, PortKey, Proto, Service, ServiceKey},
     },
     dataplane::{
         Dataplane, Delta, FlowState, SyncStats,
@@ -59,7 +60,7 @@ mod metrics;
 mod server;
 pub mod store;
 
-pub use server::{metrics_addr, run};
+pub use server::{REVISION, metrics_addr, run};
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb";
 const APPLIED: &str = "applied.json";
@@ -131,7 +132,16 @@ pub struct Daemon {
     stats: Stats,
     /// The published ports held for each applied network (`node::hold`).
     holder: Holder,
+    /// Where each applied change goes out to the watchers (`GET /v1/watch`), one JSON line.
+    events: tokio::sync::broadcast::Sender<hyper::body::Bytes>,
+    /// The networks of the change being committed: a reconcile within it does not announce
+    /// them as applied by a retry (the change's own event says it).
+    committing: BTreeSet<String>,
 }
+
+/// How many events a watcher may fall behind before its stream is ended (it watches again
+/// from its last revision).
+const WATCH_BACKLOG: usize = 8192;
 
 /// A change of the desired state: edits (one request's, or a batch) or a whole state.
 pub enum Change {
@@ -199,6 +209,8 @@ impl Daemon {
             dataplane_reason,
             stats: Stats::default(),
             holder: Holder::default(),
+            events: tokio::sync::broadcast::channel(WATCH_BACKLOG).0,
+            committing: BTreeSet::new(),
             store,
         };
         let desired: Vec<String> = d.desired.networks().map(|n| n.name.clone()).collect();
@@ -254,6 +266,11 @@ impl Daemon {
         self.desired.to_state()
     }
 
+    /// The store's revision: that of the last change saved.
+    pub fn revision(&self) -> u64 {
+        self.store.revision()
+    }
+
     pub fn has_errors(&self) -> bool {
         !self.errors.is_empty()
     }
@@ -301,12 +318,16 @@ impl Daemon {
                 self.dirty.contains(n) || self.errors.contains_key(n) || self.stale.contains(n)
             })
             .collect();
+        let mut recovered = Vec::new();
         for name in &names {
             let net = self.desired.network(name).expect("listed above").clone();
             let previous = self.applied.get(name);
             match self.dp.apply(&net, previous) {
                 Ok(stats) => {
                     hold(&mut self.holder, &net);
+                    if self.errors.contains_key(name) && !self.committing.contains(name) {
+                        recovered.push(name.clone());
+                    }
                     self.errors.remove(name);
                     self.stale.remove(name);
                     self.dirty.remove(name);
@@ -333,8 +354,63 @@ impl Daemon {
                 hold(&mut self.holder, net);
             }
         }
+        if !recovered.is_empty() {
+            self.announce(&Event {
+                revision: self.store.revision(),
+                changes: Vec::new(),
+                applied: Some(true),
+                networks: recovered,
+            });
+        }
         (self.stats.own.reconcile).observe(start.elapsed().as_secs_f64());
         failed
+    }
+
+    /// Sends `event` to the watchers.
+    fn announce(&self, event: &Event) {
+        let mut line = serde_json::to_vec(event).expect("an event serializes");
+        line.push(b'\n');
+        // No watcher is no error.
+        let _ = self.events.send(line.into());
+    }
+
+    /// A new watcher's stream: the history after `from` (410 when the store no longer has
+    /// all of it), then every event from now on. Taken by the actor, between changes, so
+    /// that nothing is sent twice or missed between the two.
+    pub fn watch(
+        &self,
+        from: Option<u64>,
+    ) -> Result<
+        (
+            Vec<hyper::body::Bytes>,
+            tokio::sync::broadcast::Receiver<hyper::body::Bytes>,
+        ),
+        ApiError,
+    > {
+        let rx = self.events.subscribe();
+        let Some(from) = from else {
+            return Ok((Vec::new(), rx));
+        };
+        let history = (self.store.history(from))
+            .context("reading the history of changes")
+            .map_err(|e| ApiError::internal(&e, false))?;
+        let Some(history) = history else {
+            let oldest = self.store.oldest().ok().flatten().unwrap_or(0);
+            return Err(ApiError::new(
+                StatusCode::GONE,
+                format!(
+                    "revision {from} is older than the history kept (revisions {oldest} to {}): read the state again (GET /v1/state, lb state) and watch from the revision it was read at (lb status)",
+                    self.store.revision()
+                ),
+            ));
+        };
+        let lines = (history.into_iter())
+            .map(|mut e| {
+                e.push(b'\n');
+                e.into()
+            })
+            .collect();
+        Ok((lines, rx))
     }
 
     /// Writes applied.json if `applied` changed since it was last written: the applied
@@ -452,7 +528,13 @@ impl Daemon {
                 }
                 edited
             }
-            Change::Replace(state) => self.desired.replace(state),
+            Change::Replace(state) => {
+                // The API's parse validates it; a state built in process is held to the same.
+                state.validate().map_err(|e| {
+                    ApiError::bad_request(format!("rejected: {}", anyhow::Error::new(e)))
+                })?;
+                self.desired.replace(state)
+            }
         };
         if let Err(e) = self.check(&edited) {
             self.desired.undo(edited);
@@ -478,7 +560,16 @@ impl Daemon {
                 revision: Some(self.store.revision()),
             }));
         }
-        let (revision, store_keys) = match self.store.commit(&writes(&self.desired, &edited)) {
+        let log = |revision| {
+            serde_json::to_vec(&Event {
+                revision,
+                changes: edited.changes.clone(),
+                applied: None,
+                networks: Vec::new(),
+            })
+            .expect("an event serializes")
+        };
+        let (revision, store_keys) = match self.store.commit(&writes(&self.desired, &edited), log) {
             Ok(r) => r,
             Err(e) => {
                 self.desired.undo(edited);
@@ -489,7 +580,28 @@ impl Daemon {
         for name in edited.touched.keys() {
             self.left.remove(name);
         }
-        let (failed, stats) = self.apply(&edited.touched);
+        self.committing = edited.touched.keys().cloned().collect();
+        let synced_before: BTreeMap<String, SystemTime> = (edited.touched.keys())
+            .filter_map(|n| Some((n.clone(), self.stats.last_sync.get(n)?.0)))
+            .collect();
+        let failed = self.apply(&edited.touched);
+        self.committing.clear();
+        // What this change's applies wrote, partial or whole.
+        let mut stats = SyncStats::default();
+        for name in edited.touched.keys() {
+            if let Some((at, s)) = self.stats.last_sync.get(name)
+                && synced_before.get(name) != Some(at)
+            {
+                stats.written += s.written;
+                stats.deleted += s.deleted;
+            }
+        }
+        self.announce(&Event {
+            revision,
+            changes: edited.changes.clone(),
+            applied: Some(!failed.keys().any(|n| edited.touched.contains_key(n))),
+            networks: Vec::new(),
+        });
         self.last_change = Some(ChangeWork {
             revision,
             validated: edited.checked,
@@ -570,12 +682,7 @@ impl Daemon {
     /// applied and clean, by its dataplane's partial apply; every other one whole (by the
     /// reconcile that follows). Returns the networks that failed, and what the partial
     /// applies wrote.
-    fn apply(
-        &mut self,
-        touched: &BTreeMap<String, Touched>,
-    ) -> (BTreeMap<String, String>, SyncStats) {
-        let mut failed = BTreeMap::new();
-        let mut total = SyncStats::default();
+    fn apply(&mut self, touched: &BTreeMap<String, Touched>) -> BTreeMap<String, String> {
         for (name, t) in touched {
             let partial = !t.whole
                 && !t.removed
@@ -591,9 +698,6 @@ impl Daemon {
             let delta = delta(applied, net, t);
             match self.dp.apply_sets(net, &delta) {
                 Ok(Some(stats)) => {
-                    total.written += stats.written;
-                    total.deleted += stats.deleted;
-                    total.flows_flushed += stats.flows_flushed;
                     (self.stats.last_sync).insert(name.clone(), (SystemTime::now(), stats));
                     let applied = self.applied.get_mut(name).expect("matched above");
                     for key in &t.services {
@@ -620,8 +724,7 @@ impl Daemon {
                 }
             }
         }
-        failed.extend(self.reconcile());
-        (failed, total)
+        self.reconcile()
     }
 
     fn network(&self, name: &str) -> Result<&ComposedNetwork, ApiError> {
@@ -721,6 +824,10 @@ impl Daemon {
                 self.commit(Change::Replace(state), what, dry_run)
             }
             Request::State => Ok(Reply::State(self.desired.to_state())),
+            // The server takes watches to the actor itself (they stream).
+            Request::Watch { .. } => {
+                Err(ApiError::bad_request("a watch streams; see GET /v1/watch"))
+            }
             Request::Elements { network } => Ok(Reply::Elements(
                 (self.selected(&network)?.into_iter())
                     .flat_map(|n| {
@@ -845,7 +952,10 @@ fn writes<'a>(desired: &'a Desired, edited: &'a Edited) -> Vec<store::Write<'a>>
             }
             continue;
         }
-        for key in &t.services {
+        // New contributions take their places in the network's order.
+        let mut keys: Vec<&ServiceKey> = t.services.iter().collect();
+        keys.sort_by_key(|k| net.place(k).unwrap_or(usize::MAX));
+        for key in keys {
             out.push(store::Write::Service {
                 network: name,
                 key,

@@ -25,12 +25,24 @@ use crate::{
     node::watch,
 };
 
+/// A watcher's history (JSON lines) and its subscription to what follows.
+type Watching = (
+    Vec<hyper::body::Bytes>,
+    tokio::sync::broadcast::Receiver<hyper::body::Bytes>,
+);
+
 enum Job {
+    /// A request, answered with the store's revision once it is done.
     Api(
         Request,
-        tokio::sync::oneshot::Sender<Result<Reply, ApiError>>,
+        tokio::sync::oneshot::Sender<(Result<Reply, ApiError>, u64)>,
     ),
     Metrics(tokio::sync::oneshot::Sender<metrics::Scrape>),
+    /// A new watcher: its history and its subscription, taken between two changes.
+    Watch(
+        Option<u64>,
+        tokio::sync::oneshot::Sender<Result<Watching, ApiError>>,
+    ),
     /// Something in a namespace changed (from [`watch`]).
     Node(watch::NetnsKey, watch::Changes),
     /// The daemon is stopping. Explicit, because the actor holds a sender of its own (the
@@ -70,10 +82,13 @@ fn actor(
                 {
                     tracing::warn!(status = %e.status, error = %e.reply.error, "request refused or not applied");
                 }
-                let _ = reply.send(answer);
+                let _ = reply.send((answer, daemon.revision()));
             }
             Ok(Job::Metrics(reply)) => {
                 let _ = reply.send(daemon.metrics());
+            }
+            Ok(Job::Watch(from, reply)) => {
+                let _ = reply.send(daemon.watch(from));
             }
             Ok(Job::Node(ns, changes)) => daemon.node_changed(&ns, changes),
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -284,7 +299,7 @@ fn permitted(stream: &tokio::net::UnixStream) -> Result<(), ApiError> {
     Ok(())
 }
 
-type Body = http_body_util::Full<hyper::body::Bytes>;
+type Body = http_body_util::combinators::BoxBody<hyper::body::Bytes, std::convert::Infallible>;
 
 fn reply(status: StatusCode, body: &impl serde::Serialize) -> hyper::Response<Body> {
     let body = serde_json::to_vec(body).expect("a reply always serializes");
@@ -296,7 +311,7 @@ fn response(
     body: impl Into<hyper::body::Bytes>,
     content_type: &'static str,
 ) -> hyper::Response<Body> {
-    let mut resp = hyper::Response::new(Body::from(body.into()));
+    let mut resp = hyper::Response::new(http_body_util::Full::new(body.into()).boxed());
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         hyper::header::CONTENT_TYPE,
@@ -326,19 +341,80 @@ async fn respond(
         Ok(r) => r,
         Err(e) => return refusal(&e),
     };
+    if let Request::Watch { from } = request {
+        return watch(from, jobs).await;
+    }
     let created = matches!(request, Request::NetworkAdd { .. });
     let (tx, rx) = tokio::sync::oneshot::channel();
     let stopping = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
-    let answer = if jobs.send(Job::Api(request, tx)).is_err() {
+    let (answer, revision) = if jobs.send(Job::Api(request, tx)).is_err() {
+        (Err(stopping()), None)
+    } else {
+        match rx.await {
+            Ok((answer, revision)) => (answer, Some(revision)),
+            Err(_) => (Err(stopping()), None),
+        }
+    };
+    let mut resp = match answer {
+        Ok(r) if created => reply(StatusCode::CREATED, &r),
+        Ok(r) => reply(StatusCode::OK, &r),
+        Err(e) => refusal(&e),
+    };
+    // What the answer was given at: a watcher reading the state watches from it.
+    if let Some(r) = revision {
+        resp.headers_mut().insert(REVISION, r.into());
+    }
+    resp
+}
+
+/// The header every API answer carries: the store's revision when it was given.
+pub const REVISION: &str = "lb-revision";
+
+/// `GET /v1/watch`: the watcher's history, then each event as the actor sends it, one JSON
+/// line each, until the client goes, the daemon stops, or the watcher falls more than
+/// [`super::WATCH_BACKLOG`] events behind (a last line says so; it watches again from the
+/// last revision it read).
+async fn watch(from: Option<u64>, jobs: mpsc::Sender<Job>) -> hyper::Response<Body> {
+    use tokio::sync::broadcast::error::RecvError;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let stopping = || ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the daemon is stopping");
+    let watching = if jobs.send(Job::Watch(from, tx)).is_err() {
         Err(stopping())
     } else {
         rx.await.unwrap_or_else(|_| Err(stopping()))
     };
-    match answer {
-        Ok(r) if created => reply(StatusCode::CREATED, &r),
-        Ok(r) => reply(StatusCode::OK, &r),
-        Err(e) => refusal(&e),
-    }
+    let (history, events) = match watching {
+        Ok(w) => w,
+        Err(e) => return refusal(&e),
+    };
+    let frames = futures_util::stream::unfold(
+        (history.into_iter(), events, false),
+        |(mut history, mut events, ended)| async move {
+            if ended {
+                return None;
+            }
+            let frame = |line| Ok(hyper::body::Frame::data(line));
+            if let Some(line) = history.next() {
+                return Some((frame(line), (history, events, false)));
+            }
+            match events.recv().await {
+                Ok(line) => Some((frame(line), (history, events, false))),
+                Err(RecvError::Lagged(n)) => {
+                    let line = format!(
+                        "{{\"error\":\"fell {n} events behind: watch again from the last revision read\"}}\n"
+                    );
+                    Some((frame(line.into()), (history, events, true)))
+                }
+                Err(RecvError::Closed) => None,
+            }
+        },
+    );
+    let mut resp = hyper::Response::new(http_body_util::StreamBody::new(frames).boxed());
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/x-ndjson"),
+    );
+    resp
 }
 
 /// The whole body, at most [`MAX_REQUEST`] bytes. A larger one is read to its end and

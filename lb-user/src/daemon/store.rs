@@ -45,6 +45,11 @@ const NETWORKS: TableDefinition<&str, &[u8]> = TableDefinition::new("networks");
 const SERVICES: TableDefinition<(&str, &str, &str), &[u8]> = TableDefinition::new("services");
 /// Networks found pinned when the store was created: left as they are (see the contracts).
 const LEFT: TableDefinition<&str, u64> = TableDefinition::new("left");
+/// The changes of the last [`HISTORY`] revisions (revision → the watch's event), written in
+/// the commit of each: what a watcher that reconnects with a revision is sent.
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// How many revisions of changes the store keeps for watchers.
+pub const HISTORY: u64 = 4096;
 
 /// A value with its place.
 #[derive(Serialize, Deserialize)]
@@ -179,12 +184,23 @@ impl Store {
         std::fs::metadata(&self.path).map_or(0, |m| m.len())
     }
 
-    /// Writes `writes` in one transaction: all of them or, if it fails, none. Returns the new
-    /// revision and how many keys were written or deleted.
-    pub fn commit(&mut self, writes: &[Write]) -> Result<(u64, usize)> {
+    /// Writes `writes` in one transaction: all of them or, if it fails, none; `log(revision)`
+    /// is the change's entry in the watch's history. Returns the new revision and how many
+    /// keys were written or deleted.
+    pub fn commit(
+        &mut self,
+        writes: &[Write],
+        log: impl FnOnce(u64) -> Vec<u8>,
+    ) -> Result<(u64, usize)> {
         let txn = self.db.begin_write().context("starting a transaction")?;
         let mut keys = 0;
+        let revision = self.revision + 1;
         {
+            let mut history = txn.open_table(LOG)?;
+            history.insert(revision, log(revision).as_slice())?;
+            if let Some(old) = revision.checked_sub(HISTORY) {
+                history.remove(old)?;
+            }
             let mut meta = txn.open_table(META)?;
             let mut networks = txn.open_table(NETWORKS)?;
             let mut services = txn.open_table(SERVICES)?;
@@ -246,11 +262,37 @@ impl Store {
                 }
             }
             meta.insert("seq", seq)?;
-            meta.insert("revision", self.revision + 1)?;
+            meta.insert("revision", revision)?;
         }
         txn.commit().context("committing")?;
-        self.revision += 1;
+        self.revision = revision;
         Ok((self.revision, keys))
+    }
+
+    /// The history's entries after revision `from`, oldest first; `None` when the store no
+    /// longer has all of them (`from` is older than the history kept: read the state again).
+    pub fn history(&self, from: u64) -> Result<Option<Vec<Vec<u8>>>> {
+        if from >= self.revision {
+            return Ok(Some(Vec::new()));
+        }
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(LOG)?;
+        let oldest = table.first()?.map(|(k, _)| k.value());
+        if oldest.is_none_or(|o| o > from + 1) {
+            return Ok(None);
+        }
+        let out = table
+            .range(from + 1..)?
+            .map(|e| Ok(e?.1.value().to_vec()))
+            .collect::<Result<_>>()?;
+        Ok(Some(out))
+    }
+
+    /// The oldest revision the history has.
+    pub fn oldest(&self) -> Result<Option<u64>> {
+        let txn = self.db.begin_read()?;
+        let table = txn.open_table(LOG)?;
+        Ok(table.first()?.map(|(k, _)| k.value()))
     }
 
     /// The networks found pinned when the store was created, left as they are.
@@ -350,7 +392,8 @@ fn create(path: &Path, state: &DesiredState) -> Result<()> {
             fresh: true,
         });
     }
-    store.commit(&writes)?;
+    // The import is the history's first entry: a watcher from before it reads the state again.
+    store.commit(&writes, |_| b"{\"revision\":1,\"changes\":[]}".to_vec())?;
     {
         // Every table exists from the start (a read never finds one missing).
         let txn = store.db.begin_write()?;
@@ -466,19 +509,37 @@ mod tests {
             });
         }
         // Revision 1 is the state the store was created with.
-        assert_eq!(opened.store.commit(&writes).unwrap(), (2, 3));
+        let log = |r: u64| format!("{r}").into_bytes();
+        assert_eq!(opened.store.commit(&writes, log).unwrap(), (2, 3));
         // Replaced in place: b stays first.
         let mut b = web.services[0].clone();
         b.backends.clear();
         let (rev, n) = (opened.store)
-            .commit(&[Write::Service {
-                network: "web",
-                key: &b.key(),
-                service: Some(&b),
-                fresh: false,
-            }])
+            .commit(
+                &[Write::Service {
+                    network: "web",
+                    key: &b.key(),
+                    service: Some(&b),
+                    fresh: false,
+                }],
+                log,
+            )
             .unwrap();
         assert_eq!((rev, n), (3, 1));
+        let history = |from| {
+            (opened.store.history(from).unwrap()).map(|h| {
+                h.into_iter()
+                    .map(|e| String::from_utf8(e).unwrap())
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(history(1), Some(vec!["2".to_owned(), "3".to_owned()]));
+        assert_eq!(history(3), Some(vec![]));
+        assert_eq!(
+            history(0).map(|h| h.len()),
+            Some(3),
+            "from before the import: all of it"
+        );
         drop(opened);
         let again = Store::open(&dir, None).unwrap();
         assert_eq!(again.store.revision(), 3);

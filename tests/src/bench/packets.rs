@@ -199,7 +199,8 @@ pub fn report(rounds: usize) -> Result<String> {
     let keep: BTreeSet<std::net::IpAddr> = (net.services.iter())
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
-    dp.sync(&plan, &node, &keep).context("filling the maps")?;
+    dp.sync(&plan, &node, &keep, None)
+        .context("filling the maps")?;
 
     let mid = vip(SERVICES / 2);
     let ack = |p: Ipv4Packet| Ipv4Packet {

@@ -110,6 +110,12 @@ impl EbpfDataplane {
         Ok(())
     }
 
+    /// The collector's latest walk of network `name`'s tables (`None` without a collector:
+    /// retired counter ids then stay out of use for the process's life).
+    fn walked(&self, name: &str) -> Option<gc::Referenced> {
+        self.collector.as_ref()?.walked(name)
+    }
+
     pub fn tc_mode(&self) -> TcMode {
         self.tc_mode
     }
@@ -160,6 +166,7 @@ fn apply_in_netns(
     network: &ComposedNetwork,
     previous: &Previous,
     tc_mode: TcMode,
+    walked: Option<&gc::Referenced>,
 ) -> Result<SyncStats> {
     let nl = Netlink::new()?;
     // One dump of the namespace's addresses per apply, for the interfaces' primary addresses,
@@ -222,7 +229,7 @@ fn apply_in_netns(
         .flat_map(|s| s.backends.iter().map(|b| b.ip))
         .collect();
     aliases::around(&nl, &addrs, network, previous.aliases.as_ref(), || {
-        dp.sync(&plan, &node, &keep).context("writing maps")
+        dp.sync(&plan, &node, &keep, walked).context("writing maps")
     })
 }
 
@@ -316,10 +323,11 @@ impl Dataplane for EbpfDataplane {
         let mut dp = self.open(&network.name)?;
         let net = network.clone();
         let tc_mode = self.tc_mode;
+        let walked = self.walked(&network.name);
         // The object travels into the namespace's thread and back; if the thread cannot join
         // the namespace it is dropped, and the next apply adopts the pins again.
         let (dp, result) = in_netns(network.netns.as_deref(), move || {
-            let r = apply_in_netns(&mut dp, &net, &prev, tc_mode);
+            let r = apply_in_netns(&mut dp, &net, &prev, tc_mode, walked.as_ref());
             Ok((dp, r))
         })
         .with_context(|| format!("network {}", network.name))?;
@@ -352,12 +360,18 @@ impl Dataplane for EbpfDataplane {
         if delta.vips_changed || network.mode == Mode::Dsr {
             return Ok(None);
         }
+        let walked = self.walked(&network.name);
         let Some(dp) = self.nets.get_mut(&network.name) else {
             return Ok(None);
         };
         let sets = ebpf::plan_sets(network, network.composed(), delta.sets);
-        let stats = (dp.sync_sets(&sets, &delta.new_backends, &delta.gone_backends))
-            .with_context(|| format!("network {}: writing maps", network.name))?;
+        let synced = dp.sync_sets(
+            &sets,
+            &delta.new_backends,
+            &delta.gone_backends,
+            walked.as_ref(),
+        );
+        let stats = synced.with_context(|| format!("network {}: writing maps", network.name))?;
         tracing::debug!(network = %network.name, written = stats.written, deleted = stats.deleted,
             flushed = stats.flows_flushed, "sets applied");
         Ok(Some(stats))

@@ -253,11 +253,12 @@ pub fn session_ended<A: MapIp>(s: &DsrSessionOf<A>, svc: Option<&Service>, now: 
 /// Deletes the ended sessions of one family of one network (the collector's pass, off the
 /// writer's path; the programs already treat them as absent). Read first, deleted after, each
 /// re-read before its delete so that a session a packet just refreshed stays. Returns how
-/// many are live and how many went.
+/// many are live and how many went; the counter ids the sessions read name go to `ids`.
 pub fn collect<A: MapIp>(
     sessions: &mut HashMap<MapData, FlowKeyOf<A>, DsrSessionOf<A>>,
     vips: &HashMap<MapData, VipKeyOf<A>, Service>,
     now: u64,
+    ids: &mut std::collections::BTreeSet<u32>,
 ) -> (u64, u64)
 where
     FlowKeyOf<A>: aya::Pod,
@@ -266,6 +267,7 @@ where
 {
     let all: Vec<(FlowKeyOf<A>, DsrSessionOf<A>)> =
         sessions.iter().filter_map(|e| e.ok()).collect();
+    ids.extend(all.iter().map(|(_, s)| s.counter));
     let (mut live, mut deleted) = (0, 0);
     for (k, s) in &all {
         let svc = vips.get(&VipKeyOf { addr: k.daddr }, 0).ok();

@@ -3,15 +3,18 @@
 //!
 //! The programs already treat an expired entry as absent (`lb_common::flow`); the collector
 //! only gives the memory back and keeps the counts `lb status` and the metrics read, so the
-//! writer never walks the table for them. It runs on a thread of its own, with its own map
+//! writer never walks the table for them. It also notes the counter ids the entries it read
+//! name ([`Referenced`]): a counter id retired from a removed backend is handed out again
+//! only once a walk that started after its retirement found no entry naming it, so that the
+//! removed backend's draining flows never count to the backend that takes the id next. It runs on a thread of its own, with its own map
 //! handles opened from the pins, and touches nothing but `lb_flows` entries that are expired
 //! and DSR sessions that ended (`dsr::collect`).
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::{Arc, Mutex, mpsc},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result};
@@ -113,12 +116,15 @@ pub fn live_flows<A: MapIp>(
 pub fn collect<A: MapIp>(
     flows: &mut HashMap<MapData, FlowKeyOf<A>, FlowOf<A>>,
     now: u64,
+    ids: &mut BTreeSet<u32>,
 ) -> FlowStats
 where
     FlowKeyOf<A>: aya::Pod,
     FlowOf<A>: aya::Pod,
 {
     let entries: Vec<(FlowKeyOf<A>, FlowOf<A>)> = flows.iter().filter_map(|e| e.ok()).collect();
+    // Expired ones too: until deleted below, a program could still refresh one.
+    ids.extend(entries.iter().map(|(_, e)| e.counter));
     let mut stats = FlowStats {
         entries: Some(entries.len() as u64),
         ..Default::default()
@@ -142,16 +148,36 @@ where
 /// The collector's latest findings per network (by pin directory name).
 pub type Shared = Arc<Mutex<BTreeMap<String, FlowStats>>>;
 
+/// The counter ids the entries of one network's flow and DSR session tables named, in a
+/// walk that started at `since`: an id retired before `since` and not among them is named by
+/// no entry any more.
+#[derive(Clone, Debug)]
+pub struct Referenced {
+    pub since: Instant,
+    pub ids: BTreeSet<u32>,
+}
+
+/// The latest walk of each network (by pin directory name).
+pub type Walks = Arc<Mutex<BTreeMap<String, Referenced>>>;
+
 /// A running collector: its findings, and a way to make it run now (after an apply, so that a
 /// new network is counted without waiting a whole interval).
 pub struct Collector {
     pub stats: Shared,
+    pub referenced: Walks,
     kick: mpsc::Sender<()>,
 }
 
 impl Collector {
     pub fn kick(&self) {
         let _ = self.kick.send(());
+    }
+
+    /// The latest walk of network `name`'s tables.
+    pub fn walked(&self, name: &str) -> Option<Referenced> {
+        (self.referenced.lock().expect("collector lock"))
+            .get(name)
+            .cloned()
     }
 }
 
@@ -160,13 +186,14 @@ impl Collector {
 /// from the writer about networks coming and going; it stops with the process.
 pub fn spawn(bpffs: &Path, interval: Duration) -> Result<Collector> {
     let stats: Shared = Arc::default();
-    let (dir, out) = (bpffs.to_path_buf(), stats.clone());
+    let referenced: Walks = Arc::default();
+    let (dir, out, walks) = (bpffs.to_path_buf(), stats.clone(), referenced.clone());
     let (kick, kicks) = mpsc::channel();
     std::thread::Builder::new()
         .name("lb-gc".into())
         .spawn(move || {
             loop {
-                run_once(&dir, &out);
+                run_once(&dir, &out, &walks);
                 match kicks.recv_timeout(interval) {
                     Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => {}
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
@@ -176,15 +203,19 @@ pub fn spawn(bpffs: &Path, interval: Duration) -> Result<Collector> {
             }
         })
         .context("starting the flow collector")?;
-    Ok(Collector { stats, kick })
+    Ok(Collector {
+        stats,
+        referenced,
+        kick,
+    })
 }
 
 /// The DSR sessions of both families of the network pinned in `dir`: how many are live, and
-/// how many ended ones were deleted.
-fn collect_dsr(dir: &Path, now: u64) -> Result<(u64, u64)> {
-    let (live, deleted) = collect_dsr_pinned::<u32>(dir, "lb_dsr_sessions", "lb_vips", now)?;
+/// how many ended ones were deleted; the counter ids they name go to `ids`.
+fn collect_dsr(dir: &Path, now: u64, ids: &mut BTreeSet<u32>) -> Result<(u64, u64)> {
+    let (live, deleted) = collect_dsr_pinned::<u32>(dir, "lb_dsr_sessions", "lb_vips", now, ids)?;
     let (live6, deleted6) =
-        collect_dsr_pinned::<lb_common::Addr6>(dir, "lb_dsr_sessions6", "lb_vips6", now)?;
+        collect_dsr_pinned::<lb_common::Addr6>(dir, "lb_dsr_sessions6", "lb_vips6", now, ids)?;
     Ok((live + live6, deleted + deleted6))
 }
 
@@ -195,6 +226,7 @@ fn collect_dsr_pinned<A: MapIp>(
     sessions: &str,
     vips: &str,
     now: u64,
+    ids: &mut BTreeSet<u32>,
 ) -> Result<(u64, u64)>
 where
     FlowKeyOf<A>: aya::Pod,
@@ -207,11 +239,16 @@ where
     }
     let mut sessions = HashMap::try_from(Map::LruHashMap(MapData::from_pin(&pin)?))?;
     let vips = HashMap::try_from(Map::HashMap(MapData::from_pin(&vips)?))?;
-    Ok(super::dsr::collect::<A>(&mut sessions, &vips, now))
+    Ok(super::dsr::collect::<A>(&mut sessions, &vips, now, ids))
 }
 
 /// [`collect`] of the flow map pinned as `name` in `dir`.
-fn collect_pinned<A: MapIp>(dir: &Path, name: &str, now: u64) -> Result<FlowStats>
+fn collect_pinned<A: MapIp>(
+    dir: &Path,
+    name: &str,
+    now: u64,
+    ids: &mut BTreeSet<u32>,
+) -> Result<FlowStats>
 where
     FlowKeyOf<A>: aya::Pod,
     FlowOf<A>: aya::Pod,
@@ -219,10 +256,10 @@ where
     let pin: PathBuf = dir.join(name);
     let map = MapData::from_pin(&pin).with_context(|| format!("opening {}", pin.display()))?;
     let mut map = HashMap::<_, FlowKeyOf<A>, FlowOf<A>>::try_from(Map::LruHashMap(map))?;
-    Ok(collect(&mut map, now))
+    Ok(collect(&mut map, now, ids))
 }
 
-fn run_once(bpffs: &Path, out: &Shared) {
+fn run_once(bpffs: &Path, out: &Shared, walks: &Walks) {
     let Ok(dirs) = std::fs::read_dir(bpffs) else {
         return;
     };
@@ -234,7 +271,9 @@ fn run_once(bpffs: &Path, out: &Shared) {
             continue;
         }
         let now = monotonic_ns();
-        let mut stats = match collect_pinned::<u32>(&d.path(), "lb_flows", now) {
+        let since = Instant::now();
+        let mut ids = BTreeSet::new();
+        let mut stats = match collect_pinned::<u32>(&d.path(), "lb_flows", now, &mut ids) {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: lb_flows");
@@ -243,21 +282,27 @@ fn run_once(bpffs: &Path, out: &Shared) {
         };
         // A network pinned by an lb before dual stack has no IPv6 flow map until it loads.
         if d.path().join("lb_flows6").exists() {
-            match collect_pinned::<lb_common::Addr6>(&d.path(), "lb_flows6", now) {
+            match collect_pinned::<lb_common::Addr6>(&d.path(), "lb_flows6", now, &mut ids) {
                 Ok(s6) => stats.add(&s6),
                 Err(e) => {
                     tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: lb_flows6")
                 }
             }
         }
-        match collect_dsr(&d.path(), now) {
+        let mut complete = true;
+        match collect_dsr(&d.path(), now, &mut ids) {
             Ok((live, deleted)) => {
                 stats.by_state[FlowState::Dsr.index()] = live;
                 stats.expired_total = stats.expired_total.map(|n| n + deleted);
             }
             Err(e) => {
+                complete = false;
                 tracing::warn!(network = %name, error = %format!("{e:#}"), "flow collector: DSR sessions")
             }
+        }
+        // Only a walk that read every table can say an id is named by nothing.
+        if complete {
+            (walks.lock().expect("collector lock")).insert(name.clone(), Referenced { since, ids });
         }
         let mut all = out.lock().expect("collector stats lock");
         let before = all.get(&name).and_then(|s| s.expired_total).unwrap_or(0);

@@ -106,6 +106,12 @@ pub struct Mirror {
     folded: BTreeMap<ServiceKey, Counters>,
     set_ids: IdPool,
     counter_ids: IdPool,
+    /// Counter ids whose entries were deleted but that flow entries or DSR sessions may still
+    /// name (a removed backend's draining flows), with when they were retired and the
+    /// service they counted for: handed out again only once a walk of the tables that
+    /// started after their retirement finds no entry naming them ([`gc::Referenced`]), their
+    /// entries (which those flows may have re-created meanwhile) deleted again first.
+    quarantine: Vec<(u32, std::time::Instant, Option<ServiceKey>)>,
     /// The backends whose flows the last sync kept (`None`: not known, after a read): the flow
     /// table is walked only when one of them is gone.
     kept: Option<BTreeSet<IpAddr>>,
@@ -192,6 +198,15 @@ impl Mirror {
         let retired_counters = (counters.difference(&named_counters))
             .map(|&id| (None, id))
             .collect();
+        // Ids flows and sessions name that no service does (their counters deleted by an
+        // earlier process, their flows draining): out of the pool until a walk finds them
+        // gone.
+        let now = std::time::Instant::now();
+        let referenced = net.referenced_counters();
+        let quarantine: Vec<_> = (referenced.iter())
+            .filter(|id| !named_counters.contains(id) && !counters.contains(id))
+            .map(|&id| (id, now, None))
+            .collect();
         Ok(Self {
             config: net.config.get(&0, 0).ok(),
             filter: net.addr_filter.get(&0, 0).unwrap_or_default(),
@@ -211,10 +226,12 @@ impl Mirror {
             set_ids: IdPool::new(sets.keys().copied(), 1, u32::MAX),
             // Counter ids start at 1: 0 is "no counter" in a service entry.
             counter_ids: IdPool::new(
-                counters.union(&named_counters).copied(),
+                (counters.union(&named_counters).copied())
+                    .chain(quarantine.iter().map(|(id, _, _)| *id)),
                 1,
                 net.sizes.counters,
             ),
+            quarantine,
             services,
             retired_sets,
             retired_counters,
@@ -250,12 +267,13 @@ impl EbpfNetwork {
         plan: &Plan,
         node: &NodeAddrs,
         keep: &BTreeSet<IpAddr>,
+        walked: Option<&gc::Referenced>,
     ) -> Result<SyncStats> {
         let mut m = match self.mirror.take() {
             Some(m) => m,
             None => Mirror::read(self)?,
         };
-        let result = self.sync_with(&mut m, plan, node, keep);
+        let result = self.sync_with(&mut m, plan, node, keep, walked);
         if result.is_ok() {
             self.mirror = Some(m);
         }
@@ -313,8 +331,10 @@ impl EbpfNetwork {
         plan: &Plan,
         node: &NodeAddrs,
         keep: &BTreeSet<IpAddr>,
+        walked: Option<&gc::Referenced>,
     ) -> Result<SyncStats> {
         let mut stats = SyncStats::default();
+        self.release_quarantined(m, walked, &mut stats)?;
         // The filter's bits this sync needs are cleared before anything it writes can need
         // them; those it frees are set once the entries that needed them are gone (the end).
         let filter = addr_filter(plan, node, keep);
@@ -431,6 +451,43 @@ impl EbpfNetwork {
                 // Never counted a packet.
                 Err(e) if not_found(&e) => {}
                 Err(e) => return Err(e).context("deleting from lb_counters"),
+            }
+            m.quarantine.push((id, std::time::Instant::now(), owner));
+        }
+        Ok(())
+    }
+
+    /// Hands the quarantined counter ids that `walked` finds named by no entry back to the
+    /// pool (see [`Mirror::quarantine`]); without a walk (no collector) they stay out of it.
+    fn release_quarantined(
+        &mut self,
+        m: &mut Mirror,
+        walked: Option<&gc::Referenced>,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        let Some(walked) = walked else {
+            return Ok(());
+        };
+        let (free, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut m.quarantine)
+            .into_iter()
+            .partition(|(id, at, _)| *at < walked.since && !walked.ids.contains(id));
+        m.quarantine = kept;
+        for (id, _, owner) in free {
+            // Re-created by a draining flow after its delete: what it counted is its
+            // service's still.
+            if let Ok(c) = self.counter(id)
+                && c.packets != 0
+            {
+                if let Some(key) = owner.filter(|k| m.services.contains_key(k)) {
+                    let total = m.folded.entry(key).or_default();
+                    total.packets += c.packets;
+                    total.bytes += c.bytes;
+                }
+                match self.counters.remove(&id) {
+                    Ok(()) => stats.deleted += 1,
+                    Err(e) if not_found(&e) => {}
+                    Err(e) => return Err(e).context("deleting from lb_counters"),
+                }
             }
             m.counter_ids.release(id);
         }
@@ -646,12 +703,13 @@ impl EbpfNetwork {
         sets: &PlanSets,
         new_backends: &BTreeSet<IpAddr>,
         gone_backends: &BTreeSet<IpAddr>,
+        walked: Option<&gc::Referenced>,
     ) -> Result<SyncStats> {
         let mut m = match self.mirror.take() {
             Some(m) => m,
             None => Mirror::read(self)?,
         };
-        let result = self.sync_sets_with(&mut m, sets, new_backends, gone_backends);
+        let result = self.sync_sets_with(&mut m, sets, new_backends, gone_backends, walked);
         if result.is_ok() {
             self.mirror = Some(m);
         }
@@ -664,8 +722,10 @@ impl EbpfNetwork {
         sets: &PlanSets,
         new_backends: &BTreeSet<IpAddr>,
         gone_backends: &BTreeSet<IpAddr>,
+        walked: Option<&gc::Referenced>,
     ) -> Result<SyncStats> {
         let mut stats = SyncStats::default();
+        self.release_quarantined(m, walked, &mut stats)?;
         let mut filter = m.filter;
         for (key, (want, _)) in sets {
             if want.is_some() {
@@ -688,6 +748,16 @@ impl EbpfNetwork {
             kept.retain(|ip| !gone_backends.contains(ip));
         }
         Ok(stats)
+    }
+
+    /// The counter ids every flow entry and DSR session names (read once, when the mirror
+    /// is read).
+    fn referenced_counters(&self) -> BTreeSet<u32> {
+        let flows = (self.flows.iter().filter_map(|e| e.ok())).map(|(_, e)| e.counter);
+        let flows6 = (self.flows6.iter().filter_map(|e| e.ok())).map(|(_, e)| e.counter);
+        let dsr = (self.dsr_sessions.iter().filter_map(|e| e.ok())).map(|(_, s)| s.counter);
+        let dsr6 = (self.dsr_sessions6.iter().filter_map(|e| e.ok())).map(|(_, s)| s.counter);
+        flows.chain(flows6).chain(dsr).chain(dsr6).collect()
     }
 }
 
