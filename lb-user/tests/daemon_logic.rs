@@ -168,7 +168,7 @@ fn a_restart_applies_over_the_recorded_networks_and_removes_the_others() {
         service: service("web", "1", [10, 99, 0, 10], &[[10, 20, 0, 11]]),
     })
     .unwrap();
-    d.record();
+    d.record_now();
     drop(d);
     // As a daemon that applied network b too left it, before b left the desired state.
     let path = dir.0.join("applied.json");

@@ -220,7 +220,7 @@ fn port_ownership_is_per_family() {
 fn dsr_of_an_ipv6_vip_is_served_by_both_dataplanes() {
     let mut s = state(dual()).unwrap();
     let ebpf = EbpfDataplane::retiring(std::path::Path::new("/nonexistent"), TcMode::Netlink);
-    let nft = NftDataplane;
+    let nft = NftDataplane::default();
     let planes: [&dyn Dataplane; 2] = [&ebpf, &nft];
     for mode in [
         lb_user::core::model::Mode::Nat,

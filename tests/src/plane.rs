@@ -34,7 +34,7 @@ impl Plane {
 /// when it fails.
 pub fn apply(plane: Plane, net: &Network, bpffs: &Bpffs, previous: Option<&Network>) {
     match plane {
-        Plane::Nft => NftDataplane
+        Plane::Nft => NftDataplane::default()
             .apply(
                 &ComposedNetwork::new(net.clone()),
                 previous.cloned().map(ComposedNetwork::new).as_ref(),

@@ -261,7 +261,7 @@ fn hairpin(plane: Plane, name: &str) {
             .node
             .sysctl("net.bridge.bridge-nf-call-iptables", "1")
             .is_ok();
-        let warnings = NftDataplane.warnings(&net).expect("warnings");
+        let warnings = NftDataplane::default().warnings(&net).expect("warnings");
         if br_netfilter {
             assert_eq!(warnings.len(), 1, "{warnings:?}");
             let ports = format!(
@@ -276,7 +276,7 @@ fn hairpin(plane: Plane, name: &str) {
         }
         topo.set_hairpin(true).unwrap();
         assert_eq!(
-            NftDataplane.warnings(&net).expect("warnings"),
+            NftDataplane::default().warnings(&net).expect("warnings"),
             Vec::<String>::new(),
             "hairpin on everywhere"
         );

@@ -85,8 +85,9 @@ pub struct ComposedNetwork {
 /// Who claims what in one network, kept with every edit.
 #[derive(Clone, Debug, Default)]
 struct Index {
-    /// Each contribution's place in `network.services`.
-    position: HashMap<ServiceKey, usize>,
+    /// Each contribution's place in `network.services`, by key (a service's generations
+    /// together).
+    position: BTreeMap<ServiceKey, usize>,
     /// The contributions claiming each set (a VIP, a published-port key).
     claimants: HashMap<SetKey, BTreeSet<ServiceKey>>,
     /// Each published (family, protocol, port): the host addresses it is claimed on (`None`:
@@ -181,10 +182,15 @@ impl ComposedNetwork {
         (self.index.position.get(key)).map(|&i| &self.network.services[i])
     }
 
-    /// The generations of service `id`, in the network's order.
+    /// The generations of service `id`, by generation.
     pub fn generations(&self, id: &str) -> Vec<&Service> {
-        (self.network.services.iter())
-            .filter(|s| s.id == id)
+        let from = ServiceKey {
+            service_id: id.to_owned(),
+            generation: String::new(),
+        };
+        (self.index.position.range(from..))
+            .take_while(|(k, _)| k.service_id == id)
+            .map(|(_, &i)| &self.network.services[i])
             .collect()
     }
 

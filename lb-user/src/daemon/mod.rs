@@ -122,6 +122,8 @@ pub struct Daemon {
     stale: BTreeSet<String>,
     /// `applied` changed since applied.json was last written.
     unrecorded: bool,
+    /// When applied.json was last written.
+    recorded_at: Instant,
     /// Networks found on the node when the store was created, which it does not know: left
     /// as they are (see [`store`]).
     left: BTreeSet<String>,
@@ -141,7 +143,10 @@ pub struct Daemon {
 
 /// How many events a watcher may fall behind before its stream is ended (it watches again
 /// from its last revision).
-const WATCH_BACKLOG: usize = 8192;
+const WATCH_BACKLOG: usize = 1024;
+
+/// How often at most applied.json is written (see [`Daemon::record`]).
+pub const RECORD_EVERY: Duration = Duration::from_secs(2);
 
 /// A change of the desired state: edits (one request's, or a batch) or a whole state.
 pub enum Change {
@@ -203,6 +208,7 @@ impl Daemon {
             errors: BTreeMap::new(),
             stale: BTreeSet::new(),
             unrecorded: true,
+            recorded_at: Instant::now() - RECORD_EVERY,
             left: BTreeSet::new(),
             last_change: None,
             dp,
@@ -257,7 +263,7 @@ impl Daemon {
             d.dirty.insert(name);
         }
         d.reconcile();
-        d.record();
+        d.record_now();
         Ok(d)
     }
 
@@ -419,17 +425,25 @@ impl Daemon {
     /// record must still say what was applied then.
     ///
     /// The actor calls it after answering, so that a change's answer does not wait for the
-    /// record (tens of milliseconds at 10,000 services); only whole applies and removals
-    /// mark it, since what it is read for (the networks, their namespaces, interfaces and
-    /// VIP aliases) is never changed by a partial apply. A crash before it is the crash
-    /// between an apply and its record that was always possible: the next start applies the
-    /// desired state over the previous record, which the dataplanes handle (aliases of VIPs
-    /// no longer wanted are removed, an nftables table that is not the recorded one is
-    /// declared whole).
+    /// record (tens of milliseconds at 10,000 services), and at most every [`RECORD_EVERY`]
+    /// (a stream of changes does not pay it per change; the actor wakes to write a pending
+    /// one, and writes it as it stops). A crash before it is the crash between an apply and
+    /// its record that was always possible: the next start applies the desired state over
+    /// the previous record, which the dataplanes handle (aliases of VIPs no longer wanted are
+    /// removed, an nftables table that is not the recorded one is declared whole).
     pub fn record(&mut self) {
+        if !self.unrecorded || self.recorded_at.elapsed() < RECORD_EVERY {
+            return;
+        }
+        self.record_now();
+    }
+
+    /// [`Daemon::record`] now, however recent the last one (the daemon is stopping).
+    pub fn record_now(&mut self) {
         if !self.unrecorded {
             return;
         }
+        self.recorded_at = Instant::now();
         // The shape of a DesiredState.
         #[derive(serde::Serialize)]
         struct Applied<'a> {
@@ -696,9 +710,11 @@ impl Daemon {
                 continue;
             };
             let delta = delta(applied, net, t);
+            let ports_changed = delta.ports_changed;
             match self.dp.apply_sets(net, &delta) {
                 Ok(Some(stats)) => {
                     (self.stats.last_sync).insert(name.clone(), (SystemTime::now(), stats));
+                    self.unrecorded = true;
                     let applied = self.applied.get_mut(name).expect("matched above");
                     for key in &t.services {
                         match net.service(key) {
@@ -710,7 +726,7 @@ impl Daemon {
                             }
                         }
                     }
-                    if delta.ports_changed {
+                    if ports_changed {
                         hold(&mut self.holder, net);
                     }
                 }
@@ -969,7 +985,7 @@ fn writes<'a>(desired: &'a Desired, edited: &'a Edited) -> Vec<store::Write<'a>>
 
 /// What changed between `applied` and `net` in the sets and contributions `t` touched, for a
 /// partial apply.
-fn delta<'a>(applied: &ComposedNetwork, net: &ComposedNetwork, t: &'a Touched) -> Delta<'a> {
+fn delta<'a>(applied: &'a ComposedNetwork, net: &ComposedNetwork, t: &'a Touched) -> Delta<'a> {
     let mut new_backends = BTreeSet::new();
     let mut gone_backends = BTreeSet::new();
     for key in &t.services {
@@ -987,6 +1003,7 @@ fn delta<'a>(applied: &ComposedNetwork, net: &ComposedNetwork, t: &'a Touched) -
     };
     let changed = |set: &SetKey| exists(applied, set) != exists(net, set);
     Delta {
+        previous: applied,
         sets: &t.sets,
         new_backends,
         gone_backends,

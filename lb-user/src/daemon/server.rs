@@ -73,7 +73,11 @@ fn actor(
             daemon.retry();
             next_retry = now + retry;
         }
-        match jobs.recv_timeout(next_retry.saturating_duration_since(now)) {
+        // Awake at least as often as a pending record is due.
+        let wait = next_retry
+            .saturating_duration_since(now)
+            .min(super::RECORD_EVERY);
+        match jobs.recv_timeout(wait) {
             Ok(Job::Api(req, reply)) => {
                 let mutates = req.mutates();
                 let answer = daemon.handle(req);
@@ -92,7 +96,7 @@ fn actor(
             }
             Ok(Job::Node(ns, changes)) => daemon.node_changed(&ns, changes),
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                daemon.record();
+                daemon.record_now();
                 return;
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -111,7 +115,7 @@ fn dataplane(opts: &Options) -> Result<(Box<dyn Dataplane>, String)> {
     };
     match opts.dataplane {
         DataplaneChoice::Nftables => Ok((
-            Box::new(NftDataplane),
+            Box::new(NftDataplane::default()),
             "forced with --dataplane nftables".into(),
         )),
         DataplaneChoice::Ebpf => Ok((ebpf()?, "forced with --dataplane ebpf".into())),
@@ -120,7 +124,7 @@ fn dataplane(opts: &Options) -> Result<(Box<dyn Dataplane>, String)> {
             Err(e) => {
                 let reason = format!("auto: fell back to nftables: {e:#}").replace('\n', " ");
                 tracing::warn!("{reason}");
-                Ok((Box::new(NftDataplane), reason))
+                Ok((Box::new(NftDataplane::default()), reason))
             }
         },
     }
@@ -146,7 +150,7 @@ fn known_networks(state_dir: &Path, desired: &DesiredState) -> Vec<Network> {
 fn retire_other(in_use: Kind, opts: &Options, networks: &[Network]) {
     let mut other: Box<dyn Dataplane> = match in_use {
         Kind::Nftables => Box::new(EbpfDataplane::retiring(&opts.bpffs, opts.tc_mode)),
-        Kind::Ebpf => Box::new(NftDataplane),
+        Kind::Ebpf => Box::new(NftDataplane::default()),
         // Never run by `lb daemon`: it has no other dataplane to retire.
         Kind::Recording => return,
     };

@@ -143,7 +143,7 @@ impl Store {
         // seen with a truncated store): a panic while opening or reading is a store that
         // cannot be read, refused as one.
         let opened = std::panic::catch_unwind(|| -> Result<_> {
-            let db = Database::open(&path).map_err(anyhow::Error::new)?;
+            let db = builder().open(&path).map_err(anyhow::Error::new)?;
             let (state, revision) = read(&db)?;
             Ok((db, state, revision))
         });
@@ -324,6 +324,14 @@ impl Store {
     }
 }
 
+/// How the store is opened: a cache of 16 MiB (redb's default is 1 GiB, all of which the
+/// first read of a large state would keep resident; a change reads a handful of pages).
+fn builder() -> redb::Builder {
+    let mut b = redb::Builder::new();
+    b.set_cache_size(16 << 20);
+    b
+}
+
 fn placed_seq(bytes: &[u8]) -> Result<u64> {
     #[derive(Deserialize)]
     struct Seq {
@@ -364,7 +372,9 @@ fn read_export(file: &Path) -> Result<DesiredState> {
 fn create(path: &Path, state: &DesiredState) -> Result<()> {
     let tmp = path.with_extension("redb.new");
     let _ = std::fs::remove_file(&tmp);
-    let db = Database::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let db = builder()
+        .create(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
     let mut store = Store {
         db,
         path: tmp.clone(),

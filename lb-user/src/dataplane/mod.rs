@@ -214,6 +214,8 @@ impl FlowStats {
 /// VIPs and its place did not), for [`Dataplane::apply_sets`].
 #[derive(Clone, Debug)]
 pub struct Delta<'a> {
+    /// The network as the dataplane last applied it.
+    pub previous: &'a ComposedNetwork,
     /// The sets (VIPs, published ports) whose composition may have changed.
     pub sets: &'a BTreeSet<SetKey>,
     /// Backends the network did not list before, and those it no longer lists (their flows

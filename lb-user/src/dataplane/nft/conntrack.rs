@@ -147,8 +147,14 @@ pub fn flush_removed_backends(previous: &Network, network: &Network) -> Result<u
             .collect()
     };
     let now = backends(network);
+    let gone: Vec<IpAddr> = backends(previous).difference(&now).copied().collect();
+    flush_backends(&gone)
+}
+
+/// [`flush_removed_backends`] of backends `gone` (those the network no longer has).
+pub fn flush_backends(gone: &[IpAddr]) -> Result<usize> {
     let mut flushed = 0;
-    for b in backends(previous).difference(&now) {
+    for b in gone {
         let family = Family::of(*b).as_str();
         flushed += run(&[
             "-D",

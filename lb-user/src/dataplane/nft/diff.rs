@@ -118,13 +118,35 @@ pub fn update(
     dsr: &dsr::Sync,
 ) -> Result<Update> {
     let changed = changed(previous.composed(), network.composed());
-    let mut u = table_update(previous, network, Family::V4, &changed, subnets);
+    update_within(previous, network, &changed, subnets, dsr)
+}
+
+/// [`update`] of a change of the sets `sets` alone (every other set the same in both, as a
+/// change of services alone leaves them; a set in `sets` that did not change renders no
+/// difference), without a DSR table: what one change costs, whatever the network's size.
+pub fn update_sets(
+    previous: &ComposedNetwork,
+    network: &ComposedNetwork,
+    sets: &BTreeSet<SetKey>,
+    subnets: &Subnets,
+) -> Result<Update> {
+    update_within(previous, network, sets, subnets, &dsr::Sync::default())
+}
+
+fn update_within(
+    previous: &ComposedNetwork,
+    network: &ComposedNetwork,
+    changed: &BTreeSet<SetKey>,
+    subnets: &Subnets,
+    dsr: &dsr::Sync,
+) -> Result<Update> {
+    let mut u = table_update(previous, network, Family::V4, changed, subnets);
     match (has_ipv6(previous), has_ipv6(network)) {
         (true, true) => u.merge(table_update(
             previous,
             network,
             Family::V6,
-            &changed,
+            changed,
             subnets,
         )),
         (false, true) => {

@@ -59,9 +59,10 @@ use std::{
 
 use anyhow::{Context as _, Result};
 
-use super::{Count, Dataplane, Flow, FlowState, FlowStats, Kind, SyncStats, aliases};
+use super::{Count, Dataplane, Delta, Flow, FlowState, FlowStats, Kind, SyncStats, aliases};
 use crate::{
     core::compose::ComposedNetwork,
+    core::compose::PortKey,
     core::elements::{Element, REAL_SERVER, SetKey, claimed_by, placed_elements},
     core::model::{Family, FlowTimeouts, Masquerade, Mode, Network, Proto},
     node::{Netlink, NodeAddr, in_netns, netlink},
@@ -75,14 +76,22 @@ pub mod listing;
 pub mod localnet;
 pub mod ruleset;
 
-pub use diff::{Update, update};
+pub use diff::{Update, update, update_sets};
 pub use exec::{delete_table, nft};
 pub use listing::{Listed, listed_elements, listed_real_server};
 pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name};
 
-/// The nftables dataplane. It holds no state of its own: the kernel's tables are the record.
+/// The nftables dataplane. The kernel's tables are the record; it keeps only what the last
+/// whole apply of each network read of the node (its subnets), so that a change of services
+/// alone ([`Dataplane::apply_sets`]) is one `nft` transaction, no dump of the node's
+/// addresses.
 #[derive(Default)]
-pub struct NftDataplane;
+pub struct NftDataplane {
+    subnets: BTreeMap<String, NodeSubnets>,
+}
+
+/// The subnets a network's base chains are rendered with ([`Subnets`]), as read of the node.
+type NodeSubnets = Vec<(String, IpAddr, u8)>;
 
 impl NftDataplane {
     /// The elements of the network's tables with their counters: the NAT tables' (the IPv6
@@ -231,7 +240,7 @@ fn subnets(
 fn apply_in_netns(
     network: &ComposedNetwork,
     previous: Option<&ComposedNetwork>,
-) -> Result<SyncStats> {
+) -> Result<(SyncStats, NodeSubnets)> {
     let nl = Netlink::new()?;
     // One dump per apply, shared by the subnets and the aliases (see the eBPF dataplane).
     let addrs = nl.addresses()?;
@@ -302,7 +311,7 @@ fn apply_in_netns(
             stats.flows_flushed += conntrack::clear_untranslated(key)?;
         }
     }
-    Ok(stats)
+    Ok((stats, subnets))
 }
 
 /// Where br_netfilter hands the IP hooks a bridge's frames (a node running Docker or
@@ -389,10 +398,11 @@ impl Dataplane for NftDataplane {
             previous = None;
         }
         let (net, prev) = (network.clone(), previous.cloned());
-        let stats = in_netns(network.netns.as_deref(), move || {
+        let (stats, subnets) = in_netns(network.netns.as_deref(), move || {
             apply_in_netns(&net, prev.as_ref())
         })
         .with_context(|| format!("network {}", network.name))?;
+        self.subnets.insert(network.name.clone(), subnets);
         tracing::info!(network = %network.name, table = %table_name(&network.name), "network applied (nftables)");
         // Said once per apply, that is once per change of the network; `lb status` says it
         // for as long as it holds (ports come and go without a sync).
@@ -407,6 +417,67 @@ impl Dataplane for NftDataplane {
             }
         }
         Ok(stats)
+    }
+
+    /// The touched sets' difference as one `nft` transaction (or up to three where a set's
+    /// shape comes or goes, as a whole apply's), rendered outside the namespace from the
+    /// previous and the current network, with the subnets the last whole apply read; then
+    /// the conntrack entries a whole apply would clear, of the touched sets alone. Not for a
+    /// VIP or a published port that comes or goes (aliases, held ports, `route_localnet`),
+    /// nor a `dsr` network (its table's chains follow the node), nor one this process has not
+    /// applied whole. A table that is not the one written for `previous` fails the first
+    /// transaction, and the caller applies the network whole, which declares it.
+    fn apply_sets(
+        &mut self,
+        network: &ComposedNetwork,
+        delta: &Delta,
+    ) -> Result<Option<SyncStats>> {
+        if delta.vips_changed
+            || delta.ports_changed
+            || network.mode == Mode::Dsr
+            || delta.previous.mode == Mode::Dsr
+        {
+            return Ok(None);
+        }
+        let Some(subnets) = self.subnets.get(&network.name) else {
+            return Ok(None);
+        };
+        let diff = diff::update_sets(delta.previous, network, delta.sets, subnets)?;
+        let mut stats = SyncStats {
+            written: diff.written,
+            deleted: diff.deleted,
+            flows_flushed: 0,
+        };
+        let udp: Vec<PortKey> = (delta.sets.iter())
+            .filter_map(|s| match s {
+                SetKey::Port(k) if k.proto == Proto::Udp => Some(*k),
+                _ => None,
+            })
+            .filter(|k| {
+                let now = network.composed().ports.get(k);
+                now.is_some_and(|set| !set.is_empty())
+                    && delta.previous.composed().ports.get(k) != now
+            })
+            .collect();
+        let gone: Vec<IpAddr> = delta.gone_backends.iter().copied().collect();
+        let flushed = in_netns(network.netns.as_deref(), move || {
+            if let Some(p) = &diff.prepare {
+                exec::transaction(p)?;
+            }
+            exec::transaction(&diff.script)?;
+            if let Some(r) = &diff.retire {
+                exec::transaction(r)?;
+            }
+            let mut flushed = conntrack::flush_backends(&gone)?;
+            for key in &udp {
+                flushed += conntrack::clear_untranslated(key)?;
+            }
+            Ok(flushed)
+        })
+        .with_context(|| format!("network {}: the difference of its sets", network.name))?;
+        stats.flows_flushed = flushed;
+        tracing::debug!(network = %network.name, written = stats.written, deleted = stats.deleted, "sets applied (nftables)");
+        Ok(Some(stats))
     }
 
     fn remove(&mut self, network: &Network) -> Result<()> {
