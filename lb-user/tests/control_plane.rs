@@ -548,3 +548,96 @@ fn a_new_backend_counts_only_its_own_packets() {
         );
     }
 }
+
+/// The watch over the socket: `lb watch -j` prints every change once, in order, with its
+/// revision, as it is applied; a watcher that comes back with the last revision it read gets
+/// what it missed, then what follows (`daemon_logic.rs` covers a revision older than the
+/// history kept).
+#[test]
+fn the_watch_streams_every_change_and_what_a_watcher_missed() {
+    if !require_root("the_watch_streams_every_change_and_what_a_watcher_missed") {
+        return;
+    }
+    use std::io::BufRead as _;
+    let topo = Topology::new(2).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = start(&bpffs, "ebpf");
+    d.ok(&network_add(&topo, "web"));
+    d.ok(&["service", "set", "web", "api", "--vip", &VIP.to_string()]);
+    let watch = |from: Option<u64>| {
+        let mut cmd = std::process::Command::new(lb());
+        cmd.args(["watch", "-j", "--socket", d.socket().to_str().unwrap()]);
+        if let Some(r) = from {
+            cmd.args(["--from", &r.to_string()]);
+        }
+        let mut child = cmd.stdout(std::process::Stdio::piped()).spawn().unwrap();
+        // Lines through a channel, so that a missing one fails the test instead of hanging it.
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        (child, rx)
+    };
+    let revision = |d: &LbDaemon| -> u64 {
+        let v: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
+        v["store"]["revision"].as_u64().unwrap()
+    };
+    let read = |lines: &mut std::sync::mpsc::Receiver<String>, n: usize| -> Vec<Value> {
+        (0..n)
+            .map(|i| {
+                let line = (lines.recv_timeout(Duration::from_secs(20)))
+                    .unwrap_or_else(|e| panic!("event {i} of {n}: none within 20 s ({e})"));
+                serde_json::from_str(&line).unwrap()
+            })
+            .collect()
+    };
+    // From the revision now: whenever it connects, it misses nothing after it.
+    let start_rev = revision(&d);
+    let (mut live, mut live_lines) = watch(Some(start_rev));
+    let ips: Vec<String> = (1..=6).map(|i| format!("10.20.9.{i}")).collect();
+    for ip in &ips[..3] {
+        d.ok(&["service", "backend", "add", "web", "api", ip]);
+    }
+    let events = read(&mut live_lines, 3);
+    let revs: Vec<u64> = events
+        .iter()
+        .map(|e| e["revision"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        revs,
+        [start_rev + 1, start_rev + 2, start_rev + 3],
+        "{events:?}"
+    );
+    for (e, ip) in events.iter().zip(&ips) {
+        // Sent live (applied) or, made before the watcher connected, from the history.
+        assert!(e["applied"] == true || e["applied"].is_null(), "{e}");
+        assert_eq!(e["changes"][0]["backend"], ip.as_str(), "{e}");
+    }
+    let _ = live.kill();
+    let _ = live.wait();
+    // Missed while away: three more.
+    for ip in &ips[3..] {
+        d.ok(&["service", "backend", "add", "web", "api", ip]);
+    }
+    let (mut back, mut back_lines) = watch(Some(start_rev + 3));
+    let missed = read(&mut back_lines, 3);
+    let revs: Vec<u64> = missed
+        .iter()
+        .map(|e| e["revision"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        revs,
+        [start_rev + 4, start_rev + 5, start_rev + 6],
+        "{missed:?}"
+    );
+    d.ok(&["service", "backend", "disable", "web", "api", &ips[0]]);
+    let next = read(&mut back_lines, 1);
+    assert_eq!(next[0]["revision"], start_rev + 7, "then live: {next:?}");
+    let _ = back.kill();
+    let _ = back.wait();
+}

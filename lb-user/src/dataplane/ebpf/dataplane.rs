@@ -390,11 +390,9 @@ impl Dataplane for EbpfDataplane {
         let part = ebpf::plan_sets(network, network.composed(), sets);
         let dp = self.net(&network.name)?;
         let sizes = dp.sizes();
-        ebpf::need_sets(&part, dp.held()?, network.interfaces.len()).check(
-            &network.name,
-            &sizes,
-            &configured,
-        )
+        let (held, mut base) = dp.held_with_need()?;
+        base.ifaces = network.interfaces.len();
+        ebpf::need_sets(&part, held, base).check(&network.name, &sizes, &configured)
     }
 
     fn refresh(&mut self, network: &ComposedNetwork, firewall: bool) -> Result<()> {

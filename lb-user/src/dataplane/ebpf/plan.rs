@@ -353,17 +353,9 @@ pub fn need(plan: &Plan, held: &Held, ifaces: usize) -> Need {
 }
 
 /// [`need`] of a change of some sets alone (`sets`: [`plan_sets`]), every other entry held
-/// as it is.
-pub fn need_sets(sets: &PlanSets, held: &Held, ifaces: usize) -> Need {
-    let mut n = Need {
-        ifaces,
-        counters: held.values().map(|(_, set)| set.len()).sum(),
-        ..Need::default()
-    };
-    for (key, (_, set)) in held {
-        *n.slots(key) += set.len();
-        *n.entries(key) += 1;
-    }
+/// as it is (`base`: [`held_need`] of what the maps hold).
+pub fn need_sets(sets: &PlanSets, held: &Held, base: Need) -> Need {
+    let mut n = base;
     for (key, (want, _)) in sets {
         match (held.get(key), want) {
             (Some(_), None) => *n.entries(key) -= 1,
@@ -380,6 +372,19 @@ pub fn need_sets(sets: &PlanSets, held: &Held, ifaces: usize) -> Need {
             }
             _ => {}
         }
+    }
+    n
+}
+
+/// What the maps hold now, as [`need`] counts it (every entry, its set's slots and counters):
+/// kept with the mirror, change by change, so that [`need_sets`] costs the change.
+pub fn held_need(held: &Held, ifaces: usize) -> Need {
+    let mut n = Need {
+        ifaces,
+        ..Need::default()
+    };
+    for (key, (_, set)) in held {
+        n.hold(key, set.len() as isize);
     }
     n
 }
@@ -406,6 +411,15 @@ pub fn matching_backends<'a>(
 }
 
 impl Need {
+    /// Counts an entry of `key` with a set of `slots` as held (`slots` < 0: no longer).
+    pub fn hold(&mut self, key: &ServiceKey, slots: isize) {
+        let sign = slots.signum();
+        let add = |v: &mut usize, d: isize| *v = v.saturating_add_signed(d);
+        add(self.entries(key), sign);
+        add(self.slots(key), slots);
+        add(&mut self.counters, slots);
+    }
+
     /// The service entries of `key`'s map.
     fn entries(&mut self, key: &ServiceKey) -> &mut usize {
         match (key, key.addr().is_v6()) {
@@ -508,5 +522,74 @@ impl Need {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::{
+        compose::ComposedNetwork,
+        model::{DesiredState, Network},
+    };
+
+    fn network(json_services: &str) -> ComposedNetwork {
+        let json = format!(
+            r#"{{"networks":[{{"name":"n","interfaces":["x"],"services":[{json_services}]}}]}}"#
+        );
+        let n: Network = DesiredState::from_json(&json).unwrap().networks[0].clone();
+        ComposedNetwork::new(n)
+    }
+
+    /// What the maps hold once `plan` is written (counters numbered in order).
+    fn held(plan: &Plan) -> Held {
+        let mut counter = 0;
+        (plan.services.iter())
+            .enumerate()
+            .map(|(i, (k, set))| {
+                let set: Vec<SetBackend> = (set.iter())
+                    .map(|(addr, port)| {
+                        counter += 1;
+                        SetBackend {
+                            addr: *addr,
+                            port: *port,
+                            counter,
+                        }
+                    })
+                    .collect();
+                let svc = Service {
+                    set_id: i as u32 + 1,
+                    count: set.len() as u32,
+                    session_timeout: 0,
+                    flags: 0,
+                };
+                (*k, (svc, set))
+            })
+            .collect()
+    }
+
+    /// A change of some sets needs, counted from what is held and the sets alone, what the
+    /// whole plan over what is held needs.
+    #[test]
+    fn a_change_of_sets_needs_what_the_whole_plan_needs() {
+        let before = network(
+            r#"{"id":"a","vip":"10.99.0.1","backends":[{"ip":"10.20.0.1"},{"ip":"10.20.0.2"}],"ports":[{"proto":"tcp","published":80}]},
+               {"id":"b","vip":"10.99.0.2","backends":[{"ip":"10.20.0.3"}]},
+               {"id":"c","vip":"fd99::1","backends":[{"ip":"fd20::1"}]}"#,
+        );
+        let after = network(
+            r#"{"id":"a","vip":"10.99.0.1","backends":[{"ip":"10.20.0.1"},{"ip":"10.20.0.9"},{"ip":"10.20.0.8"}],"ports":[{"proto":"tcp","published":80}]},
+               {"id":"c","vip":"fd99::1","backends":[{"ip":"fd20::1"}]},
+               {"id":"d","vip":"10.99.0.4","backends":[{"ip":"10.20.0.4"}],"ports":[{"proto":"udp","published":53}]}"#,
+        );
+        let held = held(&plan(&before, before.composed()));
+        let whole = need(&plan(&after, after.composed()), &held, 1);
+        let sets: BTreeSet<SetKey> = (before.composed().vips.keys().map(|v| SetKey::Vip(*v)))
+            .chain(after.composed().vips.keys().map(|v| SetKey::Vip(*v)))
+            .chain(before.composed().ports.keys().map(|k| SetKey::Port(*k)))
+            .chain(after.composed().ports.keys().map(|k| SetKey::Port(*k)))
+            .collect();
+        let part = plan_sets(&after, after.composed(), &sets);
+        assert_eq!(need_sets(&part, &held, held_need(&held, 1)), whole);
     }
 }

@@ -20,7 +20,7 @@ use lb_common::{
 
 use super::{
     EbpfNetwork, Held, MapAddr, MapIp, NodeAddrs, Plan, ServiceKey, SetBackend, gc,
-    plan::{PlanSets, matching_backends, same_set},
+    plan::{PlanSets, held_need, matching_backends, same_set},
 };
 use crate::dataplane::SyncStats;
 
@@ -112,6 +112,8 @@ pub struct Mirror {
     /// started after their retirement finds no entry naming them ([`gc::Referenced`]), their
     /// entries (which those flows may have re-created meanwhile) deleted again first.
     quarantine: Vec<(u32, std::time::Instant, Option<ServiceKey>)>,
+    /// What `services` needs of the maps ([`plan::held_need`]), kept with every change.
+    held: super::Need,
     /// The backends whose flows the last sync kept (`None`: not known, after a read): the flow
     /// table is walked only when one of them is gone.
     kept: Option<BTreeSet<IpAddr>>,
@@ -231,6 +233,7 @@ impl Mirror {
                 1,
                 net.sizes.counters,
             ),
+            held: held_need(&services, 0),
             quarantine,
             services,
             retired_sets,
@@ -323,6 +326,12 @@ impl EbpfNetwork {
     /// What the service maps hold (read from the maps once per open).
     pub fn held(&mut self) -> Result<&Held> {
         Ok(&self.held_mirror()?.services)
+    }
+
+    /// What the service maps hold, and what that needs of them ([`plan::held_need`]).
+    pub fn held_with_need(&mut self) -> Result<(&Held, super::Need)> {
+        let m = self.held_mirror()?;
+        Ok((&m.services, m.held))
     }
 
     fn sync_with(
@@ -510,6 +519,7 @@ impl EbpfNetwork {
             let Some((s, set)) = m.services.remove(key) else {
                 return Ok(());
             };
+            m.held.hold(key, -(set.len() as isize));
             self.delete_service(key)?;
             stats.deleted += 1;
             m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
@@ -569,7 +579,9 @@ impl EbpfNetwork {
         };
         self.put_service(key, svc)?;
         stats.written += 1;
+        m.held.hold(key, want.len() as isize);
         if let Some((s, have)) = m.services.insert(*key, (svc, set)) {
+            m.held.hold(key, -(have.len() as isize));
             m.retired_sets.push((s.set_id, s.count, key.addr().is_v6()));
             let now: BTreeSet<u32> = (m.services[key].1.iter()).map(|b| b.counter).collect();
             (m.retired_counters).extend(
