@@ -195,6 +195,35 @@ pub struct Event {
     /// being that of `revision`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub networks: Vec<String>,
+    /// Changes left out of `changes`: a change of more than [`Event::MAX_CHANGES`]
+    /// differences (a whole state applied) is sent without them; a watcher that needs them
+    /// reads the state.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub omitted: usize,
+}
+
+impl Event {
+    pub const MAX_CHANGES: usize = 10_000;
+
+    /// The event of the change saved at `revision` with `changes`.
+    pub fn of(revision: u64, changes: &[Change], applied: Option<bool>) -> Event {
+        let (changes, omitted) = if changes.len() > Self::MAX_CHANGES {
+            (Vec::new(), changes.len())
+        } else {
+            (changes.to_vec(), 0)
+        };
+        Event {
+            revision,
+            changes,
+            applied,
+            networks: Vec::new(),
+            omitted,
+        }
+    }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// The daemon's desired-state store.

@@ -107,6 +107,12 @@ pub fn event(line: &str) -> String {
     if !e.networks.is_empty() {
         return format!("revision {}: applied {}", e.revision, e.networks.join(", "));
     }
+    if e.omitted > 0 {
+        return format!(
+            "revision {}{state}: {} changes (not listed: lb state shows the state)",
+            e.revision, e.omitted
+        );
+    }
     if e.changes.is_empty() {
         return format!("revision {}: no changes{state}", e.revision);
     }

@@ -33,8 +33,29 @@ impl Composed {
     /// Whether a VIP or published-port key of `family` is composed (an IPv6 one gives the
     /// nftables dataplane its `ip6` table).
     pub fn has(&self, family: Family) -> bool {
-        self.vips.keys().any(|ip| Family::of(*ip) == family)
-            || self.ports.keys().any(|k| k.family == family)
+        // Lookups, not scans (a change of one service asks this of networks of 10,000): IPv4
+        // addresses sort before IPv6 ones, and port keys by host address, then family.
+        let vip = match family {
+            Family::V4 => self.vips.keys().next(),
+            Family::V6 => self.vips.keys().next_back(),
+        };
+        let first_port = |host_ip: Option<IpAddr>| {
+            let from = PortKey {
+                host_ip,
+                family,
+                proto: Proto::Tcp,
+                port: 0,
+            };
+            self.ports.range(from..).next().map(|(k, _)| *k)
+        };
+        let any = match family {
+            Family::V4 => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            Family::V6 => IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        };
+        vip.is_some_and(|v| Family::of(*v) == family)
+            || first_port(None).is_some_and(|k| k.host_ip.is_none() && k.family == family)
+            || first_port(Some(any))
+                .is_some_and(|k| k.host_ip.is_some_and(|h| Family::of(h) == family))
     }
 }
 

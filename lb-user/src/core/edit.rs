@@ -997,6 +997,18 @@ mod tests {
 
     fn composed_as_a_whole(d: &Desired) {
         for n in d.networks() {
+            for f in [
+                crate::core::model::Family::V4,
+                crate::core::model::Family::V6,
+            ] {
+                let c = n.composed();
+                let scan = c
+                    .vips
+                    .keys()
+                    .any(|v| crate::core::model::Family::of(*v) == f)
+                    || c.ports.keys().any(|k| k.family == f);
+                assert_eq!(c.has(f), scan, "{f} in {c:?}");
+            }
             assert_eq!(
                 *n,
                 ComposedNetwork::new(n.network().clone()),

@@ -145,6 +145,9 @@ pub struct Daemon {
 /// from its last revision).
 const WATCH_BACKLOG: usize = 1024;
 
+/// Changes in one commit past which the daemon gives the allocator's free pages back.
+const TRIM_AFTER: usize = 10_000;
+
 /// How often at most applied.json is written (see [`Daemon::record`]).
 pub const RECORD_EVERY: Duration = Duration::from_secs(2);
 
@@ -362,10 +365,8 @@ impl Daemon {
         }
         if !recovered.is_empty() {
             self.announce(&Event {
-                revision: self.store.revision(),
-                changes: Vec::new(),
-                applied: Some(true),
                 networks: recovered,
+                ..Event::of(self.store.revision(), &[], Some(true))
             });
         }
         (self.stats.own.reconcile).observe(start.elapsed().as_secs_f64());
@@ -575,13 +576,8 @@ impl Daemon {
             }));
         }
         let log = |revision| {
-            serde_json::to_vec(&Event {
-                revision,
-                changes: edited.changes.clone(),
-                applied: None,
-                networks: Vec::new(),
-            })
-            .expect("an event serializes")
+            serde_json::to_vec(&Event::of(revision, &edited.changes, None))
+                .expect("an event serializes")
         };
         let (revision, store_keys) = match self.store.commit(&writes(&self.desired, &edited), log) {
             Ok(r) => r,
@@ -610,12 +606,8 @@ impl Daemon {
                 stats.deleted += s.deleted;
             }
         }
-        self.announce(&Event {
-            revision,
-            changes: edited.changes.clone(),
-            applied: Some(!failed.keys().any(|n| edited.touched.contains_key(n))),
-            networks: Vec::new(),
-        });
+        let applied = !failed.keys().any(|n| edited.touched.contains_key(n));
+        self.announce(&Event::of(revision, &edited.changes, Some(applied)));
         self.last_change = Some(ChangeWork {
             revision,
             validated: edited.checked,
@@ -636,12 +628,20 @@ impl Daemon {
             );
             return Err(ApiError::internal(&e, true));
         }
-        Ok(Reply::Done(Done {
+        let trim = edited.changes.len() > TRIM_AFTER;
+        let done = Reply::Done(Done {
             done: what,
             changes: edited.changes,
             dry_run: false,
             revision: Some(revision),
-        }))
+        });
+        if trim {
+            // A large change (a whole state applied) peaks at copies of the state that are
+            // gone by now; glibc keeps their pages unless asked to give them back.
+            // SAFETY: malloc_trim only releases free memory of the allocator.
+            unsafe { libc::malloc_trim(0) };
+        }
+        Ok(done)
     }
 
     /// Checks the networks `edited` touched against the dataplane and the node, for what the

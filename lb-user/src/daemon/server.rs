@@ -553,6 +553,8 @@ pub fn run(opts: Options) -> Result<()> {
     {
         bail!("--metrics {addr}: the metrics endpoint listens on loopback only");
     }
+    let fds = crate::node::hold::raise_fd_limit();
+    tracing::debug!(limit = fds, "open files");
     let mut created = Created::new();
     // First of all: a second daemon on the same state dir, bpffs or socket stops here, before
     // it chooses a dataplane, retires the other one or reconciles anything.

@@ -168,6 +168,40 @@ pub fn check_free<'a>(network: &Network, new: impl Iterator<Item = &'a PortKey>)
     })
 }
 
+/// File descriptors the daemon keeps for what is not a held port.
+const RESERVED_FDS: usize = 2048;
+
+/// The process's limit of open files (its soft limit).
+fn fd_limit() -> usize {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return 1024;
+    }
+    usize::try_from(l.rlim_cur).unwrap_or(usize::MAX)
+}
+
+/// Raises the process's soft limit of open files to its hard limit (as Go's runtime and
+/// systemd's services do): every held port, map, link and connection is a descriptor, and
+/// the soft limit is often the old 1,024. Returns the limit now.
+pub fn raise_fd_limit() -> usize {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write the struct we pass.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) == 0 && l.rlim_cur < l.rlim_max {
+            l.rlim_cur = l.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &l);
+        }
+    }
+    fd_limit()
+}
+
 /// The sockets the daemon holds, per network.
 #[derive(Default)]
 pub struct Holder {
@@ -188,11 +222,30 @@ impl Holder {
             .filter(|k| !held.contains_key(k))
             .copied()
             .collect();
+        // Every socket is a file descriptor: the daemon keeps RESERVED_FDS of its limit for
+        // everything else (maps, links, namespaces, connections), so a node publishing more
+        // ports than that leaves holds some of them, not starve the dataplane.
+        let total: usize = self.held.values().map(BTreeMap::len).sum();
+        let room = fd_limit()
+            .saturating_sub(RESERVED_FDS)
+            .saturating_sub(total);
+        let held = self.held.entry(network.name.clone()).or_default();
         let failed = self.failed.entry(network.name.clone()).or_default();
         failed.clear();
         if new.is_empty() {
             return Ok(());
         }
+        let (new, over) = new.split_at(new.len().min(room));
+        for key in over {
+            failed.insert(
+                *key,
+                format!(
+                    "out of file descriptors: the daemon holds {total} published ports and keeps {RESERVED_FDS} of its limit of {} for the rest (raise LimitNOFILE, or --hold-ports off)",
+                    fd_limit()
+                ),
+            );
+        }
+        let new = new.to_vec();
         let bound = in_netns(network.netns.as_deref(), move || {
             Ok(new.into_iter().map(|k| (k, bind(&k))).collect::<Vec<_>>())
         })?;

@@ -272,11 +272,20 @@ impl EbpfNetwork {
         keep: &BTreeSet<IpAddr>,
         walked: Option<&gc::Referenced>,
     ) -> Result<SyncStats> {
+        self.with_mirror(|net, m| net.sync_with(m, plan, node, keep, walked))
+    }
+
+    /// Runs `write` with the mirror (read from the maps if there is none): kept when it
+    /// succeeds; dropped when it fails, since the maps may then hold part of the write.
+    fn with_mirror<T>(
+        &mut self,
+        write: impl FnOnce(&mut Self, &mut Mirror) -> Result<T>,
+    ) -> Result<T> {
         let mut m = match self.mirror.take() {
             Some(m) => m,
             None => Mirror::read(self)?,
         };
-        let result = self.sync_with(&mut m, plan, node, keep, walked);
+        let result = write(self, &mut m);
         if result.is_ok() {
             self.mirror = Some(m);
         }
@@ -717,15 +726,7 @@ impl EbpfNetwork {
         gone_backends: &BTreeSet<IpAddr>,
         walked: Option<&gc::Referenced>,
     ) -> Result<SyncStats> {
-        let mut m = match self.mirror.take() {
-            Some(m) => m,
-            None => Mirror::read(self)?,
-        };
-        let result = self.sync_sets_with(&mut m, sets, new_backends, gone_backends, walked);
-        if result.is_ok() {
-            self.mirror = Some(m);
-        }
-        result
+        self.with_mirror(|net, m| net.sync_sets_with(m, sets, new_backends, gone_backends, walked))
     }
 
     fn sync_sets_with(

@@ -140,7 +140,9 @@ fn update_within(
     subnets: &Subnets,
     dsr: &dsr::Sync,
 ) -> Result<Update> {
-    let mut u = table_update(previous, network, Family::V4, changed, subnets);
+    // Each a hash of the whole network: computed once for every transaction of both tables.
+    let tokens = (sync_token(previous), sync_token(network));
+    let mut u = table_update(previous, network, Family::V4, changed, subnets, tokens);
     match (has_ipv6(previous), has_ipv6(network)) {
         (true, true) => u.merge(table_update(
             previous,
@@ -148,6 +150,7 @@ fn update_within(
             Family::V6,
             changed,
             subnets,
+            tokens,
         )),
         (false, true) => {
             u.written += declare_table(&mut u.prepare, network, Family::V6, subnets);
@@ -194,13 +197,14 @@ impl TableUpdate {
 }
 
 /// The difference of `network`'s table of `family` from `previous`'s, over the sets of
-/// `changed` of that family.
+/// `changed` of that family; `(before, after)` are the two networks' sync tokens.
 fn table_update(
     previous: &ComposedNetwork,
     network: &ComposedNetwork,
     family: Family,
     changed: &BTreeSet<SetKey>,
     subnets: &Subnets,
+    (before, after): (u32, u32),
 ) -> TableUpdate {
     let t = table(family, &network.name);
     let within = |k: &SetKey| k.family() == family && changed.contains(k);
@@ -219,16 +223,14 @@ fn table_update(
     let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
     let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
     let (mut written, mut deleted) = (0, 0);
-    // Replaces the table's token of network `from` by `to`'s: fails on any other table.
-    let swap = |from: &crate::core::model::Network, to: &crate::core::model::Network| {
+    // Replaces the table's token `from` by `to`: fails on a table that does not hold `from`.
+    let swap = |from: u32, to: u32| {
         format!(
-            "delete element {t} {SYNC_SET} {{ {} }}\nadd element {t} {SYNC_SET} {{ {} }}\n",
-            sync_token(from),
-            sync_token(to)
+            "delete element {t} {SYNC_SET} {{ {from} }}\nadd element {t} {SYNC_SET} {{ {to} }}\n"
         )
     };
-    let mut prepare = swap(previous, previous);
-    let mut s = swap(previous, network);
+    let mut prepare = swap(before, before);
+    let mut s = swap(before, after);
     delete_elements(
         &mut s,
         &t,
@@ -301,7 +303,7 @@ fn table_update(
     dispatch_elements(&mut s, &t, &new.dispatch, |k| {
         old.dispatch.get(k) != new.dispatch.get(k)
     });
-    let mut retire = swap(network, network);
+    let mut retire = swap(after, after);
     let mut retired = false;
     for (unit, intervals) in &old.units {
         if !has(unit) {
