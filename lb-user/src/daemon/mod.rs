@@ -353,16 +353,6 @@ impl Daemon {
                 }
             }
         }
-        // Ports that could not be held are tried again with every reconcile.
-        let unheld: Vec<String> = (self.desired.networks())
-            .filter(|n| !names.contains(&n.name) && self.holder.has_failed(&n.name))
-            .map(|n| n.name.clone())
-            .collect();
-        for name in unheld {
-            if let Some(net) = self.desired.network(&name) {
-                hold(&mut self.holder, net);
-            }
-        }
         if !recovered.is_empty() {
             self.announce(&Event {
                 networks: recovered,
@@ -515,6 +505,17 @@ impl Daemon {
     pub fn retry(&mut self) {
         if self.has_errors() {
             self.reconcile();
+        }
+        // Ports that could not be held, on the retry's clock: trying them costs the
+        // network's ports, which a change must not pay.
+        let unheld: Vec<String> = (self.desired.networks())
+            .filter(|n| self.holder.has_failed(&n.name))
+            .map(|n| n.name.clone())
+            .collect();
+        for name in unheld {
+            if let Some(net) = self.desired.network(&name) {
+                hold(&mut self.holder, net);
+            }
         }
     }
 

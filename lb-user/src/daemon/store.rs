@@ -11,8 +11,9 @@
 //!
 //! Layout: `networks` (network name → its settings), `services` ((network, service id,
 //! generation) → the contribution), each value with its place (`seq`: the order of networks
-//! and of a network's services, as `lb state` prints them), and `meta` (the revision, bumped
-//! by every commit, the next place, the format). `state.json` is the export and import
+//! and of a network's services, as `lb state` prints them); `meta` (the revision, bumped
+//! by every commit, the next place, the format); `log` (the last [`HISTORY`] revisions'
+//! changes, written in the commit of each, for watchers); `left` (see the contracts). `state.json` is the export and import
 //! format: an existing one is migrated on first start (and kept, renamed
 //! `state.json.migrated`); `lb daemon --import FILE` builds a new store from an export.
 //!

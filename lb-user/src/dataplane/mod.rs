@@ -6,8 +6,10 @@
 //! ([`ComposedNetwork`]: the caller composes once per change; a dataplane plans from the
 //! composition and never composes). It makes the kernel match, changing only
 //! what differs, and either succeeds or leaves the last good state serving: the caller keeps
-//! `previous` as the applied state until a call succeeds. `remove` undoes everything `apply`
-//! did for a network and tolerates pieces already gone.
+//! `previous` as the applied state until a call succeeds. `apply_sets` is the same for a
+//! change of some sets alone ([`Delta`]), where the dataplane can write those and nothing
+//! else; it may decline (`None`), and the caller applies the network whole. `remove` undoes
+//! everything `apply` did for a network and tolerates pieces already gone.
 use std::{
     collections::{BTreeSet, HashMap},
     net::{IpAddr, SocketAddr},

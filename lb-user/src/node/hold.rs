@@ -283,9 +283,23 @@ impl Holder {
 
     /// `lb status`'s lines for network `name`: the published ports it could not hold.
     pub fn warnings(&self, name: &str) -> Vec<String> {
-        (self.failed.get(name).into_iter().flatten())
-            .map(|(k, why)| {
-                format!("published port {k} is not held ({why}): another process of the node may take it; retried at the next apply")
+        // One line per reason: tens of thousands of ports can fail for one.
+        let mut by_reason: BTreeMap<&str, Vec<&PortKey>> = BTreeMap::new();
+        for (k, why) in self.failed.get(name).into_iter().flatten() {
+            by_reason.entry(why).or_default().push(k);
+        }
+        (by_reason.into_iter())
+            .map(|(why, keys)| {
+                let shown: Vec<String> = keys.iter().take(3).map(|k| k.to_string()).collect();
+                let more = match keys.len().saturating_sub(3) {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                let what = if keys.len() == 1 { "port" } else { "ports" };
+                format!(
+                    "published {what} {}{more} not held ({why}): another process of the node may take them; retried every few seconds",
+                    shown.join(", ")
+                )
             })
             .collect()
     }
