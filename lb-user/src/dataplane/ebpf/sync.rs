@@ -458,19 +458,32 @@ impl EbpfNetwork {
             m.set_ids.release(set_id);
         }
         for (owner, id) in std::mem::take(&mut m.retired_counters) {
-            if let Some(key) = owner.filter(|k| m.services.contains_key(k)) {
-                let c = self.counter(id)?;
-                let total = m.folded.entry(key).or_default();
-                total.packets += c.packets;
-                total.bytes += c.bytes;
-            }
-            match self.counters.remove(&id) {
-                Ok(()) => stats.deleted += 1,
-                // Never counted a packet.
-                Err(e) if not_found(&e) => {}
-                Err(e) => return Err(e).context("deleting from lb_counters"),
-            }
+            self.delete_counter(m, id, owner, stats)?;
             m.quarantine.push((id, std::time::Instant::now(), owner));
+        }
+        Ok(())
+    }
+
+    /// Deletes counter `id`, what it counted folded into the total of `owner` where that
+    /// service still exists.
+    fn delete_counter(
+        &mut self,
+        m: &mut Mirror,
+        id: u32,
+        owner: Option<ServiceKey>,
+        stats: &mut SyncStats,
+    ) -> Result<()> {
+        if let Some(key) = owner.filter(|k| m.services.contains_key(k)) {
+            let c = self.counter(id)?;
+            let total = m.folded.entry(key).or_default();
+            total.packets += c.packets;
+            total.bytes += c.bytes;
+        }
+        match self.counters.remove(&id) {
+            Ok(()) => stats.deleted += 1,
+            // Never counted a packet.
+            Err(e) if not_found(&e) => {}
+            Err(e) => return Err(e).context("deleting from lb_counters"),
         }
         Ok(())
     }
@@ -493,19 +506,8 @@ impl EbpfNetwork {
         for (id, _, owner) in free {
             // Re-created by a draining flow after its delete: what it counted is its
             // service's still.
-            if let Ok(c) = self.counter(id)
-                && c.packets != 0
-            {
-                if let Some(key) = owner.filter(|k| m.services.contains_key(k)) {
-                    let total = m.folded.entry(key).or_default();
-                    total.packets += c.packets;
-                    total.bytes += c.bytes;
-                }
-                match self.counters.remove(&id) {
-                    Ok(()) => stats.deleted += 1,
-                    Err(e) if not_found(&e) => {}
-                    Err(e) => return Err(e).context("deleting from lb_counters"),
-                }
+            if self.counter(id).is_ok_and(|c| c.packets != 0) {
+                self.delete_counter(m, id, owner, stats)?;
             }
             m.counter_ids.release(id);
         }
