@@ -306,12 +306,8 @@ impl Desired {
                     t.rewritten = true;
                     let c = ComposedNetwork::new(n);
                     let old = self.network(&c.name);
-                    let claimed = |n: &ComposedNetwork| -> BTreeSet<SetKey> {
-                        n.composed().vips.keys().map(|v| SetKey::Vip(*v)).collect()
-                    };
-                    let before = old.map(claimed).unwrap_or_default();
                     t.new_vips = (c.composed().vips.keys())
-                        .filter(|v| !before.contains(&SetKey::Vip(**v)))
+                        .filter(|v| !old.is_some_and(|o| o.composed().vips.contains_key(*v)))
                         .copied()
                         .collect();
                     let old_hosts: BTreeSet<IpAddr> = old.map(host_ips).unwrap_or_default();

@@ -9,36 +9,22 @@ use crate::{
     node::{Netlink, in_netns},
 };
 
-/// Checks `net` against its namespace before it is saved, so that a state the node cannot
-/// carry is refused instead of saved and retried forever:
+/// Checks what a change adds to `net` against its namespace before it is saved, so that a
+/// state the node cannot carry is refused instead of saved and retried forever:
 /// - the first interface exists (and the namespace does): it carries the VIP aliases, and a
 ///   typo there would leave the network serving nothing. The others may appear later (the
 ///   bridge a CNI plugin creates with the first pod): the dataplanes skip a missing one, the
 ///   node's link events pick it up when it appears, and `lb status` says it is missing;
-/// - a VIP new to the network is not an address of the node of either family (lb would take
-///   over every port of it, SSH's too), nor the network or broadcast address of one of the
-///   node's IPv4 subnets;
-/// - a `host_ip` new to the network is an address of the node, as Docker requires.
+/// - a VIP new to the network (`vips`) is not an address of the node of either family (lb
+///   would take over every port of it, SSH's too), nor the network or broadcast address of
+///   one of the node's IPv4 subnets;
+/// - a `host_ip` new to the network (`host_ips`) is an address of the node, as Docker
+///   requires.
 ///
-/// Contributions already in `old` are not checked again: an address the node gained later
-/// does not block unrelated changes. `lb_vips` are every VIP lb has in the state, so that
-/// aliases lb added (even without [`crate::node::ALIAS_PROTO`]) do not count as the node's.
-pub fn check(net: &Network, old: Option<&Network>, lb_vips: BTreeSet<IpAddr>) -> Result<()> {
-    // What `old` already had, as sets: a change of one service costs a lookup per service,
-    // not a scan of the old network per service.
-    let (old_vips, old_hosts): (BTreeSet<IpAddr>, BTreeSet<IpAddr>) =
-        old.map_or_else(Default::default, |o| (o.vips(), host_ips(o)));
-    let vips: BTreeSet<IpAddr> = (net.services.iter())
-        .flat_map(|s| s.vips.iter().copied())
-        .filter(|v| !old_vips.contains(v))
-        .collect();
-    let host_ips: BTreeSet<IpAddr> = host_ips(net).difference(&old_hosts).copied().collect();
-    check_added(net, &vips, &host_ips, || lb_vips)
-}
-
-/// [`check`] of what a change adds to `net`: VIPs and `host_ip`s new to it (its interfaces
-/// are always looked at). `lb_vips` is asked for only where there is something to check
-/// against the node's addresses.
+/// What the network had before is not checked again: an address the node gained later does
+/// not block unrelated changes. `lb_vips` (every VIP lb has in the state, so that aliases lb
+/// added, even without [`crate::node::ALIAS_PROTO`], do not count as the node's) is asked for
+/// only where there is something to check against the node's addresses: no dump otherwise.
 pub fn check_added(
     net: &Network,
     vips: &BTreeSet<IpAddr>,
@@ -104,13 +90,6 @@ pub fn check_added(
         }
         Ok(())
     })
-}
-
-/// Every `host_ip` the network's published ports bind to.
-fn host_ips(net: &Network) -> BTreeSet<IpAddr> {
-    (net.services.iter())
-        .flat_map(|s| s.ports.iter().filter_map(|p| p.host_ip))
-        .collect()
 }
 
 /// The interfaces of `net` that do not exist (yet) in its namespace, for `lb status`.
