@@ -1240,9 +1240,11 @@ fn golden_nft_ruleset() {
 
 /// A dsr network's whole transaction, pinned: its NAT table (the VIP's NAT elements serve
 /// where the DSR table cannot run) and moby's DSR table `netdev lb-edge` — the VIP set, the
-/// `real-server` elements `lb elements` prints, the per-protocol session maps with the
-/// network's session timeout, and per interface an ingress and an egress chain with the RST
-/// `delete`. `daemon_nft_dsr` runs the same rendering in a namespace.
+/// `real-server` elements `lb elements` prints in per-shape units (the NAT table's layout:
+/// a dispatch map, a `numgen` verdict map per shape, a map per slot whose chain `fwd`s out of
+/// the device the frame came in by), the per-protocol session maps with the network's
+/// session timeout, and per interface an ingress and an egress chain with the RST `delete`.
+/// `daemon_nft_dsr` runs the same rendering in a namespace.
 #[test]
 fn golden_nft_ruleset_dsr() {
     let state = DesiredState::from_json(include_str!("golden/shared_port.json")).unwrap();
@@ -1253,9 +1255,9 @@ fn golden_nft_ruleset_dsr() {
 }
 
 /// The same DSR network with an IPv6 VIP and backends beside its IPv4 ones: IPv4's objects
-/// and rules as above, and IPv6's (`dataplane::nft::dsr`): `vip6`, `real-server6` with each
-/// backend's number, a session set per backend and protocol, the ingress rules that find a
-/// session by its set, and the `new6-IF` chain that learns a new one.
+/// and rules as above, and IPv6's (`dataplane::nft::dsr`): `vip6`, units whose slot maps
+/// hold each backend's number, a session set per backend and protocol, the ingress rules that
+/// find a session by its set, and the `new6` chain that learns a new one.
 #[test]
 fn golden_nft_ruleset_dsr_dual_stack() {
     let mut json: serde_json::Value =

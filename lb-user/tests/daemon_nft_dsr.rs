@@ -97,20 +97,13 @@ fn session_of(d: &LbDaemon, proto: &str, client: SocketAddrV4) -> Option<Flow> {
         .find(|f| f.proto.as_str() == proto && f.client == std::net::SocketAddr::from(client))
 }
 
-/// The kernel's `real-server` elements, with counters.
+/// The kernel's `real-server` elements, with counters (IPv4 ones: the network has no IPv6
+/// backends to number).
 fn real_server(topo: &Topology) -> Vec<Listed> {
     let json = (topo.node)
-        .exec([
-            "nft",
-            "-j",
-            "list",
-            "map",
-            "netdev",
-            &table_name(NET),
-            REAL_SERVER,
-        ])
+        .exec(["nft", "-j", "list", "table", "netdev", &table_name(NET)])
         .unwrap();
-    listed_real_server(&json).unwrap()
+    listed_real_server(&json, &[]).unwrap()
 }
 
 /// Packets the VIP's NAT elements translated.
@@ -377,7 +370,12 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     // expires.
     let wholes = d.log().matches("declaring it whole").count();
     set_dsr_timeout(&d, 2);
-    assert_eq!(d.log().matches("declaring it whole").count(), wholes);
+    assert_eq!(
+        d.log().matches("declaring it whole").count(),
+        wholes,
+        "{}",
+        d.log()
+    );
     assert_eq!(
         long.ask().unwrap().parse::<Reply>().unwrap().backend,
         first.backend
@@ -432,7 +430,12 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     d.ok(&["apply", "-f", file.to_str().unwrap()]);
     assert_eq!(ask_vip(&topo).peer.ip(), &topo.client_ip);
     assert!(real_server(&topo).iter().any(|l| l.packets > 0));
-    assert_eq!(d.log().matches("declaring it whole").count(), wholes);
+    assert_eq!(
+        d.log().matches("declaring it whole").count(),
+        wholes,
+        "{}",
+        d.log()
+    );
 
     // Both tables go with the network.
     d.ok(&["network", "rm", NET]);
@@ -484,4 +487,229 @@ fn nftables_dsr_without_the_egress_hook_serves_the_vip_by_nat_and_says_so() {
     assert_eq!(seen.len(), 2, "{seen:?}");
     assert_eq!(nat_vip_packets(&topo), 20, "the VIP is served by NAT");
     println!("lb status:\n{status}");
+}
+
+/// A DSR network at node scale on nftables (issue #25): 10,000 services × 10 backends
+/// (`LB_NFT_SCALE` services), 100,000 `real-server` elements — past the 1,365 one
+/// concatenated interval map took — applied from scratch with `lb apply -f`; the kernel's
+/// DSR table read back equal to `lb elements`; then a backend added to one service (a shape
+/// it had not: a new unit) and another removed, each a difference, the table equal again;
+/// and service 0's VIP answered by its backends directly. Timings are printed, not asserted.
+#[test]
+fn nftables_dsr_node_scale_apply_and_changes() {
+    if !require_root("nftables_dsr_node_scale_apply_and_changes") {
+        return;
+    }
+    let n: u32 = std::env::var("LB_NFT_SCALE").map_or(10_000, |v| v.parse().unwrap());
+    let topo = dsr_topology(2);
+    let _servers = spawn_backends(&topo, PORT, UDP_PORT).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &["--dataplane", "nftables"]).unwrap();
+    let synthetic =
+        |i: u32, k: u32| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 200, 0, 0)) + i * 10 + k);
+    let services: Vec<Value> = (0..n)
+        .map(|i| {
+            let (vip, backends): (Ipv4Addr, Vec<Ipv4Addr>) = if i == 0 {
+                (VIP, topo.backend_ips.clone())
+            } else {
+                (
+                    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i),
+                    (0..10).map(|k| synthetic(i, k)).collect(),
+                )
+            };
+            let backends: Vec<Value> = (backends.iter())
+                .map(|b| serde_json::json!({ "ip": b.to_string() }))
+                .collect();
+            serde_json::json!({ "id": format!("svc{i}"), "vip": vip.to_string(), "backends": backends })
+        })
+        .collect();
+    let state = serde_json::json!({ "networks": [{
+        "name": NET,
+        "netns": topo.node.name(),
+        "interfaces": [ENDPOINT_IF],
+        "mode": "dsr",
+        "services": services,
+    }]});
+    let file = d.state_dir().with_file_name("dsr-scale.json");
+    std::fs::write(&file, state.to_string()).unwrap();
+    let t = Instant::now();
+    d.ok(&["apply", "-f", file.to_str().unwrap()]);
+    let full = t.elapsed();
+    let status: Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
+    assert_eq!(status["networks"][0]["applied"], true, "{status}");
+
+    let equal = |what: &str| {
+        let elements = d.ok(&["elements", NET]);
+        let want: Vec<String> = (elements.lines())
+            .filter(|l| l.starts_with(REAL_SERVER))
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(want.len(), 10 * (n as usize - 1) + 2, "{what}");
+        let have: Vec<String> = (real_server(&topo).iter())
+            .map(|l| l.element.to_string())
+            .collect();
+        assert!(
+            sorted(have) == sorted(want),
+            "{what}: the DSR table differs from lb elements"
+        );
+    };
+    equal("after the apply");
+
+    // An 11th backend for service 1 (a shape no set had), then one of its first ten gone.
+    let wholes = d.log().matches("declaring it whole").count();
+    let t = Instant::now();
+    let added = synthetic(n, 0).to_string();
+    d.ok(&["service", "backend", "add", NET, "svc1", &added]);
+    let add = t.elapsed();
+    let t = Instant::now();
+    d.ok(&[
+        "service",
+        "backend",
+        "rm",
+        NET,
+        "svc1",
+        &synthetic(1, 3).to_string(),
+    ]);
+    let rm = t.elapsed();
+    equal("after the changes");
+    let elements = d.ok(&["elements", NET]);
+    let svc1 = (elements.lines())
+        .filter(|l| l.starts_with("real-server 10.100.0.1 . "))
+        .collect::<Vec<_>>();
+    assert_eq!(svc1.len(), 10, "{svc1:?}");
+    assert!(
+        svc1.iter().any(|l| l.ends_with(&format!(" : {added}"))),
+        "{svc1:?}"
+    );
+    assert_eq!(
+        d.log().matches("declaring it whole").count(),
+        wholes,
+        "the changes were differences: {}",
+        d.log()
+    );
+    println!(
+        "nftables dsr, {n} services × 10 backends: apply -f {full:?}, backend add {add:?}, backend rm {rm:?}"
+    );
+
+    // Service 0's VIP: both backends answer, and see the client itself (no NAT).
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        let r = ask_vip(&topo);
+        assert_eq!(r.peer.ip(), &topo.client_ip, "{r:?}");
+        seen.insert(r.backend);
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}
+
+/// A DSR table that the lb before per-shape units wrote (`golden/shared_port.edge6.lb-dsr-1.nft`:
+/// that lb's whole transaction for the dual-stack golden network, frozen; its `real-server`
+/// maps were concatenated interval maps, its IPv6 sessions learnt in a chain per device) is
+/// taken over by the first sync from the state it was written for: the difference is
+/// refused (a dsr network's token names the DSR layout) and the table declared whole — the
+/// earlier layout's maps and chains gone, the units holding exactly the `real-server`
+/// elements of `lb elements` — with the sessions it held kept.
+#[test]
+fn nftables_dsr_table_of_the_earlier_layout_is_taken_over_with_its_sessions() {
+    if !require_root("nftables_dsr_table_of_the_earlier_layout_is_taken_over_with_its_sessions") {
+        return;
+    }
+    use lb_user::{
+        core::{compose::ComposedNetwork, elements::placed_elements, model::DesiredState},
+        dataplane::{Dataplane as _, nft::NftDataplane},
+    };
+    let ns = Netns::new("dsrup").unwrap();
+    // The VIPs become aliases on the interface: IPv6 on.
+    ns.enable_ipv6().unwrap();
+    ns.ip([
+        "link",
+        "add",
+        "veth-dsr",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "veth-dsr-p",
+    ])
+    .unwrap();
+    ns.ip(["link", "set", "veth-dsr", "up"]).unwrap();
+    ns.ip(["link", "set", "veth-dsr-p", "up"]).unwrap();
+    // The dual-stack golden network (`core::golden_nft_ruleset_dsr_dual_stack`), here.
+    let mut json: Value = serde_json::from_str(include_str!("golden/shared_port.json")).unwrap();
+    let edge = (json["networks"].as_array_mut().unwrap().iter_mut())
+        .find(|n| n["name"] == "edge")
+        .unwrap();
+    let svc = &mut edge["services"][0];
+    svc["vips"] = serde_json::json!(["10.1.0.53", "fd01::53"]);
+    svc.as_object_mut().unwrap().remove("vip");
+    let backends = svc["backends"].as_array_mut().unwrap();
+    backends.push(serde_json::json!({"ip": "fd01::3"}));
+    backends.push(serde_json::json!({"ip": "fd01::2", "disabled": true}));
+    edge["timeouts"] = serde_json::json!({ "dsr": 30 });
+    let state = DesiredState::from_json(&json.to_string()).unwrap();
+    let network = ComposedNetwork::new(state.network("edge").unwrap().clone());
+
+    let earlier = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/shared_port.edge6.lb-dsr-1.nft"
+    );
+    ns.exec(["nft", "-f", earlier]).unwrap();
+    let session6 = format!(
+        "dsr6-tcp-{:032x}",
+        u128::from("fd01::3".parse::<std::net::Ipv6Addr>().unwrap())
+    );
+    let table = table_name("edge");
+    // A session of each family, as the packet path learns them.
+    for (set, session) in [
+        (
+            "dsr-conntrack-tcp",
+            "{ 10.9.0.1 . 40000 . 10.1.0.53 . 80 : 02:00:00:00:00:01 }",
+        ),
+        (session6.as_str(), "{ fd09::1 . 40000 . fd01::53 . 80 }"),
+    ] {
+        ns.exec(["nft", "add", "element", "netdev", &table, set, session])
+            .unwrap();
+    }
+    let listed = ns.exec(["nft", "list", "table", "netdev", &table]).unwrap();
+    assert!(
+        listed.contains("map real-server {") && listed.contains("chain new6-veth-dsr {"),
+        "{listed}"
+    );
+
+    // Run from within the namespace, the network naming none: its token is then the one
+    // the earlier lb wrote, but for the DSR layout.
+    let mut nft = NftDataplane::default();
+    ns.run(|| nft.apply(&network, Some(&network)))
+        .unwrap()
+        .unwrap();
+
+    let listed = ns.exec(["nft", "list", "table", "netdev", &table]).unwrap();
+    for gone in [
+        "map real-server {",
+        "map real-server6 {",
+        "chain new6-veth-dsr {",
+    ] {
+        assert!(!listed.contains(gone), "{gone} is still there: {listed}");
+    }
+    assert!(listed.contains("chain new6 {"), "{listed}");
+    assert!(
+        listed.contains("10.9.0.1 . 40000 . 10.1.0.53 . 80"),
+        "the IPv4 session went: {listed}"
+    );
+    assert!(
+        listed.contains("fd09::1 . 40000 . fd01::53 . 80"),
+        "the IPv6 session went: {listed}"
+    );
+    let json = ns
+        .exec(["nft", "-j", "list", "table", "netdev", &table])
+        .unwrap();
+    let backends6 = lb_user::dataplane::nft::dsr::backends6(network.network());
+    let have: Vec<String> = (listed_real_server(&json, &backends6).unwrap().iter())
+        .map(|l| l.element.to_string())
+        .collect();
+    let want: Vec<String> = (placed_elements(&network).into_iter())
+        .filter(|p| p.element.map == REAL_SERVER)
+        .map(|p| p.element.to_string())
+        .collect();
+    assert_eq!(want.len(), 3, "{want:?}");
+    assert_eq!(sorted(have), sorted(want));
 }

@@ -8,8 +8,8 @@ use lb_common::BUCKETS;
 use super::dsr;
 use super::ruleset::{
     Kind, Layout, SYNC_SET, Subnets, Unit, VIP_SET, add_elements, add_unit, base, declare_table,
-    delete_elements, delete_table, delete_unit, dispatch_elements, has_ipv6, kind, nft_key,
-    shape_name, slot, sync_token, table,
+    delete_elements, delete_table, delete_unit, dispatch_elements, has_ipv6, nft_key, shape_name,
+    slot, sync_token, table,
 };
 use crate::core::{
     compose::{Composed, ComposedNetwork},
@@ -37,8 +37,14 @@ fn changed(previous: &Composed, network: &Composed) -> BTreeSet<SetKey> {
 
 /// The units a network's table holds for its sets other than `skip`, without rendering their
 /// elements: a set's shape is its partition, which depends on its number of backends only
-/// (the same function `placed_elements` partitions by), so one shape per count.
-fn units_in_use(composed: &Composed, family: Family, skip: &BTreeSet<SetKey>) -> BTreeSet<Unit> {
+/// (the same function `placed_elements` partitions by), so one shape per count. `dsr`: the
+/// DSR table's units (its VIPs alone) rather than the NAT table's.
+pub(super) fn units_in_use(
+    composed: &Composed,
+    family: Family,
+    skip: &dyn Fn(&SetKey) -> bool,
+    dsr: bool,
+) -> BTreeSet<Unit> {
     let mut shapes: BTreeMap<usize, String> = BTreeMap::new();
     let mut shape = |n: usize| -> String {
         (shapes.entry(n))
@@ -51,11 +57,16 @@ fn units_in_use(composed: &Composed, family: Family, skip: &BTreeSet<SetKey>) ->
             })
             .clone()
     };
+    let vip_kind = if dsr {
+        Kind::RealServer(family)
+    } else {
+        Kind::Vip
+    };
     let vips = (composed.vips.iter())
-        .filter(|(v, _)| Family::of(**v) == family && !skip.contains(&SetKey::Vip(**v)))
-        .map(|(_, b)| (Kind::Vip, b.len()));
+        .filter(|(v, _)| Family::of(**v) == family && !skip(&SetKey::Vip(**v)))
+        .map(|(_, b)| (vip_kind, b.len()));
     let ports = (composed.ports.iter())
-        .filter(|(k, _)| k.family == family && !skip.contains(&SetKey::Port(**k)))
+        .filter(|(k, _)| !dsr && k.family == family && !skip(&SetKey::Port(**k)))
         .map(|(key, b)| {
             let kind = if key.host_ip.is_some() {
                 Kind::HostPort
@@ -123,14 +134,15 @@ pub fn update(
 
 /// [`update`] of a change of the sets `sets` alone (every other set the same in both, as a
 /// change of services alone leaves them; a set in `sets` that did not change renders no
-/// difference), without a DSR table: what one change costs, whatever the network's size.
+/// difference): what one change costs, whatever the network's size.
 pub fn update_sets(
     previous: &ComposedNetwork,
     network: &ComposedNetwork,
     sets: &BTreeSet<SetKey>,
     subnets: &Subnets,
+    dsr: &dsr::Sync,
 ) -> Result<Update> {
-    update_within(previous, network, sets, subnets, &dsr::Sync::default())
+    update_within(previous, network, sets, subnets, dsr)
 }
 
 fn update_within(
@@ -160,27 +172,27 @@ fn update_within(
         (false, false) => {}
     }
     let within = |k: &SetKey| changed.contains(k);
-    let (dsr_written, dsr_deleted) = dsr::update(&mut u.script, network, previous, &within, dsr);
+    dsr::update(&mut u, network, previous, &within, dsr);
     Ok(Update {
         prepare: u.declared.then_some(u.prepare),
         retire: u.retired.then_some(u.retire),
         script: u.script,
-        written: u.written + dsr_written,
-        deleted: u.deleted + dsr_deleted,
+        written: u.written,
+        deleted: u.deleted,
     })
 }
 
-/// One table's part of an [`Update`]: each transaction's commands for it, the token check
-/// included.
-struct TableUpdate {
-    prepare: String,
+/// One table's part of an [`Update`] (or several tables', merged): each transaction's
+/// commands for it, the token check included.
+pub(super) struct TableUpdate {
+    pub prepare: String,
     /// Whether `prepare` declares anything (else the check alone, not worth a transaction).
-    declared: bool,
-    script: String,
-    retire: String,
-    retired: bool,
-    written: usize,
-    deleted: usize,
+    pub declared: bool,
+    pub script: String,
+    pub retire: String,
+    pub retired: bool,
+    pub written: usize,
+    pub deleted: usize,
 }
 
 impl TableUpdate {
@@ -212,48 +224,69 @@ fn table_update(
         Layout::of_sets(previous, within),
         Layout::of_sets(network, within),
     );
-    // The changed sets show the units they use; whether the table has a unit also depends on
-    // the other sets, which are only looked at when a unit may come or go.
-    let same_units = old.units.keys().eq(new.units.keys());
-    let rest = if same_units {
-        BTreeSet::new()
-    } else {
-        units_in_use(network.composed(), family, changed)
-    };
-    let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
-    let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
-    let (mut written, mut deleted) = (0, 0);
     // Replaces the table's token `from` by `to`: fails on a table that does not hold `from`.
     let swap = |from: u32, to: u32| {
         format!(
             "delete element {t} {SYNC_SET} {{ {from} }}\nadd element {t} {SYNC_SET} {{ {to} }}\n"
         )
     };
-    let mut prepare = swap(before, before);
-    let mut s = swap(before, after);
+    let mut u = TableUpdate {
+        prepare: swap(before, before),
+        declared: false,
+        script: swap(before, after),
+        retire: swap(after, after),
+        retired: false,
+        written: 0,
+        deleted: 0,
+    };
+    let skip = |k: &SetKey| changed.contains(k);
+    let rest = || units_in_use(network.composed(), family, &skip, false);
+    layout_update(&mut u, &t, family, VIP_SET, (&old, &new), rest);
+    base(&mut u.script, &t, family, network, subnets);
+    u
+}
+
+/// What turns table `t`'s objects of layout `old` into `new`'s (both of the same sets, of
+/// `family`), into `u`: the VIP set `vip_set`'s elements; units that come, declared and
+/// filled in `prepare` (see [`Update::prepare`]); slot elements and dispatch entries that
+/// changed, in `script`; units that go, in `retire`. Whether the table has a unit also
+/// depends on its other sets, whose units `rest` gives; it is only asked for when a unit
+/// may come or go.
+pub(super) fn layout_update(
+    u: &mut TableUpdate,
+    t: &str,
+    family: Family,
+    vip_set: &str,
+    (old, new): (&Layout, &Layout),
+    rest: impl FnOnce() -> BTreeSet<Unit>,
+) {
+    let same_units = old.units.keys().eq(new.units.keys());
+    let rest = if same_units { BTreeSet::new() } else { rest() };
+    let had = |u: &Unit| old.units.contains_key(u) || rest.contains(u);
+    let has = |u: &Unit| new.units.contains_key(u) || rest.contains(u);
+    let s = &mut u.script;
     delete_elements(
-        &mut s,
-        &t,
-        VIP_SET,
+        s,
+        t,
+        vip_set,
         old.vips
             .difference(&new.vips)
             .map(|v| v.to_string())
             .collect(),
     );
     add_elements(
-        &mut s,
-        &t,
-        VIP_SET,
+        s,
+        t,
+        vip_set,
         new.vips
             .difference(&old.vips)
             .map(|v| v.to_string())
             .collect(),
     );
-    let mut declared = false;
     for (unit, intervals) in &new.units {
         if !had(unit) {
-            add_unit(&mut prepare, &t, family, unit, intervals);
-            declared = true;
+            add_unit(&mut u.prepare, t, family, unit, intervals);
+            u.declared = true;
         }
     }
     // Slot elements: those gone or changed leave, those new or changed come; a unit that
@@ -274,52 +307,42 @@ fn table_update(
                 .filter(|(key, v)| now.get(*key) != Some(v))
                 .map(|(key, _)| nft_key(key))
                 .collect();
-            deleted += gone.len();
-            delete_elements(&mut s, &t, &map, gone);
+            u.deleted += gone.len();
+            delete_elements(&mut u.script, t, &map, gone);
         } else {
-            deleted += was.len();
+            u.deleted += was.len();
         }
         let come: Vec<String> = (now.iter())
             .filter(|(key, v)| was.get(*key) != Some(v))
             .map(|(key, v)| format!("{} : {v}", nft_key(key)))
             .collect();
-        written += come.len();
+        u.written += come.len();
         // A new unit is filled where it is declared: whole before anything leads to it.
         let to = if had(&(*kind, shape.clone())) {
-            &mut s
+            &mut u.script
         } else {
-            &mut prepare
+            &mut u.prepare
         };
-        add_elements(to, &t, &map, come);
+        add_elements(to, t, &map, come);
     }
     // Dispatch entries that changed are deleted and added again (an add never replaces).
-    for k in Kind::ALL {
-        let gone = (old.dispatch.iter())
-            .filter(|(set, shape)| kind(set) == k && new.dispatch.get(*set) != Some(shape))
-            .map(|(set, _)| nft_key(set))
-            .collect();
-        delete_elements(&mut s, &t, k.dispatch(), gone);
-    }
-    dispatch_elements(&mut s, &t, &new.dispatch, |k| {
-        old.dispatch.get(k) != new.dispatch.get(k)
-    });
-    let mut retire = swap(after, after);
-    let mut retired = false;
-    for (unit, intervals) in &old.units {
-        if !has(unit) {
-            delete_unit(&mut retire, &t, unit, intervals.len());
-            retired = true;
+    let mut gone: BTreeMap<Kind, Vec<String>> = BTreeMap::new();
+    for (set, unit) in &old.dispatch {
+        if new.dispatch.get(set) != Some(unit) {
+            gone.entry(unit.0).or_default().push(nft_key(set));
         }
     }
-    base(&mut s, &t, family, network, subnets);
-    TableUpdate {
-        prepare,
-        declared,
-        script: s,
-        retire,
-        retired,
-        written,
-        deleted,
+    for (kind, items) in gone {
+        delete_elements(&mut u.script, t, kind.dispatch(), items);
+    }
+    dispatch_elements(&mut u.script, t, &new.dispatch, |k| {
+        old.dispatch.get(k) != new.dispatch.get(k)
+    });
+    for (unit, intervals) in &old.units {
+        if !has(unit) {
+            delete_unit(&mut u.retire, t, unit, intervals.len());
+            u.retired = true;
+        }
     }
 }
 
@@ -478,11 +501,28 @@ mod tests {
             let layout: BTreeSet<Unit> =
                 Layout::of(&network, Family::V4).units.into_keys().collect();
             assert_eq!(
-                units_in_use(network.composed(), Family::V4, &BTreeSet::new()),
+                units_in_use(network.composed(), Family::V4, &|_| false, false),
                 layout,
                 "network {}",
                 network.name
             );
+        }
+        // And the DSR table's units, of both families (the golden dsr network has IPv4 VIPs
+        // alone: IPv6's none on both sides).
+        for network in state.networks.iter().filter(|n| n.mode == Mode::Dsr) {
+            let network = ComposedNetwork::new(network.clone());
+            for &family in Family::ALL {
+                let layout: BTreeSet<Unit> = (dsr::layout(&network, family, |_| true).units)
+                    .into_keys()
+                    .collect();
+                assert!(family == Family::V6 || !layout.is_empty());
+                assert_eq!(
+                    units_in_use(network.composed(), family, &|_| false, true),
+                    layout,
+                    "network {} {family:?}",
+                    network.name
+                );
+            }
         }
     }
 

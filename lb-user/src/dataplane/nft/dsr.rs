@@ -1,22 +1,32 @@
 //! The DSR table of a `mode: dsr` network: moby's `docker-lb-dsr` (seed `initNFTLBDSR`,
 //! `applyNFTLBDSR`) as `netdev lb-<network>`, beside the network's `ip lb-<network>` NAT table
-//! and written in the same `nft -f` transaction.
+//! and written in the same `nft -f` transactions.
 //!
 //! Layout:
-//! - set `vip`: the network's VIPs; map `real-server` (`VIP . numgen bucket : backend`, flags
-//!   interval, counter): exactly the `real-server` elements `lb elements` prints;
+//! - set `vip`: the network's VIPs;
+//! - the `real-server` elements (exactly those `lb elements` prints) in the NAT table's
+//!   per-shape units (`ruleset.rs`), kind `d`: verdict map `real-server-dispatch` (VIP →
+//!   `jump d-S`), chain `d-S` drawing `numgen random mod 65536` into the interval vmap `d-S`
+//!   (`I_k : goto d-S-k`), and chain `d-S-k` with `fwd ip to ip daddr map @d-S-k device meta
+//!   iif`, its map `VIP : backend` (with a counter) being moby's element `VIP . I_k :
+//!   backend`. One unit serves every device: the frame leaves by the device it came in by;
 //! - maps `dsr-conntrack-{tcp,udp,sctp}`: the sessions, `ip saddr . th sport . ip daddr .
 //!   th dport : ether daddr` (the backend's MAC), dynamic, 65536 each, per protocol as moby
 //!   (nft 1.0.6 cannot compile an update of one map keyed by `meta l4proto` too);
 //! - per present interface `IF`, base chains `ingress-IF` and `egress-IF` (netdev ingress and
 //!   egress hooks of that device). Ingress: ARP, other non-IPv4 and non-VIP frames pass; a VIP
 //!   frame is untracked and takes our MAC as its source, then either its session's MAC or, new,
-//!   `fwd ip to` the backend the bucket draws (the kernel resolves its MAC as for any next
-//!   hop), out of `IF` again; a VIP frame of no session and no backend is counted and dropped.
+//!   the dispatch to the backend its bucket draws (the kernel resolves its MAC as for any next
+//!   hop), out of `IF` again; a VIP frame of no session and no backend comes back from the
+//!   dispatch (a `jump`) and is counted and dropped.
 //!   Egress learns the session from the frame `fwd` sent (its destination MAC is the
 //!   backend's), and a TCP RST deletes it.
 //!
 //! Differences from the seed, and why:
+//! - moby's `real-server` is one map keyed `ip daddr . numgen random mod 65536`, flags
+//!   interval: a concatenated interval (pipapo) set, which nft 1.0.6 and the kernel refuse
+//!   past ~1,365 elements (see `dataplane::nft`); the units have no limit but the maps' sizes,
+//!   and a change writes only its sets' elements, as on the NAT table.
 //! - moby's chains drop every non-ARP frame that is not IPv4 (`ip daddr != @vip` carries an
 //!   implicit `meta protocol ip`, so an IPv6 frame matches neither it nor a session and ends
 //!   in `counter drop`); here such frames pass, as the design says of non-VIP traffic.
@@ -27,44 +37,51 @@
 //! - the session timeout is written per element by the update (`KEY timeout Ns : ether
 //!   daddr`), not only as the map's default, so a changed `timeouts.dsr` takes effect by
 //!   rewriting the chains, and no sync ever has to delete a session map: sessions survive
-//!   every sync and daemon restart (their map is declared with `add`, a no-op when it exists).
+//!   every sync, daemon restart and change of this layout (their map is declared with `add`,
+//!   a no-op when it exists; a whole declaration deletes only the chains and maps it does not
+//!   write, and never a session's).
 //!
 //! IPv6 VIPs (beside IPv4's in the same table: one table per network, its chains per device,
-//! and each frame's family tells the rules apart): set `vip6`; map `real-server6` (`VIP .
-//! numgen bucket : N`, the number of the backend in [`backends6`], from 1, as a mark); one
-//! dataless dynamic set of sessions per backend and protocol, `dsr6-P-HEX` (HEX: the
-//! backend's address), keyed `ip6 saddr . th sport . ip6 daddr . th dport`; and per device a
-//! regular chain `new6-IF`. Why not IPv4's layout: nft 1.0.6 miscompiles the packet-path
-//! update of a dynamic map whose key is longer than 16 bytes (the key gets one 16-byte
-//! register and the value is loaded into the next, over the rest of the key: sessions learnt
-//! with the backend's MAC in the client's address, which no packet ever finds; a key led by
-//! an IPv6 address after a shorter field aborts nft, "netlink_gen_expr: Assertion `dreg <
-//! ctx->reg_low' failed"), while updates of dataless sets with the same key compile and run.
-//! So a session's set says its backend: ingress tries each backend's sets (a RST is sent on
-//! and ends its session), and a new session has `real-server6` draw its backend's number
-//! into the mark, is learnt in that backend's set at ingress (IPv6 needs no egress rule) and
-//! goes to `new6-IF`, which sends it with `fwd ip6 to` (the kernel resolves the MAC by
-//! neighbour discovery). ICMPv6 to an IPv6 VIP passes (neighbour discovery of the VIP, and
-//! echo, which the balancer answers, as on the eBPF dataplane). What it costs: a session's
-//! packet is looked up in the sets of each backend before its own (a few per backend), where
-//! IPv4's is one map lookup; a network of IPv4 VIPs alone has exactly the table it had.
+//! and each frame's family tells the rules apart): set `vip6`; units of kind `d6` (dispatch
+//! `real-server6-dispatch`) whose slot chains draw the backend's number in [`backends6`],
+//! from 1, into the mark (`meta mark set ip6 daddr map @d6-S-k goto new6`); one dataless
+//! dynamic set of sessions per backend and protocol, `dsr6-P-HEX` (HEX: the backend's
+//! address), keyed `ip6 saddr . th sport . ip6 daddr . th dport`; and the chain `new6`. Why
+//! not IPv4's sessions: nft 1.0.6 miscompiles the packet-path update of a dynamic map whose
+//! key is longer than 16 bytes (the key gets one 16-byte register and the value is loaded
+//! into the next, over the rest of the key: sessions learnt with the backend's MAC in the
+//! client's address, which no packet ever finds; a key led by an IPv6 address after a shorter
+//! field aborts nft, "netlink_gen_expr: Assertion `dreg < ctx->reg_low' failed"), while
+//! updates of dataless sets with the same key compile and run. So a session's set says its
+//! backend: ingress tries each backend's sets (a RST is sent on and ends its session), and a
+//! new session has its unit draw its backend's number into the mark and goes to `new6`,
+//! which learns it in that backend's set (IPv6 needs no egress rule) and sends it with `fwd
+//! ip6 to` out of the device it came in by (the kernel resolves the MAC by neighbour
+//! discovery). ICMPv6 to an IPv6 VIP passes (neighbour discovery of the VIP, and echo, which
+//! the balancer answers, as on the eBPF dataplane). What it costs: a session's packet is
+//! looked up in the sets of each backend before its own (a few per backend), where IPv4's is
+//! one map lookup, and the ingress and `new6` chains have rules per IPv6 backend, rewritten
+//! with every sync; the numbers are places, so a change of the IPv6 backends rewrites every
+//! IPv6 unit's elements. A network of IPv4 VIPs alone has none of IPv6's objects.
 //! Differences from IPv4's: sessions are learnt as the frame is sent on, not as it leaves;
 //! the sets of a backend that leaves the network go with it, its TCP sessions too.
 //!
-//! Counters: each `real-server` (and `real-server6`) element counts the new sessions it
-//! placed (the first packet of a session; the rest follow the session map), as the NAT
-//! elements count new flows.
+//! Counters: each `real-server` element counts the new sessions it placed (the first packet
+//! of a session; the rest follow the session map), as the NAT elements count new flows.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
     net::{IpAddr, Ipv6Addr},
 };
 
-use super::ruleset::table_name;
+use super::{
+    diff::{TableUpdate, layout_update, units_in_use},
+    ruleset::{self, Kind, Layout, table_name},
+};
 use crate::core::{
     compose::ComposedNetwork,
-    elements::{REAL_SERVER, SetKey, placed_sets},
-    model::{Mode, Network, Proto},
+    elements::SetKey,
+    model::{Family, Mode, Network, Proto},
 };
 
 /// The set of VIPs the chains divert (moby's name).
@@ -75,16 +92,17 @@ pub const PROTOS: &[Proto] = Proto::ALL;
 const SESSION_KEY: &str = "ip saddr . th sport . ip daddr . th dport";
 /// Sessions per protocol (moby's size).
 pub const SESSIONS: u32 = 65536;
-const NUMGEN: &str = "numgen random mod 65536";
 
 /// The session map of `proto`.
 pub fn session_map(proto: Proto) -> String {
     format!("dsr-conntrack-{proto}")
 }
 
-/// IPv6's VIP set and real-server map (see the module).
+/// IPv6's VIP set (see the module).
 pub const VIP6_SET: &str = "vip6";
-pub const REAL_SERVER6: &str = "real-server6";
+/// The version of this table's layout, in a dsr network's sync token (`ruleset::sync_token`):
+/// a table an lb of another layout wrote is declared whole, its objects replaced.
+pub const LAYOUT: &str = "lb-dsr-2";
 /// An IPv6 session's key (the set it is in says its backend).
 const SESSION_KEY6: &str = "ip6 saddr . th sport . ip6 daddr . th dport";
 /// The prefix of IPv6's session sets.
@@ -127,18 +145,12 @@ fn session_sets6(backends: &[Ipv6Addr]) -> impl Iterator<Item = String> + '_ {
     (backends.iter()).flat_map(|&b| PROTOS.iter().map(move |&p| session_set6(p, b)))
 }
 
-/// The chain a new IPv6 session on device `ifname` goes to.
-pub fn new6_chain(ifname: &str) -> String {
-    format!("new6-{ifname}")
-}
+/// The chain a new IPv6 session goes to, from the unit that drew its backend's number.
+pub const NEW6: &str = "new6";
 
-/// The chains of device `ifname` in a table with (`v6`) or without IPv6's rules.
-pub fn device_chains(ifname: &str, v6: bool) -> Vec<String> {
-    let mut c = vec![ingress_chain(ifname), egress_chain(ifname)];
-    if v6 {
-        c.push(new6_chain(ifname));
-    }
-    c
+/// The chains of device `ifname` (its base chains).
+pub fn device_chains(ifname: &str) -> [String; 2] {
+    [ingress_chain(ifname), egress_chain(ifname)]
 }
 
 pub fn ingress_chain(ifname: &str) -> String {
@@ -164,6 +176,9 @@ pub struct Sync {
     /// difference, the chains of the previous state's interfaces): each one not rewritten
     /// is deleted.
     pub chains: Vec<String>,
+    /// Maps the table holds before a whole declaration (read back): each one the new layout
+    /// does not use is deleted.
+    pub maps: Vec<String>,
     /// IPv6's session sets the table holds before this sync (as `chains`): the sets of
     /// backends the network no longer has are deleted.
     pub sets6: Vec<String>,
@@ -177,69 +192,32 @@ impl Sync {
             on: network.mode == Mode::Dsr,
             was_on: false,
             present: network.interfaces.clone(),
-            chains: Vec::new(),
-            sets6: Vec::new(),
+            ..Sync::default()
         }
     }
 }
 
-/// The most `real-server` elements a network's DSR table takes. nft 1.0.6 cuts a set's
-/// elements into netlink messages of 1,365 of this map's, and the kernel's concatenated
-/// interval map (pipapo) refuses the first element of a later message at some boundaries,
-/// depending on the intervals (measured with kernel 6.18: 300 VIPs × 5 backends, 1,500
-/// elements, fail with "File exists"; every shape tried up to 1,365 passes). The NAT table
-/// avoids that map (see `dataplane::nft`); the DSR table is moby's, so it stays in one message.
-pub const MAX_REAL_SERVER: usize = 1365;
-
-/// Refuses a network whose `real-server` elements the table cannot take (see
-/// [`MAX_REAL_SERVER`]), saying what to do instead.
-pub fn check_capacity(network: &ComposedNetwork) -> anyhow::Result<()> {
-    let n = (real_server(network, |_| true).len()).max(real_server6(network, |_| true).len());
-    if n > MAX_REAL_SERVER {
-        anyhow::bail!(
-            "network {}: {n} real-server elements (one per backend of each VIP), more than the \
-             {MAX_REAL_SERVER} the nftables DSR table takes (nft 1.0.6 splits more into several \
-             netlink messages, which the kernel's concatenated interval map refuses); use the \
-             eBPF dataplane, or fewer VIPs or backends per network",
-            network.name
-        );
+/// The DSR table's layout of `family` for the VIPs `wanted` selects: the `real-server`
+/// elements as per-shape units, an IPv4 element translating to its backend, an IPv6 one to
+/// its backend's number ([`backends6`]).
+pub fn layout(
+    network: &ComposedNetwork,
+    family: Family,
+    wanted: impl Fn(&SetKey) -> bool,
+) -> Layout {
+    match family {
+        Family::V4 => Layout::of_real_server(network, family, wanted, |b| {
+            b.is_ipv4().then(|| b.to_string())
+        }),
+        Family::V6 => {
+            let number: BTreeMap<IpAddr, usize> = (backends6(network).into_iter().enumerate())
+                .map(|(i, b)| (IpAddr::V6(b), i + 1))
+                .collect();
+            Layout::of_real_server(network, family, wanted, |b| {
+                number.get(&b).map(usize::to_string)
+            })
+        }
     }
-    Ok(())
-}
-
-/// `KEY : BACKEND` of every IPv4 `real-server` element of `network`'s sets that `wanted`
-/// selects (the core's elements, the source of `lb elements`; never partitioned here).
-pub fn real_server(
-    network: &ComposedNetwork,
-    wanted: impl Fn(&SetKey) -> bool,
-) -> BTreeSet<String> {
-    real_server_of(network, wanted, |b| b.is_ipv4().then(|| b.to_string()))
-}
-
-/// `KEY : N` of every IPv6 one, N the backend's number ([`backends6`]).
-pub fn real_server6(
-    network: &ComposedNetwork,
-    wanted: impl Fn(&SetKey) -> bool,
-) -> BTreeSet<String> {
-    let number: BTreeMap<IpAddr, usize> = (backends6(network).into_iter().enumerate())
-        .map(|(i, b)| (IpAddr::V6(b), i + 1))
-        .collect();
-    real_server_of(network, wanted, |b| number.get(&b).map(usize::to_string))
-}
-
-/// The `real-server` elements whose backend `value` writes (`None`: not this map's).
-fn real_server_of(
-    network: &ComposedNetwork,
-    wanted: impl Fn(&SetKey) -> bool,
-    value: impl Fn(IpAddr) -> Option<String>,
-) -> BTreeSet<String> {
-    (placed_sets(network, wanted).into_iter())
-        .filter(|p| p.element.map == REAL_SERVER)
-        .filter_map(|p| {
-            let v = value(p.element.value.parse().ok()?)?;
-            Some(format!("{} : {v}", p.element.key))
-        })
-        .collect()
 }
 
 fn elements(items: impl IntoIterator<Item = String>) -> Option<String> {
@@ -253,18 +231,12 @@ fn add_elements(s: &mut String, t: &str, set: &str, items: impl IntoIterator<Ite
     }
 }
 
-fn delete_elements(s: &mut String, t: &str, set: &str, items: impl IntoIterator<Item = String>) {
-    if let Some(e) = elements(items) {
-        let _ = writeln!(s, "delete element netdev {t} {set} {e}");
-    }
-}
-
 /// `add table` then `delete table`: the table goes whether or not it exists.
 pub fn delete_table(s: &mut String, network: &str) {
     super::ruleset::delete_table(s, &format!("netdev {}", table_name(network)));
 }
 
-/// Which VIP sets and real-server maps [`maps`] empties (the caller fills them).
+/// Which VIP sets and dispatch maps [`maps`] empties (the caller fills them).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Empty {
     None,
@@ -273,19 +245,33 @@ enum Empty {
     Both,
 }
 
-/// The sets and maps, declared if missing (`add` of an existing one changes nothing but a
-/// session map's default timeout), with the VIP sets and the real-server maps emptied as
-/// `empty` says. Sessions are kept.
+/// The sets, the dispatch maps and the session maps, declared if missing (`add` of an
+/// existing one changes nothing but a session map's default timeout), with the VIP sets and
+/// the dispatch maps emptied as `empty` says; with IPv6's, the chain `new6` (declared before
+/// the units whose rules go to it). Sessions are kept.
 fn maps(s: &mut String, t: &str, timeout: u32, empty: Empty, v6: Option<&[Ipv6Addr]>) {
-    let _ = writeln!(
-        s,
-        "add table netdev {t}\nadd set netdev {t} {VIP_SET} {{ type ipv4_addr; }}\nadd map netdev {t} {REAL_SERVER} {{ typeof ip daddr . {NUMGEN} : ip daddr; flags interval; counter; }}"
-    );
-    if empty == Empty::Both {
+    let families: &[Family] = if v6.is_some() {
+        Family::ALL
+    } else {
+        &[Family::V4]
+    };
+    let _ = writeln!(s, "add table netdev {t}");
+    for &family in families {
+        let (set, kind) = (vip_set(family), Kind::RealServer(family));
         let _ = writeln!(
             s,
-            "flush set netdev {t} {VIP_SET}\nflush map netdev {t} {REAL_SERVER}"
+            "add set netdev {t} {set} {{ type {}; }}\nadd map netdev {t} {} {{ type {} : verdict; }}",
+            kind.key_type(family),
+            kind.dispatch(),
+            kind.key_type(family)
         );
+        if empty == Empty::Both || (empty == Empty::Ipv6 && family == Family::V6) {
+            let _ = writeln!(
+                s,
+                "flush set netdev {t} {set}\nflush map netdev {t} {}",
+                kind.dispatch()
+            );
+        }
     }
     for &p in PROTOS {
         let _ = writeln!(
@@ -295,18 +281,17 @@ fn maps(s: &mut String, t: &str, timeout: u32, empty: Empty, v6: Option<&[Ipv6Ad
         );
     }
     let Some(backends) = v6 else { return };
-    let _ = writeln!(
-        s,
-        "add set netdev {t} {VIP6_SET} {{ type ipv6_addr; }}\nadd map netdev {t} {REAL_SERVER6} {{ typeof ip6 daddr . {NUMGEN} : meta mark; flags interval; counter; }}"
-    );
-    if empty != Empty::None {
-        let _ = writeln!(
-            s,
-            "flush set netdev {t} {VIP6_SET}\nflush map netdev {t} {REAL_SERVER6}"
-        );
-    }
+    let _ = writeln!(s, "add chain netdev {t} {NEW6}");
     for set in session_sets6(backends) {
         session_set(s, t, &set, timeout);
+    }
+}
+
+/// The VIP set of `family`.
+fn vip_set(family: Family) -> &'static str {
+    match family {
+        Family::V4 => VIP_SET,
+        Family::V6 => VIP6_SET,
     }
 }
 
@@ -329,24 +314,25 @@ fn drop_sets6(s: &mut String, t: &str, timeout: u32, sync: &Sync, backends: &[Ip
     }
 }
 
-/// The chains: every chain in `sync.chains` that is not a present interface's goes (`add`
-/// first, so a chain already gone is no error), and each present interface's two are
-/// declared and their rules written again (flushed first: the same chain keeps its hook, so
-/// no frame passes unseen during the swap).
-fn chains(s: &mut String, t: &str, timeout: u32, sync: &Sync, v6: Option<&[Ipv6Addr]>) {
-    let keep: BTreeSet<String> = (sync.present.iter())
-        .flat_map(|i| device_chains(i, v6.is_some()))
-        .collect();
-    let gone: BTreeSet<&String> = (sync.chains.iter())
-        .filter(|c| !keep.contains(*c))
-        .collect();
+/// Deletes chains `gone`, which nothing refers to any more (`add` first, so a chain already
+/// gone is no error).
+fn drop_chains<'a>(s: &mut String, t: &str, gone: impl IntoIterator<Item = &'a String>) {
     for c in gone {
         let _ = writeln!(
             s,
             "add chain netdev {t} {c}\nflush chain netdev {t} {c}\ndelete chain netdev {t} {c}"
         );
     }
-    for ifname in &sync.present {
+}
+
+/// The chains of every present interface, declared and their rules written again (flushed
+/// first: the same chain keeps its hook, so no frame passes unseen during the swap), and
+/// with IPv6's rules the chain `new6` (declared by [`maps`]).
+fn chains(s: &mut String, t: &str, timeout: u32, present: &[String], v6: Option<&[Ipv6Addr]>) {
+    if let Some(backends) = v6 {
+        new6(s, t, timeout, backends);
+    }
+    for ifname in present {
         let dev = format!("\"{ifname}\"");
         let (ingress, egress) = (ingress_chain(ifname), egress_chain(ifname));
         let pass = match v6 {
@@ -364,9 +350,6 @@ fn chains(s: &mut String, t: &str, timeout: u32, sync: &Sync, v6: Option<&[Ipv6A
                 "meta l4proto ipv6-icmp counter accept".to_owned(),
             ],
         };
-        if let Some(backends) = v6 {
-            new6(s, t, timeout, ifname, &dev, backends);
-        }
         let mut rules = pass.to_vec();
         rules.push("notrack ether saddr set ether daddr counter".to_owned());
         for &p in PROTOS {
@@ -376,8 +359,9 @@ fn chains(s: &mut String, t: &str, timeout: u32, sync: &Sync, v6: Option<&[Ipv6A
             ));
         }
         rules.push(format!(
-            "ip protocol {{ {} }} fwd ip to ip daddr . {NUMGEN} map @{REAL_SERVER} device {dev}",
-            protos()
+            "ip protocol {{ {} }} ip daddr vmap @{}",
+            protos(),
+            Kind::RealServer(Family::V4).dispatch()
         ));
         if let Some(backends) = v6 {
             for &b in backends {
@@ -393,9 +377,9 @@ fn chains(s: &mut String, t: &str, timeout: u32, sync: &Sync, v6: Option<&[Ipv6A
                 }
             }
             rules.push(format!(
-                "meta l4proto {{ {} }} meta mark set ip6 daddr . {NUMGEN} map @{REAL_SERVER6} goto {}",
+                "meta l4proto {{ {} }} ip6 daddr vmap @{}",
                 protos(),
-                new6_chain(ifname)
+                Kind::RealServer(Family::V6).dispatch()
             ));
         }
         rules.push("counter drop".to_owned());
@@ -423,30 +407,26 @@ fn protos() -> String {
         .join(", ")
 }
 
-/// Device `ifname`'s chain of new IPv6 sessions (reached with the mark `real-server6` drew):
-/// learnt in their backend's set and sent to it; a RST is sent and opens nothing. Declared
-/// before the ingress chain that jumps to it.
-fn new6(s: &mut String, t: &str, timeout: u32, ifname: &str, dev: &str, backends: &[Ipv6Addr]) {
-    let chain = new6_chain(ifname);
-    let _ = writeln!(
-        s,
-        "add chain netdev {t} {chain}\nflush chain netdev {t} {chain}"
-    );
+/// The chain of new IPv6 sessions (reached with the mark an IPv6 unit drew): learnt in their
+/// backend's set and sent to it, out of the device they came in by; a RST is sent and opens
+/// nothing.
+fn new6(s: &mut String, t: &str, timeout: u32, backends: &[Ipv6Addr]) {
+    let _ = writeln!(s, "flush chain netdev {t} {NEW6}");
     for (i, &b) in backends.iter().enumerate() {
         let n = i + 1;
         let _ = writeln!(
             s,
-            "add rule netdev {t} {chain} meta mark {n} tcp flags rst counter fwd ip6 to {b} device {dev}"
+            "add rule netdev {t} {NEW6} meta mark {n} tcp flags rst counter fwd ip6 to {b} device meta iif"
         );
         for &p in PROTOS {
             let _ = writeln!(
                 s,
-                "add rule netdev {t} {chain} meta mark {n} meta l4proto {p} update @{} {{ {SESSION_KEY6} timeout {timeout}s }} counter fwd ip6 to {b} device {dev}",
+                "add rule netdev {t} {NEW6} meta mark {n} meta l4proto {p} update @{} {{ {SESSION_KEY6} timeout {timeout}s }} counter fwd ip6 to {b} device meta iif",
                 session_set6(p, b)
             );
         }
     }
-    let _ = writeln!(s, "add rule netdev {t} {chain} counter drop");
+    let _ = writeln!(s, "add rule netdev {t} {NEW6} counter drop");
 }
 
 fn base_chain(s: &mut String, t: &str, name: &str, hook: &str, dev: &str, rules: &[String]) {
@@ -459,8 +439,19 @@ fn base_chain(s: &mut String, t: &str, name: &str, hook: &str, dev: &str, rules:
     }
 }
 
+/// The families whose units the table has: IPv4's always, IPv6's with an IPv6 VIP.
+fn families(network: &Network) -> &'static [Family] {
+    if has_ipv6(network) {
+        Family::ALL
+    } else {
+        &[Family::V4]
+    }
+}
+
 /// The whole table for `network` (its sessions kept if it exists), or its removal when
-/// `sync.on` is off; returns the real-server elements written.
+/// `sync.on` is off; returns the real-server elements written. Every chain and map the table
+/// had (`sync.chains`, `sync.maps`) that this layout does not use goes: units of shapes gone,
+/// and the objects of an earlier layout.
 pub fn declare(s: &mut String, network: &ComposedNetwork, sync: &Sync) -> usize {
     if !sync.on {
         delete_table(s, &network.name);
@@ -471,124 +462,158 @@ pub fn declare(s: &mut String, network: &ComposedNetwork, sync: &Sync) -> usize 
     let backends = backends6(network);
     let v6 = has_ipv6(network).then_some(backends.as_slice());
     maps(s, &t, timeout, Empty::Both, v6);
-    chains(s, &t, timeout, sync, v6);
-    drop_sets6(s, &t, timeout, sync, &backends);
-    let (vips4, vips6): (Vec<IpAddr>, Vec<IpAddr>) =
-        network.vips().into_iter().partition(IpAddr::is_ipv4);
-    add_elements(s, &t, VIP_SET, vips4.iter().map(IpAddr::to_string));
-    let rs = real_server(network, |_| true);
-    let mut n = rs.len();
-    add_elements(s, &t, REAL_SERVER, rs);
+    let layouts: Vec<(Family, Layout)> = (families(network).iter())
+        .map(|&f| (f, layout(network, f, |_| true)))
+        .collect();
+    // What is kept: the present devices' chains, `new6` with IPv6's rules, the units, and
+    // every map `maps` declares.
+    let mut keep: BTreeSet<String> = (sync.present.iter())
+        .flat_map(|i| device_chains(i))
+        .collect();
     if v6.is_some() {
-        add_elements(s, &t, VIP6_SET, vips6.iter().map(IpAddr::to_string));
-        let rs6 = real_server6(network, |_| true);
-        n += rs6.len();
-        add_elements(s, &t, REAL_SERVER6, rs6);
+        keep.insert(NEW6.to_owned());
     }
+    keep.extend(PROTOS.iter().map(|&p| session_map(p)));
+    for (family, layout) in &layouts {
+        keep.insert(Kind::RealServer(*family).dispatch().to_owned());
+        keep.extend(layout.objects());
+    }
+    // No rule refers to anything once every chain is empty, and no verdict to a chain once
+    // the verdict maps that go are (the kept dispatch maps were emptied by `maps`): then
+    // what is not kept can go.
+    for c in &sync.chains {
+        let _ = writeln!(s, "flush chain netdev {t} {c}");
+    }
+    for m in sync.maps.iter().filter(|m| !keep.contains(*m)) {
+        let _ = writeln!(s, "flush map netdev {t} {m}\ndelete map netdev {t} {m}");
+    }
+    for c in sync.chains.iter().filter(|c| !keep.contains(*c)) {
+        let _ = writeln!(s, "delete chain netdev {t} {c}");
+    }
+    let mut n = 0;
+    for (family, layout) in &layouts {
+        fill(s, &t, *family, layout);
+        n += layout.element_count();
+    }
+    chains(s, &t, timeout, &sync.present, v6);
+    drop_sets6(s, &t, timeout, sync, &backends);
     n
 }
 
+/// Declares `layout`'s units (emptied first where they exist) with their elements, its
+/// VIPs and its dispatch entries, into a table whose VIP set and dispatch map of `family`
+/// are empty.
+fn fill(s: &mut String, t: &str, family: Family, layout: &Layout) {
+    let nt = format!("netdev {t}");
+    for (unit, intervals) in &layout.units {
+        ruleset::add_unit(s, &nt, family, unit, intervals);
+    }
+    for ((kind, shape, k), items) in &layout.slots {
+        let items = (items.iter())
+            .map(|(key, v)| format!("{} : {v}", ruleset::nft_key(key)))
+            .collect::<Vec<_>>();
+        add_elements(s, t, &ruleset::slot(*kind, shape, *k), items);
+    }
+    add_elements(
+        s,
+        t,
+        vip_set(family),
+        layout.vips.iter().map(IpAddr::to_string),
+    );
+    ruleset::dispatch_elements(s, &nt, &layout.dispatch, |_| true);
+}
+
 /// The difference from the table written for `previous` to `network`'s, over the sets
-/// `changed` selects (`diff::changed`; every other set is the same in both): changed elements
-/// are deleted and added again, the rest keep their counters. A table that appears or goes is
-/// declared or deleted whole. Returns (written, deleted) elements.
-pub fn update(
-    s: &mut String,
+/// `changed` selects (`diff::changed`; every other set is the same in both), into `u`'s
+/// transactions as the NAT tables' (see `diff::Update`): units that come are declared in
+/// `prepare`, changed elements deleted and added again in `script` (the rest keep their
+/// counters), units that go deleted in `retire`. A table that appears or goes is declared or
+/// deleted whole in `script`.
+pub(super) fn update(
+    u: &mut TableUpdate,
     network: &ComposedNetwork,
     previous: &ComposedNetwork,
     changed: &dyn Fn(&SetKey) -> bool,
     sync: &Sync,
-) -> (usize, usize) {
+) {
     if sync.on != sync.was_on {
-        return (declare(s, network, sync), 0);
+        // A table that appears is new: the previous state had none (the objects `sync`
+        // names from it are not there).
+        let fresh = Sync {
+            chains: Vec::new(),
+            maps: Vec::new(),
+            sets6: Vec::new(),
+            ..sync.clone()
+        };
+        u.written += declare(&mut u.script, network, &fresh);
+        return;
     }
     if !sync.on {
-        return (0, 0);
+        return;
     }
     let t = table_name(&network.name);
+    let nt = format!("netdev {t}");
     // A new timeout lands in the map's default too (the rules carry it per element).
     let timeout = network.timeouts.dsr_secs();
     let backends = backends6(network);
     let v6 = has_ipv6(network).then_some(backends.as_slice());
-    // IPv6's objects appear with the network's first IPv6 VIP: declared whole then.
-    let fresh6 = v6.is_some() && !has_ipv6(previous);
-    let empty = if fresh6 { Empty::Ipv6 } else { Empty::None };
-    maps(s, &t, timeout, empty, v6);
-    let vips = |n: &ComposedNetwork, v4: bool| -> BTreeSet<IpAddr> {
-        (n.composed().vips.keys())
-            .filter(|v| v.is_ipv4() == v4 && changed(&SetKey::Vip(**v)))
-            .copied()
-            .collect()
+    let had6 = has_ipv6(previous);
+    // IPv6's objects appear with the network's first IPv6 VIP: their sets emptied then.
+    let empty = if v6.is_some() && !had6 {
+        Empty::Ipv6
+    } else {
+        Empty::None
     };
-    let (was, now) = (vips(previous, true), vips(network, true));
-    delete_elements(s, &t, VIP_SET, was.difference(&now).map(IpAddr::to_string));
-    add_elements(s, &t, VIP_SET, now.difference(&was).map(IpAddr::to_string));
-    let mut counts = update_real_server(
-        s,
-        &t,
-        REAL_SERVER,
-        real_server(previous, changed),
-        real_server(network, changed),
-    );
     if v6.is_some() {
-        let was = if fresh6 {
-            BTreeSet::new()
-        } else {
-            vips(previous, false)
-        };
-        let now = vips(network, false);
-        delete_elements(s, &t, VIP6_SET, was.difference(&now).map(IpAddr::to_string));
-        add_elements(s, &t, VIP6_SET, now.difference(&was).map(IpAddr::to_string));
-        // The backends' numbers are their places in `backends6`: where the backends changed,
-        // every element is written again; otherwise only the changed sets' are.
-        let (was, now) = if fresh6 {
-            (BTreeSet::new(), real_server6(network, |_| true))
-        } else if backends6(previous) != backends {
-            let _ = writeln!(s, "flush map netdev {t} {REAL_SERVER6}");
-            (BTreeSet::new(), real_server6(network, |_| true))
-        } else {
-            (
-                real_server6(previous, changed),
-                real_server6(network, changed),
-            )
-        };
-        let (come, gone) = update_real_server(s, &t, REAL_SERVER6, was, now);
-        counts = (counts.0 + come, counts.1 + gone);
+        // A new IPv6 unit's rule goes to `new6`, which the table may not have yet.
+        let _ = writeln!(u.prepare, "add chain {nt} {NEW6}");
     }
-    if v6.is_none() && has_ipv6(previous) {
-        // The last IPv6 VIP went: nothing uses IPv6's map any more (its sets go below).
-        let _ = writeln!(
-            s,
-            "flush set netdev {t} {VIP6_SET}\nflush map netdev {t} {REAL_SERVER6}"
+    maps(&mut u.script, &t, timeout, empty, v6);
+    let v4 = layout(previous, Family::V4, changed);
+    let now4 = layout(network, Family::V4, changed);
+    let rest = |f: Family| move || units_in_use(network.composed(), f, changed, true);
+    layout_update(u, &nt, Family::V4, VIP_SET, (&v4, &now4), rest(Family::V4));
+    if v6.is_some() || had6 {
+        // The backends' numbers are their places in `backends6`: where the backends changed
+        // (and where IPv6's units come or go whole), every element is written again;
+        // otherwise only the changed sets' are.
+        let all = backends6(previous) != backends || v6.is_none() || !had6;
+        let wanted = |k: &SetKey| all || changed(k);
+        let (was, now) = (
+            layout(previous, Family::V6, wanted),
+            layout(network, Family::V6, wanted),
         );
+        let rest = || {
+            if all {
+                BTreeSet::new()
+            } else {
+                units_in_use(network.composed(), Family::V6, changed, true)
+            }
+        };
+        layout_update(u, &nt, Family::V6, VIP6_SET, (&was, &now), rest);
     }
-    chains(s, &t, timeout, sync, v6);
-    drop_sets6(s, &t, timeout, sync, &backends);
-    counts
-}
-
-/// Makes map `map` hold `now` where it held `was`; returns (written, deleted) elements. An
-/// element is its whole `KEY : VALUE`; a key with another value is deleted (by key) and added
-/// again.
-fn update_real_server(
-    s: &mut String,
-    t: &str,
-    map: &str,
-    was: BTreeSet<String>,
-    now: BTreeSet<String>,
-) -> (usize, usize) {
-    let gone: Vec<String> = (was.difference(&now))
-        .map(|e| e.split(" : ").next().unwrap_or(e).to_owned())
+    let present: BTreeSet<String> = (sync.present.iter())
+        .flat_map(|i| device_chains(i))
         .collect();
-    let come: Vec<String> = now.difference(&was).cloned().collect();
-    let counts = (come.len(), gone.len());
-    delete_elements(s, t, map, gone);
-    add_elements(s, t, map, come);
-    counts
+    drop_chains(
+        &mut u.script,
+        &t,
+        sync.chains.iter().filter(|c| !present.contains(*c)),
+    );
+    chains(&mut u.script, &t, timeout, &sync.present, v6);
+    if v6.is_none() && had6 {
+        // The last IPv6 VIP went: `new6` goes once the units that lead to it have (in
+        // `retire`); emptied now, as the sets its rules name go below.
+        let _ = writeln!(u.script, "flush chain {nt} {NEW6}");
+        drop_chains(&mut u.retire, &t, [NEW6.to_owned()].iter());
+        u.retired = true;
+    }
+    drop_sets6(&mut u.script, &t, timeout, sync, &backends);
 }
 
-/// A table the probe declares and deletes in one transaction: never seen by anyone.
-const PROBE_TABLE: &str = "lb-dsr-probe";
+/// The network whose table (`lb-dsr-probe`) the probe declares and deletes in one
+/// transaction: never seen by anyone.
+const PROBE_NETWORK: &str = "dsr-probe";
 
 /// One transaction that declares a DSR table with chains on `lo` and deletes it again:
 /// every kernel feature the table uses (the netdev egress hook, Linux 5.16; `fwd`, `notrack`
@@ -601,13 +626,18 @@ pub fn probe_script() -> String {
         on: true,
         was_on: false,
         present: vec!["lo".to_owned()],
-        chains: Vec::new(),
-        sets6: Vec::new(),
+        ..Sync::default()
     };
-    // With IPv6's rules for one backend: their packet-path set update and `fwd ip6` too.
-    let backends = [Ipv6Addr::LOCALHOST];
-    maps(&mut s, PROBE_TABLE, 1, Empty::Both, Some(&backends));
-    chains(&mut s, PROBE_TABLE, 1, &sync, Some(&backends));
-    let _ = writeln!(s, "delete table netdev {PROBE_TABLE}");
+    // With one unit of each family and IPv6's rules for one backend: their `fwd … device
+    // meta iif`, the packet-path set update and `fwd ip6` too.
+    let state = format!(
+        r#"{{"networks":[{{"name":"{PROBE_NETWORK}","mode":"dsr","interfaces":["lo"],"services":[{{"id":"p","vips":["10.255.255.1","fd00::1"],"backends":[{{"ip":"10.255.255.2"}},{{"ip":"fd00::2"}}]}}]}}]}}"#
+    );
+    let network = crate::core::model::DesiredState::from_json(&state)
+        .expect("the probe's network is valid")
+        .networks
+        .remove(0);
+    declare(&mut s, &ComposedNetwork::new(network), &sync);
+    let _ = writeln!(s, "delete table netdev {}", table_name(PROBE_NETWORK));
     s
 }

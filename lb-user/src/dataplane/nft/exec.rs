@@ -68,20 +68,37 @@ pub fn list_dsr(name: &str, kind: &str, object: &str) -> Result<String> {
     )
 }
 
-/// The objects of kind `kind` (`chain`, `set`: a map is not one) of network `name`'s DSR
-/// table (none when it has no such table).
-pub fn dsr_objects(name: &str, kind: &str) -> Result<Vec<String>> {
+/// The names of a DSR table's objects, by kind (a map is not a set here).
+#[derive(Debug, Default)]
+pub struct Objects {
+    pub chains: Vec<String>,
+    pub maps: Vec<String>,
+    pub sets: Vec<String>,
+}
+
+/// The objects of network `name`'s DSR table (none when it has no such table).
+pub fn dsr_objects(name: &str) -> Result<Objects> {
     let table = table_name(name);
-    // `-t`: without the sessions' elements. An absent table is the only expected failure,
-    // told apart by listing the family's tables (nft's message is not a contract).
+    // An absent table is the only expected failure, told apart by listing the family's
+    // tables (nft's message is not a contract).
     let tables = nft(&["-j", "list", "tables", "netdev"], None)?;
     if !names(&tables, "table")?.contains(&table) {
-        return Ok(Vec::new());
+        return Ok(Objects::default());
     }
-    names(
-        &nft(&["-t", "-j", "list", "table", "netdev", &table], None)?,
-        kind,
-    )
+    // `-t`: without the sessions' elements.
+    let json = nft(&["-t", "-j", "list", "table", "netdev", &table], None)?;
+    Ok(Objects {
+        chains: names(&json, "chain")?,
+        maps: names(&json, "map")?,
+        sets: names(&json, "set")?,
+    })
+}
+
+/// `nft -j list table netdev` of network `name`'s DSR table.
+pub fn list_dsr_table(name: &str) -> Result<String> {
+    let table = table_name(name);
+    nft(&["-j", "list", "table", "netdev", &table], None)
+        .with_context(|| format!("listing table netdev {table}"))
 }
 
 /// The `name` of every object of kind `kind` in `nft -j` output.

@@ -1,18 +1,21 @@
-//! Reading a network's tables back (`nft -j list table`, and a dsr network's `real-server`
-//! map) into DESIGN.md's notation, with each element's counter: what `counts` reports and
+//! Reading a network's tables back (`nft -j list table`, a dsr network's DSR table too) into
+//! DESIGN.md's notation, with each element's counter: what `counts` reports and
 //! what the tests compare with `lb elements`; and a dsr network's sessions.
 //!
 //! Read through the kernel's own references, not the names: each shape vmap (a map of
 //! verdicts keyed by `numgen`) says which interval jumps to which slot chain, and the slot
 //! map of that name holds `set key : translation`; together, moby's `set key . interval :
 //! translation`.
-use std::{collections::HashMap, net::SocketAddr};
+use std::{
+    collections::HashMap,
+    net::{Ipv6Addr, SocketAddr},
+};
 
 use anyhow::{Context as _, Result, bail};
 use serde_json::Value;
 
 use super::ruleset::Kind;
-use crate::core::elements::{Element, NAT_PUBLISH_PORT, NAT_SERVICE_VIP, REAL_SERVER};
+use crate::core::{elements::Element, model::Family};
 
 /// One element in DESIGN.md's notation, with its counter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,27 +53,40 @@ fn counter(key: &Value) -> (u64, u64) {
     )
 }
 
-/// Moby's map of a slot chain's kind, from its prefix.
-fn design_map(slot: &str) -> Option<&'static str> {
+/// The kind of a slot chain or map, from its prefix.
+fn kind_of(slot: &str) -> Option<Kind> {
     let prefix = slot.split('-').next()?;
-    Kind::ALL
-        .into_iter()
-        .find(|k| k.prefix() == prefix)
-        .map(|k| match k {
-            Kind::Vip => NAT_SERVICE_VIP,
-            Kind::Port | Kind::HostPort => NAT_PUBLISH_PORT,
-        })
+    Kind::EVERY.into_iter().find(|k| k.prefix() == prefix)
 }
 
-/// The elements of the table in `nft -j list table` output. A bucket interval of one bucket
-/// is printed by nft as a plain number; it reads back as `N-N`.
+/// The elements of the NAT table in `nft -j list table` output. A bucket interval of one
+/// bucket is printed by nft as a plain number; it reads back as `N-N`.
 pub fn listed_elements(json: &str) -> Result<Vec<Listed>> {
+    listed_units(json, |_, v| Some(v))
+}
+
+/// The `real-server` elements of a DSR table in `nft -j list table netdev lb-NET` output
+/// (see `dsr.rs`), an IPv6 unit's backend numbers read as the backends `backends6` numbers
+/// (`dsr::backends6` of the network the table was written for).
+pub fn listed_real_server(json: &str, backends6: &[Ipv6Addr]) -> Result<Vec<Listed>> {
+    listed_units(json, |kind, v| match kind {
+        Kind::RealServer(Family::V6) => {
+            let n: usize = v.parse().ok()?;
+            Some(backends6.get(n.checked_sub(1)?)?.to_string())
+        }
+        _ => Some(v),
+    })
+}
+
+/// The elements of the units in `nft -j list table` output, each translation as `value`
+/// makes it of its kind's (`None`: left out).
+fn listed_units(json: &str, value: impl Fn(Kind, String) -> Option<String>) -> Result<Vec<Listed>> {
     let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
     let maps: Vec<&Value> = maps_of(&v).collect();
     // Slot chain → interval, from every shape vmap (the verdict maps other than dispatch).
     let mut interval: HashMap<String, String> = HashMap::new();
     for map in &maps {
-        let dispatch = Kind::ALL.iter().any(|k| map["name"] == k.dispatch());
+        let dispatch = Kind::EVERY.iter().any(|k| map["name"] == k.dispatch());
         if map["map"] != "verdict" || dispatch {
             continue;
         }
@@ -92,16 +108,19 @@ pub fn listed_elements(json: &str) -> Result<Vec<Listed>> {
         let Some(name) = map["name"].as_str() else {
             continue;
         };
-        let (Some(i), Some(design)) = (interval.get(name), design_map(name)) else {
+        let (Some(i), Some(kind)) = (interval.get(name), kind_of(name)) else {
             continue;
         };
         for e in map["elem"].as_array().into_iter().flatten() {
             let (packets, bytes) = counter(&e[0]);
+            let Some(value) = value(kind, scalar(&e[1])?) else {
+                continue;
+            };
             out.push(Listed {
                 element: Element {
-                    map: design,
+                    map: kind.design_map(),
                     key: format!("{} . {i}", scalar(&e[0])?),
-                    value: scalar(&e[1])?,
+                    value,
                 },
                 packets,
                 bytes,
@@ -114,49 +133,6 @@ pub fn listed_elements(json: &str) -> Result<Vec<Listed>> {
 /// The maps of `nft -j list ...` output.
 fn maps_of(v: &Value) -> impl Iterator<Item = &Value> {
     (v["nftables"].as_array().into_iter().flatten()).filter_map(|o| o.get("map"))
-}
-
-/// The `real-server` elements in `nft -j list map netdev lb-NET real-server` output, in
-/// DESIGN.md's notation (`VIP . a-b : BACKEND`), with their counters.
-pub fn listed_real_server(json: &str) -> Result<Vec<Listed>> {
-    listed_dsr_map(json, REAL_SERVER, Some)
-}
-
-/// The elements of DSR map `name` (`real-server`, `real-server6`) in `nft -j list map`
-/// output as `real-server` elements, each value as `backend` gives it (`None`: left out).
-pub fn listed_dsr_map(
-    json: &str,
-    name: &str,
-    backend: impl Fn(String) -> Option<String>,
-) -> Result<Vec<Listed>> {
-    let v: Value = serde_json::from_str(json).context("nft's JSON output")?;
-    let mut out = Vec::new();
-    for map in maps_of(&v).filter(|m| m["name"] == name) {
-        for e in map["elem"].as_array().into_iter().flatten() {
-            let key = scalar(&e[0])?;
-            // An interval of one bucket is printed as a plain number.
-            let key = match key.rsplit_once(" . ") {
-                Some((vip, bucket)) if !bucket.contains('-') => {
-                    format!("{vip} . {bucket}-{bucket}")
-                }
-                _ => key,
-            };
-            let (packets, bytes) = counter(&e[0]);
-            let Some(value) = backend(scalar(&e[1])?) else {
-                continue;
-            };
-            out.push(Listed {
-                element: Element {
-                    map: REAL_SERVER,
-                    key,
-                    value,
-                },
-                packets,
-                bytes,
-            });
-        }
-    }
-    Ok(out)
 }
 
 /// One DSR session as its map or set holds it.

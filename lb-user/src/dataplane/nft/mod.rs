@@ -63,7 +63,7 @@ use super::{Count, Dataplane, Delta, Flow, FlowState, FlowStats, Kind, SyncStats
 use crate::{
     core::compose::ComposedNetwork,
     core::compose::PortKey,
-    core::elements::{Element, REAL_SERVER, SetKey, claimed_by, placed_elements},
+    core::elements::{Element, SetKey, claimed_by, placed_elements},
     core::model::{Family, FlowTimeouts, Masquerade, Mode, Network, Proto},
     node::{Netlink, NodeAddr, in_netns, netlink},
 };
@@ -82,27 +82,32 @@ pub use listing::{Listed, listed_elements, listed_real_server};
 pub use ruleset::{Layout, Subnets, TABLE_PREFIX, ruleset, table_name};
 
 /// The nftables dataplane. The kernel's tables are the record; it keeps only what the last
-/// whole apply of each network read of the node (its subnets), so that a change of services
-/// alone ([`Dataplane::apply_sets`]) is one `nft` transaction, no dump of the node's
-/// addresses.
+/// whole apply of each network read of the node (its subnets and the interfaces present),
+/// so that a change of services alone ([`Dataplane::apply_sets`]) is one `nft` transaction,
+/// no dump of the node's addresses or links.
 #[derive(Default)]
 pub struct NftDataplane {
-    subnets: BTreeMap<String, NodeSubnets>,
+    read: BTreeMap<String, NodeRead>,
 }
 
-/// The subnets a network's base chains are rendered with ([`Subnets`]), as read of the node.
-type NodeSubnets = Vec<(String, IpAddr, u8)>;
+/// What an apply read of the node: the subnets a network's base chains are rendered with
+/// ([`Subnets`]), and its interfaces present (the DSR table's chains are theirs).
+struct NodeRead {
+    subnets: Vec<(String, IpAddr, u8)>,
+    present: Vec<String>,
+}
 
 impl NftDataplane {
     /// The elements of the network's tables with their counters: the NAT tables' (the IPv6
     /// one only where the network has IPv6 sets: one `nft` run per table, none to look for
-    /// tables), and the DSR table's `real-server` map where the network has one. A table
+    /// tables), and the DSR table's `real-server` units where the network has one (listed
+    /// with the table, its sessions too: nft lists no set of maps in one run). A table
     /// that cannot be listed (deleted by hand, or by a sync that ran meanwhile: the metrics
     /// read off the writer's path) leaves its counters out of this reading, never zeros: a
     /// counter back at zero would read as a reset.
     fn list(network: &ComposedNetwork) -> Result<Vec<Listed>> {
-        let (name, dsr) = (network.name.clone(), has_dsr_table(network));
-        let dsr6 = (dsr && dsr::has_ipv6(network)).then(|| dsr::backends6(network));
+        let name = network.name.clone();
+        let dsr6 = has_dsr_table(network).then(|| dsr::backends6(network));
         let families: Vec<Family> = (Family::ALL.iter().copied())
             .filter(|&f| f == Family::V4 || ruleset::has_ipv6(network))
             .collect();
@@ -116,17 +121,10 @@ impl NftDataplane {
                     }
                 }
             }
-            if dsr {
-                let json = exec::list_dsr(&name, "map", REAL_SERVER)?;
-                listed.extend(listed_real_server(&json)?);
-            }
-            if let Some(backends) = dsr6 {
-                // IPv6's map has each backend's number ([`dsr::backends6`]) as its value.
-                let json = exec::list_dsr(&name, "map", dsr::REAL_SERVER6)?;
-                listed.extend(listing::listed_dsr_map(&json, dsr::REAL_SERVER6, |v| {
-                    let n: usize = v.parse().ok()?;
-                    Some(backends.get(n.checked_sub(1)?)?.to_string())
-                })?);
+            if let Some(backends6) = dsr6 {
+                // IPv6's units have each backend's number ([`dsr::backends6`]) as its value.
+                let json = exec::list_dsr_table(&name)?;
+                listed.extend(listed_real_server(&json, &backends6)?);
             }
             Ok(listed)
         })
@@ -183,33 +181,36 @@ fn dsr_warning(network: &Network, support: &Result<(), String>) -> Option<String
 fn dsr_sync(
     network: &Network,
     previous: Option<&Network>,
-    present: &[(&str, u32)],
+    present: &[String],
     support: &Result<(), String>,
     whole: bool,
 ) -> Result<dsr::Sync> {
     let on = dsr_on(network, support);
-    let (chains, sets6) = match previous {
-        _ if whole && on => (
-            exec::dsr_objects(&network.name, "chain")?,
-            (exec::dsr_objects(&network.name, "set")?.into_iter())
+    let (chains, maps, sets6) = match previous {
+        _ if whole && on => {
+            let objects = exec::dsr_objects(&network.name)?;
+            let sets6 = (objects.sets.into_iter())
                 .filter(|s| dsr::parse_session_set6(s).is_some())
-                .collect(),
-        ),
+                .collect();
+            (objects.chains, objects.maps, sets6)
+        }
         Some(prev) if !whole => (
             (prev.interfaces.iter())
-                .flat_map(|i| dsr::device_chains(i, dsr::has_ipv6(prev)))
+                .flat_map(|i| dsr::device_chains(i))
                 .collect(),
+            Vec::new(),
             (dsr::backends6(prev).into_iter())
                 .flat_map(|b| dsr::PROTOS.iter().map(move |&p| dsr::session_set6(p, b)))
                 .collect(),
         ),
-        _ => (Vec::new(), Vec::new()),
+        _ => (Vec::new(), Vec::new(), Vec::new()),
     };
     Ok(dsr::Sync {
         on,
         was_on: !whole && previous.is_some_and(|p| dsr_on(p, support)),
-        present: present.iter().map(|(i, _)| (*i).to_owned()).collect(),
+        present: present.to_vec(),
         chains,
+        maps,
         sets6,
     })
 }
@@ -240,12 +241,14 @@ fn subnets(
 fn apply_in_netns(
     network: &ComposedNetwork,
     previous: Option<&ComposedNetwork>,
-) -> Result<(SyncStats, NodeSubnets)> {
+) -> Result<(SyncStats, NodeRead)> {
     let nl = Netlink::new()?;
     // One dump per apply, shared by the subnets and the aliases (see the eBPF dataplane).
     let addrs = nl.addresses()?;
     let subnets = subnets(&nl, network, &addrs)?;
-    let present = nl.present(&network.interfaces)?;
+    let present: Vec<String> = (nl.present(&network.interfaces)?.into_iter())
+        .map(|(i, _)| i.to_owned())
+        .collect();
     let support = if network.mode == Mode::Dsr || previous.is_some_and(|p| p.mode == Mode::Dsr) {
         dsr_support()
     } else {
@@ -311,7 +314,7 @@ fn apply_in_netns(
             stats.flows_flushed += conntrack::clear_untranslated(key)?;
         }
     }
-    Ok((stats, subnets))
+    Ok((stats, NodeRead { subnets, present }))
 }
 
 /// Where br_netfilter hands the IP hooks a bridge's frames (a node running Docker or
@@ -372,15 +375,6 @@ impl Dataplane for NftDataplane {
         Kind::Nftables
     }
 
-    /// A dsr network's DSR table has a size limit (`dsr::MAX_REAL_SERVER`); where the kernel
-    /// cannot run that table the network is NAT only, which has none.
-    fn check_capacity(&mut self, network: &ComposedNetwork) -> Result<()> {
-        if has_dsr_table(network) {
-            dsr::check_capacity(network)?;
-        }
-        Ok(())
-    }
-
     fn apply(
         &mut self,
         network: &ComposedNetwork,
@@ -398,11 +392,11 @@ impl Dataplane for NftDataplane {
             previous = None;
         }
         let (net, prev) = (network.clone(), previous.cloned());
-        let (stats, subnets) = in_netns(network.netns.as_deref(), move || {
+        let (stats, read) = in_netns(network.netns.as_deref(), move || {
             apply_in_netns(&net, prev.as_ref())
         })
         .with_context(|| format!("network {}", network.name))?;
-        self.subnets.insert(network.name.clone(), subnets);
+        self.read.insert(network.name.clone(), read);
         tracing::info!(network = %network.name, table = %table_name(&network.name), "network applied (nftables)");
         // Said once per apply, that is once per change of the network; `lb status` says it
         // for as long as it holds (ports come and go without a sync).
@@ -432,17 +426,20 @@ impl Dataplane for NftDataplane {
         network: &ComposedNetwork,
         delta: &Delta,
     ) -> Result<Option<SyncStats>> {
-        if delta.vips_changed
-            || delta.ports_changed
-            || network.mode == Mode::Dsr
-            || delta.previous.mode == Mode::Dsr
-        {
+        if delta.vips_changed || delta.ports_changed || network.mode != delta.previous.mode {
             return Ok(None);
         }
-        let Some(subnets) = self.subnets.get(&network.name) else {
+        let Some(read) = self.read.get(&network.name) else {
             return Ok(None);
         };
-        let diff = diff::update_sets(delta.previous, network, delta.sets, subnets)?;
+        let support = if network.mode == Mode::Dsr {
+            dsr_support()
+        } else {
+            &Ok(())
+        };
+        let previous = Some(delta.previous.network());
+        let dsr = dsr_sync(network, previous, &read.present, support, false)?;
+        let diff = diff::update_sets(delta.previous, network, delta.sets, &read.subnets, &dsr)?;
         let mut stats = SyncStats {
             written: diff.written,
             deleted: diff.deleted,
@@ -730,7 +727,7 @@ mod tests {
     #[test]
     fn without_the_egress_hook_a_dsr_network_is_served_by_nat_and_says_so() {
         let edge = edge();
-        let present = [("veth-dsr", 7)];
+        let present = ["veth-dsr".to_owned()];
         let missing: Result<(), String> = Err("Operation not supported".to_owned());
 
         let sync = dsr_sync(&edge, None, &present, &missing, true).unwrap();
@@ -770,34 +767,5 @@ mod tests {
         };
         assert!(!dsr_on(&nat, &works));
         assert_eq!(dsr_warning(&nat, &missing), None);
-    }
-
-    /// The DSR table's size limit, counted in real-server elements (one per backend of each
-    /// VIP): 1,365 fit, more are refused with what to do instead.
-    #[test]
-    fn a_dsr_table_takes_at_most_one_netlink_message_of_real_server_elements() {
-        let with_vips = |vips: u32, backends: u32| Network {
-            services: (0..vips)
-                .map(|v| crate::core::model::Service {
-                    id: format!("s{v}"),
-                    generation: "1".into(),
-                    vips: vec![Ipv4Addr::from(0x0a63_0000 + v).into()],
-                    backends: (0..backends)
-                        .map(|b| crate::core::model::Backend {
-                            ip: Ipv4Addr::from(0x0a1e_0000 + v * 16 + b).into(),
-                            disabled: false,
-                        })
-                        .collect(),
-                    ports: Vec::new(),
-                })
-                .collect(),
-            ..edge().network().clone()
-        };
-        dsr::check_capacity(&ComposedNetwork::new(with_vips(273, 5))).expect("1,365 elements fit");
-        let err = dsr::check_capacity(&ComposedNetwork::new(with_vips(342, 4))).unwrap_err();
-        assert!(
-            err.to_string().contains("1368 real-server elements"),
-            "{err}"
-        );
     }
 }

@@ -35,8 +35,8 @@ use crate::node::netlink::network_of;
 use crate::core::{
     compose::ComposedNetwork,
     compose::PortKey,
-    elements::{REAL_SERVER, SetKey, placed_sets},
-    model::{Family, Masquerade, Network},
+    elements::{NAT_PUBLISH_PORT, NAT_SERVICE_VIP, Placed, REAL_SERVER, SetKey, placed_sets},
+    model::{Family, Masquerade, Mode, Network},
 };
 
 /// nft's type of an address of `family`.
@@ -81,16 +81,28 @@ pub fn table(family: Family, network: &str) -> String {
     format!("{} {}", nft_family(family), table_name(network))
 }
 
-/// The three kinds of sets, each with its own dispatch map and key.
+/// The kinds of sets, each with its own dispatch map and key: three in the NAT tables, and a
+/// dsr network's VIPs in its DSR table (`dsr.rs`), one kind per family there (both families'
+/// units share that table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Vip,
     Port,
     HostPort,
+    RealServer(Family),
 }
 
 impl Kind {
+    /// The kinds of the NAT tables.
     pub const ALL: [Kind; 3] = [Kind::Vip, Kind::Port, Kind::HostPort];
+    /// Every kind, the DSR table's too.
+    pub const EVERY: [Kind; 5] = [
+        Kind::Vip,
+        Kind::Port,
+        Kind::HostPort,
+        Kind::RealServer(Family::V4),
+        Kind::RealServer(Family::V6),
+    ];
 
     /// The prefix of the chains and maps of this kind.
     pub fn prefix(self) -> &'static str {
@@ -98,6 +110,8 @@ impl Kind {
             Kind::Vip => "v",
             Kind::Port => "p",
             Kind::HostPort => "h",
+            Kind::RealServer(Family::V4) => "d",
+            Kind::RealServer(Family::V6) => "d6",
         }
     }
 
@@ -106,19 +120,43 @@ impl Kind {
             Kind::Vip => "vip-dispatch",
             Kind::Port => "port-dispatch",
             Kind::HostPort => "port-host-dispatch",
+            Kind::RealServer(Family::V4) => "real-server-dispatch",
+            Kind::RealServer(Family::V6) => "real-server6-dispatch",
         }
     }
 
-    fn key_type(self, family: Family) -> String {
+    /// Moby's map whose elements this kind's slot maps hold.
+    pub fn design_map(self) -> &'static str {
+        match self {
+            Kind::Vip => NAT_SERVICE_VIP,
+            Kind::Port | Kind::HostPort => NAT_PUBLISH_PORT,
+            Kind::RealServer(_) => REAL_SERVER,
+        }
+    }
+
+    /// How a dispatch entry leads to its shape's chain. The DSR table's jumps, so that what
+    /// its units do not send on comes back to the ingress chain's drop (a NAT chain that
+    /// ends lets the packet go untranslated, as a missed dispatch does).
+    fn verdict(self) -> &'static str {
+        match self {
+            Kind::RealServer(_) => "jump",
+            _ => "goto",
+        }
+    }
+
+    /// The dispatch map's key type (a DSR kind's family is its own).
+    pub(super) fn key_type(self, family: Family) -> String {
         let addr = addr_type(family);
         match self {
             Kind::Vip => addr.to_owned(),
             Kind::Port => "inet_proto . inet_service".to_owned(),
             Kind::HostPort => format!("{addr} . inet_proto . inet_service"),
+            Kind::RealServer(f) => addr_type(f).to_owned(),
         }
     }
 
-    /// The slot map's declaration: the set key to the translation.
+    /// The slot map's declaration: the set key to the translation (for IPv6's DSR units, the
+    /// backend's number, see `dsr.rs`).
     fn slot_typeof(self, family: Family) -> String {
         let ip = nft_family(family);
         match self {
@@ -127,10 +165,13 @@ impl Kind {
             Kind::HostPort => {
                 format!("{ip} daddr . meta l4proto . th dport : {ip} daddr . th dport")
             }
+            Kind::RealServer(Family::V4) => "ip daddr : ip daddr".to_owned(),
+            Kind::RealServer(Family::V6) => "ip6 daddr : meta mark".to_owned(),
         }
     }
 
-    /// The slot chain's rule, translating by map `map`.
+    /// The slot chain's rule, translating by map `map`. A DSR unit sends the frame out of
+    /// the device it came in by (`device meta iif`), so one unit serves every device.
     fn slot_rule(self, family: Family, map: &str) -> String {
         let l4 = "meta l4proto { tcp, udp, sctp }";
         let ip = nft_family(family);
@@ -139,6 +180,12 @@ impl Kind {
             Kind::Port => format!("{l4} dnat {ip} to meta l4proto . th dport map @{map}"),
             Kind::HostPort => {
                 format!("{l4} dnat {ip} to {ip} daddr . meta l4proto . th dport map @{map}")
+            }
+            Kind::RealServer(Family::V4) => {
+                format!("fwd ip to ip daddr map @{map} device meta iif")
+            }
+            Kind::RealServer(Family::V6) => {
+                format!("meta mark set ip6 daddr map @{map} goto {}", dsr::NEW6)
             }
         }
     }
@@ -216,6 +263,11 @@ pub fn sync_token(network: &Network) -> u32 {
     let mut h = Fnv::default();
     (LAYOUT, &network.name, &network.interfaces, &network.netns).hash(&mut h);
     (network.mode, network.masquerade).hash(&mut h);
+    if network.mode == Mode::Dsr {
+        // A DSR table of another layout is never taken for this one either (only a dsr
+        // network's token says it, so the others' stay those of the lb before it).
+        dsr::LAYOUT.hash(&mut h);
+    }
     for s in &network.services {
         match Ipv4Service::of(s) {
             Some(v4) => v4.hash(&mut h),
@@ -285,8 +337,8 @@ pub type Unit = (Kind, String);
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Layout {
     pub vips: BTreeSet<IpAddr>,
-    /// Set → shape.
-    pub dispatch: BTreeMap<SetKey, String>,
+    /// Set → its kind and shape.
+    pub dispatch: BTreeMap<SetKey, Unit>,
     /// Every (kind, shape) in use → its intervals in slot order.
     pub units: BTreeMap<Unit, Vec<String>>,
     /// (kind, shape, slot) → set key → translation.
@@ -294,27 +346,58 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// The table of `family`, from the core's elements (`placed_elements`, the source of `lb
-    /// elements`): the sets of that family.
+    /// The NAT table of `family`, from the core's elements (`placed_elements`, the source of
+    /// `lb elements`): the sets of that family.
     pub fn of(network: &ComposedNetwork, family: Family) -> Layout {
         Layout::of_sets(network, |k| k.family() == family)
     }
 
     /// [`Layout::of`] the sets `wanted` selects (and of the VIPs among them), which are of
-    /// one family.
+    /// one family. A dsr network's real-server elements are the DSR table's
+    /// ([`Layout::of_real_server`]).
     pub fn of_sets(network: &ComposedNetwork, wanted: impl Fn(&SetKey) -> bool) -> Layout {
-        // Per set, its elements in interval order (placed_elements' order); a dsr network's
-        // real-server elements are the DSR table's (`dsr.rs`).
-        let mut sets: BTreeMap<SetKey, Vec<(String, String)>> = BTreeMap::new();
-        for p in placed_sets(network, &wanted)
-            .into_iter()
-            .filter(|p| p.element.map != REAL_SERVER)
-        {
+        let placed = placed_sets(network, &wanted).into_iter();
+        Layout::build(
+            network,
+            &wanted,
+            placed
+                .filter(|p| p.element.map != REAL_SERVER)
+                .map(|p| (kind(&p.set), p.element.value.clone(), p)),
+        )
+    }
+
+    /// The DSR table's units of `family` for the VIPs `wanted` selects: the `real-server`
+    /// elements, each translating to what `value` makes of its backend.
+    pub fn of_real_server(
+        network: &ComposedNetwork,
+        family: Family,
+        wanted: impl Fn(&SetKey) -> bool,
+        value: impl Fn(IpAddr) -> Option<String>,
+    ) -> Layout {
+        let wanted = |k: &SetKey| k.family() == family && wanted(k);
+        let placed = placed_sets(network, wanted).into_iter();
+        Layout::build(
+            network,
+            &wanted,
+            placed
+                .filter(|p| p.element.map == REAL_SERVER)
+                .filter_map(|p| Some((Kind::RealServer(family), value(p.backend)?, p))),
+        )
+    }
+
+    /// The layout of `elements` (each with its kind and translation, in `placed_elements`'
+    /// order: per set, in interval order) and of the VIPs `wanted` selects.
+    fn build(
+        network: &ComposedNetwork,
+        wanted: &dyn Fn(&SetKey) -> bool,
+        elements: impl Iterator<Item = (Kind, String, Placed)>,
+    ) -> Layout {
+        let mut sets: BTreeMap<SetKey, (Kind, Vec<(String, String)>)> = BTreeMap::new();
+        for (kind, value, p) in elements {
             let (_, interval) = (p.element.key.rsplit_once(" . "))
                 .expect("an element key ends in its bucket interval");
-            sets.entry(p.set)
-                .or_default()
-                .push((interval.to_owned(), p.element.value));
+            let set = sets.entry(p.set).or_insert_with(|| (kind, Vec::new()));
+            set.1.push((interval.to_owned(), value));
         }
         let mut layout = Layout {
             vips: (network.composed().vips.keys())
@@ -323,18 +406,14 @@ impl Layout {
                 .collect(),
             ..Layout::default()
         };
-        for (key, elements) in sets {
-            let kind = kind(&key);
+        for (key, (kind, elements)) in sets {
             let intervals: Vec<String> = elements.iter().map(|(i, _)| i.clone()).collect();
-            let shape = shape_name(&intervals);
+            let unit = (kind, shape_name(&intervals));
             for (k, (_, value)) in elements.into_iter().enumerate() {
-                (layout.slots.entry((kind, shape.clone(), k)).or_default()).insert(key, value);
+                (layout.slots.entry((kind, unit.1.clone(), k)).or_default()).insert(key, value);
             }
-            layout
-                .units
-                .entry((kind, shape.clone()))
-                .or_insert(intervals);
-            layout.dispatch.insert(key, shape);
+            layout.units.entry(unit.clone()).or_insert(intervals);
+            layout.dispatch.insert(key, unit);
         }
         layout
     }
@@ -342,6 +421,14 @@ impl Layout {
     /// Moby's elements in this layout.
     pub fn element_count(&self) -> usize {
         self.slots.values().map(BTreeMap::len).sum()
+    }
+
+    /// The names of the chains and the maps of its units.
+    pub fn objects(&self) -> impl Iterator<Item = String> + '_ {
+        (self.units.iter()).flat_map(|((kind, shape), intervals)| {
+            let slots = (0..intervals.len()).map(move |k| slot(*kind, shape, k));
+            std::iter::once(chain(*kind, shape)).chain(slots)
+        })
     }
 }
 
@@ -662,14 +749,19 @@ pub(super) fn declare_table(
 pub(super) fn dispatch_elements(
     s: &mut String,
     t: &str,
-    dispatch: &BTreeMap<SetKey, String>,
+    dispatch: &BTreeMap<SetKey, Unit>,
     keep: impl Fn(&SetKey) -> bool,
 ) {
-    for k in Kind::ALL {
-        let items = (dispatch.iter())
-            .filter(|(set, _)| kind(set) == k && keep(set))
-            .map(|(set, shape)| format!("{} : goto {}", nft_key(set), chain(k, shape)))
-            .collect();
-        add_elements(s, t, k.dispatch(), items);
+    let mut by_kind: BTreeMap<Kind, Vec<String>> = BTreeMap::new();
+    for (set, (kind, shape)) in dispatch.iter().filter(|(set, _)| keep(set)) {
+        (by_kind.entry(*kind).or_default()).push(format!(
+            "{} : {} {}",
+            nft_key(set),
+            kind.verdict(),
+            chain(*kind, shape)
+        ));
+    }
+    for (kind, items) in by_kind {
+        add_elements(s, t, kind.dispatch(), items);
     }
 }
