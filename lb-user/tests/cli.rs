@@ -358,6 +358,33 @@ fn apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing() {
     // The same file again: nothing.
     let again = d.ok(&["apply", "-f", file]);
     assert!(again.contains("no changes"), "{again}");
+    // A change of hundreds of differences (here 30 services of 10 backends, a dry run): the
+    // first 200 lines in words and how many more, every one with --json.
+    let mut many = next.clone();
+    let template = many.networks[0].services[0].clone();
+    for i in 0..30u32 {
+        let mut s = template.clone();
+        s.id = format!("many{i}");
+        s.vips = vec![Ipv4Addr::new(10, 99, 1, i as u8).into()];
+        s.ports.clear();
+        s.backends = (0..10u32)
+            .map(|k| lb_user::core::model::Backend {
+                ip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 98, 0, 0)) + i * 10 + k).into(),
+                disabled: false,
+            })
+            .collect();
+        many.networks[0].services.push(s);
+    }
+    let words = lb_stdin(&d, &["apply", "-f", "-", "--dry-run"], &many.to_json());
+    let lines: Vec<&str> = words.stdout.lines().skip(1).collect();
+    assert_eq!(lines.len(), 201, "{}", words.stdout);
+    assert_eq!(lines[200].trim(), "… and 130 more (--json lists every one)");
+    let json = lb_stdin(
+        &d,
+        &["apply", "-f", "-", "--dry-run", "--json"],
+        &many.to_json(),
+    );
+    assert_eq!(changes(&json.stdout).len(), 330, "{}", json.stdout);
 
     // `service ls`: one row per backend with its state and counts, the service's columns on
     // its first; conntrack names the service by id, and the address asked as its frontend.

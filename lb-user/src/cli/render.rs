@@ -78,16 +78,25 @@ fn count(n: impl Into<u64>, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// The differences `done` lists in words; past them it says how many more there are (a
+/// whole state applied on a new node is hundreds of thousands of lines nobody reads).
+const SHOWN_CHANGES: usize = 200;
+
 /// What a change did (or, for a dry run, would do): its summary, then one line per
-/// difference (`+` added, `~` changed, `-` removed).
+/// difference (`+` added, `~` changed, `-` removed), the first [`SHOWN_CHANGES`] of them
+/// (`--json` has them all).
 pub fn done(json: bool, d: &Done) {
     show(json, d, |d| {
         println!("{}", d.done);
         if d.changes.is_empty() {
             println!("  no changes");
         }
-        for c in &d.changes {
+        for c in d.changes.iter().take(SHOWN_CHANGES) {
             println!("  {c}");
+        }
+        let more = d.changes.len().saturating_sub(SHOWN_CHANGES);
+        if more > 0 {
+            println!("  … and {more} more (--json lists every one)");
         }
     });
 }
