@@ -121,7 +121,8 @@ pub struct Update {
 /// (deleted, flushed, declared by someone else) fails it, which changes nothing; the caller
 /// then declares the tables whole. The IPv6 table is declared whole in `prepare` when the
 /// network gains IPv6 sets, and deleted in `script` when it has none left. The DSR table
-/// follows in `script` as `dsr` says (`dsr::update`).
+/// follows as `dsr` says (`dsr::update`: its units in the same three transactions; a DSR
+/// table that appears or goes, whole in `script`).
 pub fn update(
     previous: &ComposedNetwork,
     network: &ComposedNetwork,
