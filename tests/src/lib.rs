@@ -62,6 +62,7 @@ pub fn poll_until(
 
 pub mod bench;
 pub mod crc32c;
+pub mod etcd;
 pub mod firewall;
 pub mod fixture;
 pub mod fuzz;

@@ -332,7 +332,7 @@ impl Netns {
 
     /// Creates the veth pair `local` (here) — `peer_if` (in `peer`), both down. The peer end is
     /// created directly in `peer`, never in the root namespace.
-    fn veth(&self, local: &str, peer: &Netns, peer_if: &str) -> Result<()> {
+    pub(crate) fn veth(&self, local: &str, peer: &Netns, peer_if: &str) -> Result<()> {
         self.ip([
             "link", "add", local, "type", "veth", "peer", "name", peer_if, "netns", &peer.name,
         ])
@@ -340,13 +340,13 @@ impl Netns {
     }
 
     /// Makes `port` a port of `bridge` and brings it up.
-    fn enslave(&self, port: &str, bridge: &str) -> Result<()> {
+    pub(crate) fn enslave(&self, port: &str, bridge: &str) -> Result<()> {
         self.ip(["link", "set", port, "master", bridge, "up"])
             .map(drop)
     }
 
     /// Brings `ifname` up, with `addr/24` when given.
-    fn up(&self, ifname: &str, addr: Option<Ipv4Addr>) -> Result<()> {
+    pub(crate) fn up(&self, ifname: &str, addr: Option<Ipv4Addr>) -> Result<()> {
         if let Some(addr) = addr {
             self.ip([
                 "addr",
@@ -385,7 +385,7 @@ impl Netns {
     /// A bridge with an address of its own, as Docker and the CNI bridge plugin make theirs:
     /// otherwise it takes its ports' lowest MAC, so plugging in a port with a lower one changes
     /// it, and the kernel flushes the bridge's neighbours (`neigh_changeaddr`).
-    fn create_bridge(&self, bridge: &str) -> Result<()> {
+    pub(crate) fn create_bridge(&self, bridge: &str) -> Result<()> {
         // Locally administered, unicast, and one per namespace (the names are unique).
         let mut h = std::hash::DefaultHasher::new();
         std::hash::Hash::hash(&self.name, &mut h);

@@ -61,7 +61,7 @@ const POLL: Duration = Duration::from_millis(10);
 // Processes and temp dirs
 
 /// A tool process started by this module. Dropping it SIGKILLs its process group and reaps it.
-struct Tool {
+pub(crate) struct Tool {
     what: String,
     child: Child,
     /// Once the leader is reaped its pid (the group id) may be reused, so the group is never
@@ -71,7 +71,7 @@ struct Tool {
 
 impl Tool {
     /// Starts `cmd` (stdin closed) as the leader of a new process group, named `what` in errors.
-    fn spawn(mut cmd: Command, what: &str) -> Result<Tool> {
+    pub(crate) fn spawn(mut cmd: Command, what: &str) -> Result<Tool> {
         cmd.stdin(Stdio::null()).process_group(0);
         let child = cmd
             .spawn()
@@ -83,12 +83,12 @@ impl Tool {
         })
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// The exit status if the tool has exited (it is then reaped), `None` while it runs.
-    fn exited(&mut self) -> Result<Option<ExitStatus>> {
+    pub(crate) fn exited(&mut self) -> Result<Option<ExitStatus>> {
         let status = self
             .child
             .try_wait()
@@ -115,7 +115,7 @@ impl Drop for Tool {
 }
 
 /// `ip netns exec NS [taskset -c CPU] PROGRAM ARGS...`.
-fn in_netns<S: AsRef<OsStr>>(
+pub(crate) fn in_netns<S: AsRef<OsStr>>(
     ns: &Netns,
     cpu: Option<usize>,
     program: &str,

@@ -25,7 +25,11 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // The reference CNI plugins (bridge, host-local, firewall, loopback; in /usr/lib/cni):
     // the chain lb-cni runs in (tests/cni.rs).
     "containernetworking-plugins",
-    "curl",         // the API over the unix socket, as the README shows it (tests)
+    "curl", // the API over the unix socket, as the README shows it (tests)
+    // A real etcd 3.4 cluster, each member in its own namespace (lb_tests::etcd), and its
+    // etcdctl. The packaged service is not started (policy-rc.d, as for prometheus).
+    "etcd-client",
+    "etcd-server",
     "ethtool",      // checksum offload on/off in the netns tests
     "iperf",        // iperf 2: TCP throughput through a namespace path (tests)
     "iproute2",     // ip netns, veth, tc
