@@ -4,6 +4,7 @@
 //! decided there and can be asserted without root. The effectful
 //! shell (dataplanes, netlink, daemon, api, cli) is built around it.
 pub mod api;
+pub mod cluster;
 pub mod cni;
 pub mod core;
 pub mod daemon;

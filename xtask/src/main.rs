@@ -41,6 +41,9 @@ const DEBIAN_PACKAGES: &[&str] = &[
     // promtool: `promtool check metrics` on the daemon's /metrics (tests). Its server is not
     // started: setup installs under a policy-rc.d that refuses service starts.
     "prometheus",
+    // protoc: the etcd client crate (etcd-client, through tonic-build) compiles etcd's
+    // protobuf definitions when it builds.
+    "protobuf-compiler",
     "python3",  // the README's "First five minutes" serves its backends with http.server
     "sockperf", // request round trips (ping-pong) in `cargo xtask bench`
     "tcpdump",  // debugging captures in namespaces
