@@ -10,6 +10,9 @@
 //! - chain `K-S-k` translates by the map `K-S-k` (set key → backend of interval `I_k`), whose
 //!   element `VIP : backend` *is* moby's element `VIP . I_k : backend`, with its counter.
 //!
+//! A dsr network's `real-server` elements take the same layout in its DSR table (kinds `d` and
+//! `d6`, [`Kind::RealServer`]; `dsr.rs` has their chains).
+//!
 //! The prerouting chain (what arrives by the network's interfaces) and the output chain (what
 //! the namespace's own processes send) dispatch by verdict maps: `vip-dispatch` (VIP →
 //! `goto v-S`), then, off the VIPs, `port-host-dispatch` (`host . proto . port`, the more
