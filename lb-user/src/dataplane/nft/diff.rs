@@ -130,23 +130,13 @@ pub fn update(
     dsr: &dsr::Sync,
 ) -> Result<Update> {
     let changed = changed(previous.composed(), network.composed());
-    update_within(previous, network, &changed, subnets, dsr)
+    update_sets(previous, network, &changed, subnets, dsr)
 }
 
-/// [`update`] of a change of the sets `sets` alone (every other set the same in both, as a
+/// [`update`] of a change of the sets `changed` alone (every other set the same in both, as a
 /// change of services alone leaves them; a set in `sets` that did not change renders no
 /// difference): what one change costs, whatever the network's size.
 pub fn update_sets(
-    previous: &ComposedNetwork,
-    network: &ComposedNetwork,
-    sets: &BTreeSet<SetKey>,
-    subnets: &Subnets,
-    dsr: &dsr::Sync,
-) -> Result<Update> {
-    update_within(previous, network, sets, subnets, dsr)
-}
-
-fn update_within(
     previous: &ComposedNetwork,
     network: &ComposedNetwork,
     changed: &BTreeSet<SetKey>,

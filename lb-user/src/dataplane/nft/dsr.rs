@@ -220,17 +220,6 @@ pub fn layout(
     }
 }
 
-fn elements(items: impl IntoIterator<Item = String>) -> Option<String> {
-    let v: Vec<String> = items.into_iter().collect();
-    (!v.is_empty()).then(|| format!("{{ {} }}", v.join(", ")))
-}
-
-fn add_elements(s: &mut String, t: &str, set: &str, items: impl IntoIterator<Item = String>) {
-    if let Some(e) = elements(items) {
-        let _ = writeln!(s, "add element netdev {t} {set} {e}");
-    }
-}
-
 /// `add table` then `delete table`: the table goes whether or not it exists.
 pub fn delete_table(s: &mut String, network: &str) {
     super::ruleset::delete_table(s, &format!("netdev {}", table_name(network)));
@@ -250,13 +239,8 @@ enum Empty {
 /// the dispatch maps emptied as `empty` says; with IPv6's, the chain `new6` (declared before
 /// the units whose rules go to it). Sessions are kept.
 fn maps(s: &mut String, t: &str, timeout: u32, empty: Empty, v6: Option<&[Ipv6Addr]>) {
-    let families: &[Family] = if v6.is_some() {
-        Family::ALL
-    } else {
-        &[Family::V4]
-    };
     let _ = writeln!(s, "add table netdev {t}");
-    for &family in families {
+    for &family in families(v6.is_some()) {
         let (set, kind) = (vip_set(family), Kind::RealServer(family));
         let _ = writeln!(
             s,
@@ -439,13 +423,9 @@ fn base_chain(s: &mut String, t: &str, name: &str, hook: &str, dev: &str, rules:
     }
 }
 
-/// The families whose units the table has: IPv4's always, IPv6's with an IPv6 VIP.
-fn families(network: &Network) -> &'static [Family] {
-    if has_ipv6(network) {
-        Family::ALL
-    } else {
-        &[Family::V4]
-    }
+/// The families whose objects the table has: IPv4's always, IPv6's with an IPv6 VIP (`v6`).
+fn families(v6: bool) -> &'static [Family] {
+    if v6 { Family::ALL } else { &[Family::V4] }
 }
 
 /// The whole table for `network` (its sessions kept if it exists), or its removal when
@@ -462,7 +442,7 @@ pub fn declare(s: &mut String, network: &ComposedNetwork, sync: &Sync) -> usize 
     let backends = backends6(network);
     let v6 = has_ipv6(network).then_some(backends.as_slice());
     maps(s, &t, timeout, Empty::Both, v6);
-    let layouts: Vec<(Family, Layout)> = (families(network).iter())
+    let layouts: Vec<(Family, Layout)> = (families(v6.is_some()).iter())
         .map(|&f| (f, layout(network, f, |_| true)))
         .collect();
     // What is kept: the present devices' chains, `new6` with IPv6's rules, the units, and
@@ -505,21 +485,9 @@ pub fn declare(s: &mut String, network: &ComposedNetwork, sync: &Sync) -> usize 
 /// are empty.
 fn fill(s: &mut String, t: &str, family: Family, layout: &Layout) {
     let nt = format!("netdev {t}");
-    for (unit, intervals) in &layout.units {
-        ruleset::add_unit(s, &nt, family, unit, intervals);
-    }
-    for ((kind, shape, k), items) in &layout.slots {
-        let items = (items.iter())
-            .map(|(key, v)| format!("{} : {v}", ruleset::nft_key(key)))
-            .collect::<Vec<_>>();
-        add_elements(s, t, &ruleset::slot(*kind, shape, *k), items);
-    }
-    add_elements(
-        s,
-        t,
-        vip_set(family),
-        layout.vips.iter().map(IpAddr::to_string),
-    );
+    ruleset::add_units(s, &nt, family, layout);
+    let vips = layout.vips.iter().map(IpAddr::to_string).collect();
+    ruleset::add_elements(s, &nt, vip_set(family), vips);
     ruleset::dispatch_elements(s, &nt, &layout.dispatch, |_| true);
 }
 
@@ -569,10 +537,12 @@ pub(super) fn update(
         let _ = writeln!(u.prepare, "add chain {nt} {NEW6}");
     }
     maps(&mut u.script, &t, timeout, empty, v6);
-    let v4 = layout(previous, Family::V4, changed);
-    let now4 = layout(network, Family::V4, changed);
-    let rest = |f: Family| move || units_in_use(network.composed(), f, changed, true);
-    layout_update(u, &nt, Family::V4, VIP_SET, (&v4, &now4), rest(Family::V4));
+    let (was, now) = (
+        layout(previous, Family::V4, changed),
+        layout(network, Family::V4, changed),
+    );
+    let rest = || units_in_use(network.composed(), Family::V4, changed, true);
+    layout_update(u, &nt, Family::V4, VIP_SET, (&was, &now), rest);
     if v6.is_some() || had6 {
         // The backends' numbers are their places in `backends6`: where the backends changed
         // (and where IPv6's units come or go whole), every element is written again;

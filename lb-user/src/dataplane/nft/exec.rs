@@ -96,9 +96,7 @@ pub fn dsr_objects(name: &str) -> Result<Objects> {
 
 /// `nft -j list table netdev` of network `name`'s DSR table.
 pub fn list_dsr_table(name: &str) -> Result<String> {
-    let table = table_name(name);
-    nft(&["-j", "list", "table", "netdev", &table], None)
-        .with_context(|| format!("listing table netdev {table}"))
+    list_of("netdev", name)
 }
 
 /// The `name` of every object of kind `kind` in `nft -j` output.
@@ -113,7 +111,12 @@ pub fn names(json: &str, kind: &str) -> Result<Vec<String>> {
 /// `nft -j list table` of network `name`'s table of `family`. One run: the caller lists
 /// only a table the network has, so an absent one is an error (nft's), not an empty table.
 pub fn list_table(family: Family, name: &str) -> Result<String> {
-    let (family, table) = (ruleset::nft_family(family), table_name(name));
+    list_of(ruleset::nft_family(family), name)
+}
+
+/// `nft -j list table FAMILY lb-NAME`.
+fn list_of(family: &str, name: &str) -> Result<String> {
+    let table = table_name(name);
     nft(&["-j", "list", "table", family, &table], None)
         .with_context(|| format!("listing table {family} {table}"))
 }

@@ -734,18 +734,24 @@ pub(super) fn declare_table(
             kind.key_type(family)
         );
     }
+    add_units(s, &t, family, &layout);
+    dispatch_elements(s, &t, &layout.dispatch, |_| true);
+    base(s, &t, family, network, subnets);
+    layout.element_count()
+}
+
+/// Declares every unit of `layout` in table `t` (emptied first where it exists) with its
+/// slots' elements: a whole table's units, before the dispatch entries that lead to them.
+pub(super) fn add_units(s: &mut String, t: &str, family: Family, layout: &Layout) {
     for (unit, intervals) in &layout.units {
-        add_unit(s, &t, family, unit, intervals);
+        add_unit(s, t, family, unit, intervals);
     }
     for ((kind, shape, k), items) in &layout.slots {
         let items = (items.iter())
             .map(|(key, v)| format!("{} : {v}", nft_key(key)))
             .collect();
-        add_elements(s, &t, &slot(*kind, shape, *k), items);
+        add_elements(s, t, &slot(*kind, shape, *k), items);
     }
-    dispatch_elements(s, &t, &layout.dispatch, |_| true);
-    base(s, &t, family, network, subnets);
-    layout.element_count()
 }
 
 /// Adds the dispatch entries that `keep` selects, one command per kind.
