@@ -34,8 +34,9 @@ mod types;
 pub use client::{Client, Refused, Unreachable};
 pub use route::{ApiError, Request, route};
 pub use types::{
-    BackendState, BackendStats, ChangeWork, ConntrackEntry, Done, ElementEntry, ErrorReply, Event,
-    LastSync, NetworkStatus, NetworkSummary, Reply, ServiceEntry, Status, StoreStatus,
+    BackendState, BackendStats, ChangeWork, ClusterStatus, ConntrackEntry, Done, ElementEntry,
+    ErrorReply, Event, LastSync, NetworkStatus, NetworkSummary, Reply, ServiceEntry, Status,
+    StoreStatus,
 };
 
 /// The default socket, as DESIGN.md's CLI gives it (`LB_SOCKET` overrides).

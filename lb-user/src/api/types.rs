@@ -176,7 +176,37 @@ pub struct Status {
     pub left: Vec<String>,
     #[serde(default)]
     pub last_change: Option<ChangeWork>,
+    /// `lb daemon --cluster`: what this node applied of the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<Box<ClusterStatus>>,
     pub networks: Vec<NetworkStatus>,
+}
+
+/// What a `--cluster` daemon holds of the cluster's services.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The members, as given.
+    pub endpoints: String,
+    pub prefix: String,
+    pub node: String,
+    /// Following the cluster now.
+    pub connected: bool,
+    /// The etcd revision the cluster's services here are as of.
+    pub revision: i64,
+    /// Revisions behind the newest etcd told of.
+    pub lag: i64,
+    /// Cluster services served here.
+    pub services: usize,
+    /// Cluster services of networks this node does not have.
+    pub waiting: usize,
+    /// Cluster services this node refuses, and why.
+    pub refused: Vec<crate::cluster::Refused>,
+    /// Keys under the prefix that are not a service lb can read.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub invalid: std::collections::BTreeMap<String, String>,
+    pub last_error: Option<String>,
+    pub down_since_unix: Option<u64>,
+    pub last_contact_unix: Option<u64>,
 }
 
 /// One line of `GET /v1/watch`: a change saved at a revision, once applied (or failing to

@@ -47,6 +47,23 @@ pub struct Global {
     /// stderr.
     #[arg(short = 'j', long, global = true)]
     pub json: bool,
+    /// An etcd cluster, etcd://HOST:PORT[,HOST:PORT…]: `lb daemon` serves its services too;
+    /// `service set|rm|backend`, `state`, `apply` and `nodes` act on the cluster instead of
+    /// the node (no daemon needed).
+    #[arg(long, env = "LB_CLUSTER", value_name = "URL", global = true)]
+    pub cluster: Option<String>,
+    /// Where lb's keys live in etcd.
+    #[arg(long, env = "LB_CLUSTER_PREFIX", value_name = "PREFIX", default_value = lb_user::cluster::DEFAULT_PREFIX, global = true)]
+    pub cluster_prefix: String,
+    /// The CA certificate (PEM) that signed etcd's (TLS: the endpoints become https).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub cluster_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for etcd, with --cluster-key.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub cluster_cert: Option<PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub cluster_key: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -107,6 +124,10 @@ pub enum Cmd {
         /// metrics.
         #[arg(long, default_value_t = 10)]
         gc_secs: u64,
+        /// This node's name in the cluster (--cluster): its status key and `lb nodes`' row.
+        /// Default: the hostname.
+        #[arg(long, value_name = "NAME")]
+        node: Option<String>,
         #[command(flatten)]
         layouts: Layouts,
         #[command(flatten)]
@@ -137,7 +158,9 @@ pub enum Cmd {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Replace the whole desired state with a JSON file, atomically, and print what changed.
+    /// Replace the whole desired state with a JSON file, atomically, and print what changed
+    /// (the node's own; with --cluster, the cluster's services, in transactions of at most
+    /// 128 keys).
     Apply {
         /// The desired state (the JSON `lb state` prints; README "Desired state"); `-` reads
         /// stdin.
@@ -152,8 +175,12 @@ pub enum Cmd {
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "60")]
         wait: Option<u64>,
     },
-    /// The desired state, as JSON (the format `lb apply -f` takes).
+    /// The desired state, as JSON (the format `lb apply -f` takes): the node's own (the
+    /// cluster's services it serves left out), or with --cluster the cluster's services.
     State,
+    /// The cluster's nodes (--cluster): the revision each applied, its lag, the services it
+    /// refuses, from the status each keeps under a lease.
+    Nodes,
     /// Follow the changes the daemon applies, one line each, as they happen (JSON lines
     /// with -j): from after revision --from first (the history keeps the last 4096), then
     /// live, until interrupted.
@@ -327,6 +354,10 @@ pub enum ServiceCmd {
         /// backends (the same port without it); repeatable.
         #[arg(long = "port", value_name = "PROTO/PUBLISHED[:TARGET][@HOST_IP]")]
         ports: Vec<String>,
+        /// With --cluster: write only if the key is at this etcd revision (0: absent), else
+        /// fail with a conflict. Without it, the revision the write read.
+        #[arg(long, value_name = "REVISION")]
+        if_revision: Option<i64>,
     },
     /// Remove a service: one generation with --generation, else every generation of it.
     #[command(visible_alias = "remove")]
@@ -338,6 +369,9 @@ pub enum ServiceCmd {
         /// Only this generation.
         #[arg(long)]
         generation: Option<String>,
+        /// With --cluster: remove only if the key is at this etcd revision.
+        #[arg(long, value_name = "REVISION")]
+        if_revision: Option<i64>,
     },
     /// Services with their frontends and each backend's state, flows and packets.
     #[command(visible_alias = "ls")]
@@ -440,6 +474,27 @@ impl DataplaneArg {
             DataplaneArg::Auto => DataplaneChoice::Auto,
             DataplaneArg::Ebpf => DataplaneChoice::Ebpf,
             DataplaneArg::Nftables => DataplaneChoice::Nftables,
+        }
+    }
+}
+
+impl Cmd {
+    /// The command's name, as typed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Cmd::Daemon { .. } => "daemon",
+            Cmd::Network { .. } => "network",
+            Cmd::Service { .. } => "service",
+            Cmd::Batch { .. } => "batch",
+            Cmd::Apply { .. } => "apply",
+            Cmd::State => "state",
+            Cmd::Nodes => "nodes",
+            Cmd::Watch { .. } => "watch",
+            Cmd::Elements { .. } => "elements",
+            Cmd::Conntrack { .. } => "conntrack",
+            Cmd::Status => "status",
+            Cmd::Load { .. } => "load",
+            Cmd::Unload { .. } => "unload",
         }
     }
 }

@@ -162,6 +162,23 @@ fn one_shot_locks(state_dir: &std::path::Path, bpffs: &std::path::Path) -> Resul
 
 pub fn run(cli: Cli) -> Result<()> {
     let global = &cli.global;
+    let cluster = super::cluster::of(global).map_err(Usage)?;
+    if cluster.is_some() {
+        match &cli.cmd {
+            Cmd::Daemon { .. }
+            | Cmd::Service { .. }
+            | Cmd::State
+            | Cmd::Apply { .. }
+            | Cmd::Nodes => {}
+            other => return Err(super::cluster::on_the_node(other.name())),
+        }
+        if let Cmd::Service {
+            cmd: ServiceCmd::List { .. },
+        } = &cli.cmd
+        {
+            return Err(super::cluster::on_the_node("service list"));
+        }
+    }
     match cli.cmd {
         Cmd::Daemon {
             state_dir,
@@ -172,6 +189,7 @@ pub fn run(cli: Cli) -> Result<()> {
             tc,
             retry_secs,
             gc_secs,
+            node,
             layouts,
             sizes,
         } => daemon::run(daemon::Options {
@@ -186,6 +204,10 @@ pub fn run(cli: Cli) -> Result<()> {
             retry: Duration::from_secs(retry_secs.max(1)),
             gc: Duration::from_secs(gc_secs.max(1)),
             map_sizes: sizes.map_sizes(),
+            cluster: match cluster {
+                Some(c) => Some((c, node.map_or_else(hostname, Ok)?)),
+                None => None,
+            },
         }),
         Cmd::Network { cmd } => match cmd {
             NetworkCmd::Add {
@@ -280,6 +302,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 vips,
                 backends,
                 ports,
+                if_revision,
             } => {
                 let mut vips = (vips.iter().map(|v| model::parse_ip(v)))
                     .collect::<Result<Vec<_>, _>>()
@@ -292,20 +315,37 @@ pub fn run(cli: Cli) -> Result<()> {
                     backends: parse_each::<Backend>(&backends, "--backend")?,
                     ports: parse_each::<PortConfig>(&ports, "--port")?,
                 };
+                if let Some(c) = &cluster {
+                    let e = Edit::ServiceSet { network, service };
+                    return super::cluster::edit(global, c, e, if_revision);
+                }
+                no_revision(if_revision)?;
                 change(global, &Request::ServiceSet { network, service })
             }
             ServiceCmd::Rm {
                 network,
                 service_id,
                 generation,
-            } => change(
-                global,
-                &Request::ServiceRm {
-                    network,
-                    id: service_id,
-                    generation,
-                },
-            ),
+                if_revision,
+            } => {
+                if let Some(c) = &cluster {
+                    let e = Edit::ServiceRm {
+                        network,
+                        service: service_id,
+                        generation,
+                    };
+                    return super::cluster::edit(global, c, e, if_revision);
+                }
+                no_revision(if_revision)?;
+                change(
+                    global,
+                    &Request::ServiceRm {
+                        network,
+                        id: service_id,
+                        generation,
+                    },
+                )
+            }
             ServiceCmd::List { network } => {
                 let list: Vec<_> = call(global, &Request::ServiceList { network })?;
                 render::services(global.json, &list);
@@ -343,7 +383,10 @@ pub fn run(cli: Cli) -> Result<()> {
                         generation: a.generation,
                     },
                 };
-                edit(global, e)
+                match &cluster {
+                    Some(c) => super::cluster::edit(global, c, e, None),
+                    None => edit(global, e),
+                }
             }
         },
         Cmd::Batch { file, dry_run } => {
@@ -368,7 +411,20 @@ pub fn run(cli: Cli) -> Result<()> {
             file,
             dry_run,
             wait,
-        } => apply(global, &file, dry_run, wait),
+        } => match &cluster {
+            Some(c) => {
+                let (text, name) = read_file(&file)?;
+                super::cluster::apply(global, c, &text, &name, dry_run)
+            }
+            None => apply(global, &file, dry_run, wait),
+        },
+        Cmd::Nodes => match &cluster {
+            Some(c) => super::cluster::nodes(global, c),
+            None => Err(Usage(anyhow::anyhow!(
+                "lb nodes lists a cluster's nodes: give --cluster etcd://HOST:PORT (or LB_CLUSTER)"
+            ))
+            .into()),
+        },
         Cmd::Watch { from } => {
             let mut out = std::io::stdout().lock();
             api::Client::new(&global.socket).watch(from, |line| {
@@ -382,10 +438,13 @@ pub fn run(cli: Cli) -> Result<()> {
                 writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
             })
         }
-        Cmd::State => {
-            render::state(global.json, &call(global, &Request::State)?);
-            Ok(())
-        }
+        Cmd::State => match &cluster {
+            Some(c) => super::cluster::state(global, c),
+            None => {
+                render::state(global.json, &call(global, &Request::State)?);
+                Ok(())
+            }
+        },
         Cmd::Elements {
             network,
             state: Some(path),
@@ -456,4 +515,22 @@ pub fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `--if-revision` without `--cluster`: the node's changes have no etcd revision.
+fn no_revision(if_revision: Option<i64>) -> Result<()> {
+    if if_revision.is_some() {
+        return Err(Usage(anyhow::anyhow!(
+            "--if-revision is an etcd revision: it goes with --cluster"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// This machine's hostname: a node's default name in the cluster.
+fn hostname() -> Result<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .context("reading the hostname (give --node NAME)")?;
+    Ok(name.trim().to_owned())
 }

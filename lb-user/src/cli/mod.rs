@@ -1,4 +1,5 @@
 //! The `lb` command: its arguments, what each command does, and how replies are printed.
 pub mod args;
+pub mod cluster;
 pub mod commands;
 pub mod render;

@@ -265,6 +265,33 @@ pub fn status(json: bool, status: &Status) {
                 c.deleted
             );
         }
+        if let Some(c) = &v.cluster {
+            let contact = if c.connected {
+                "following".to_owned()
+            } else {
+                format!(
+                    "unreachable, serving the last services applied: {}",
+                    c.last_error.as_deref().unwrap_or("no contact yet")
+                )
+            };
+            println!(
+                "cluster: {} ({}) as node {}: {contact}; etcd revision {} applied, lag {}; {} services served, {} waiting for a network, {} refused",
+                c.endpoints,
+                c.prefix,
+                c.node,
+                c.revision,
+                c.lag,
+                c.services,
+                c.waiting,
+                c.refused.len()
+            );
+            for r in &c.refused {
+                println!("  refused {}: {}", r.key, r.reason);
+            }
+            for (key, why) in &c.invalid {
+                println!("  not a service: {key}: {why}");
+            }
+        }
         if !v.left.is_empty() {
             println!(
                 "left as found (not in the desired state when its store was created; add or apply a network of that name to take it over): {}",
@@ -337,4 +364,29 @@ fn network_details(n: &NetworkStatus) {
     for w in &n.warnings {
         println!("  warning: {w}");
     }
+}
+
+/// `lb nodes`: one row per node that keeps its status key alive.
+pub fn nodes(json: bool, revision: i64, nodes: &[lb_user::cluster::NodeStatus]) {
+    #[derive(Serialize)]
+    struct Nodes<'a> {
+        revision: i64,
+        nodes: &'a [lb_user::cluster::NodeStatus],
+    }
+    show(json, &Nodes { revision, nodes }, |n| {
+        let mut t = Table::new(&["NODE", "REVISION", "LAG", "REFUSED"]);
+        for node in n.nodes {
+            t.row(vec![
+                node.node.clone(),
+                node.revision.to_string(),
+                node.lag.to_string(),
+                (node.refused.iter())
+                    .map(|r| format!("{} ({})", r.key, r.reason))
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ]);
+        }
+        t.print();
+        println!("etcd revision now: {}", n.revision);
+    });
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, Txn, TxnOp,
-    TxnOpResponse, WatchOptions, WatchStream,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    KeyValue, PutOptions, TlsOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 
 /// One key and its value, with the revisions that order it.
@@ -67,6 +67,33 @@ pub enum Watched {
     /// The revision asked for is compacted away: the watch is over, and the caller lists
     /// again (from this revision on the history is there).
     Compacted { compact_revision: i64 },
+    /// The answer to [`Watch::request_progress`]: every change up to `revision` has been
+    /// delivered.
+    Progress { revision: i64 },
+}
+
+/// One write of [`Etcd::write_all`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conditional {
+    pub key: String,
+    /// `None`: the key is deleted.
+    pub value: Option<Vec<u8>>,
+    /// What the key must be for the write to happen: `Some(None)` absent, `Some(Some(r))`
+    /// last written at `r`; `None`, anything.
+    pub expected: Option<Option<i64>>,
+}
+
+/// What [`Etcd::write_all`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Batch {
+    Done {
+        revision: i64,
+    },
+    /// Nothing written: `key` is not as expected (its mod revision now; `None`, absent).
+    Conflict {
+        key: String,
+        current: Option<i64>,
+    },
 }
 
 /// A connection to the cluster's members.
@@ -90,9 +117,39 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
 impl Etcd {
     /// Connects to `endpoints` (`http://HOST:PORT`), each request bounded by `timeout`.
     pub async fn connect(endpoints: &[String], timeout: Duration) -> Result<Etcd> {
-        let options = ConnectOptions::new()
+        Self::connect_to(endpoints, &super::Tls::default(), timeout).await
+    }
+
+    /// Connects to the cluster's members, with its client certificates. A connection that
+    /// stops answering (a member killed, a partition) is found dead within about twice
+    /// `timeout` by HTTP/2 keepalives, also while a watch waits, instead of hanging on it.
+    pub async fn connect_to(
+        endpoints: &[String],
+        tls: &super::Tls,
+        timeout: Duration,
+    ) -> Result<Etcd> {
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_timeout(timeout);
+            .with_timeout(timeout)
+            .with_keep_alive(timeout, timeout)
+            .with_keep_alive_while_idle(true);
+        if tls.given() {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).with_context(|| format!("reading {}", p.display()))
+            };
+            let mut t = TlsOptions::new();
+            if let Some(ca) = &tls.ca {
+                t = t.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            match (&tls.cert, &tls.key) {
+                (Some(cert), Some(key)) => {
+                    t = t.identity(Identity::from_pem(read(cert)?, read(key)?));
+                }
+                (None, None) => {}
+                _ => bail!("a client certificate takes both --cluster-cert and --cluster-key"),
+            }
+            options = options.with_tls(t);
+        }
         let client = Client::connect(endpoints, Some(options))
             .await
             .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
@@ -168,6 +225,93 @@ impl Etcd {
         })
     }
 
+    /// Writes every one of `writes` (a value, or `None`: the key deleted) in one transaction
+    /// if each key is as its `expected` revision says (`Some(None)`: absent, `Some(Some(r))`:
+    /// last written at `r`, `None`: whatever it is). All or none: a conflict writes nothing
+    /// and names the first key that was not as expected. etcd takes at most 128 operations a
+    /// transaction (its default `--max-txn-ops`): a caller with more splits them.
+    pub async fn write_all(&mut self, writes: &[Conditional]) -> Result<Batch> {
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        for w in writes {
+            match w.expected {
+                Some(None) => compares.push(Compare::create_revision(
+                    w.key.as_str(),
+                    CompareOp::Equal,
+                    0,
+                )),
+                Some(Some(r)) => {
+                    compares.push(Compare::mod_revision(w.key.as_str(), CompareOp::Equal, r))
+                }
+                None => {}
+            }
+            ops.push(match &w.value {
+                Some(v) => TxnOp::put(w.key.as_str(), v.clone(), None),
+                None => TxnOp::delete(w.key.as_str(), None),
+            });
+        }
+        let gets: Vec<TxnOp> = (writes.iter())
+            .filter(|w| w.expected.is_some())
+            .map(|w| TxnOp::get(w.key.as_str(), None))
+            .collect();
+        let txn = Txn::new().when(compares).and_then(ops).or_else(gets);
+        let r = (self.client.txn(txn).await).context("writing to etcd")?;
+        let revision = r
+            .header()
+            .context("a response without a header")?
+            .revision();
+        if r.succeeded() {
+            return Ok(Batch::Done { revision });
+        }
+        let now: Vec<Option<i64>> = (r.op_responses().into_iter())
+            .filter_map(|op| match op {
+                TxnOpResponse::Get(g) => Some(g.kvs().first().map(KeyValue::mod_revision)),
+                _ => None,
+            })
+            .collect();
+        let conflict = (writes.iter().filter(|w| w.expected.is_some()))
+            .zip(now)
+            .find(|(w, now)| w.expected != Some(*now))
+            .map(|(w, now)| (w.key.clone(), now));
+        match conflict {
+            Some((key, current)) => Ok(Batch::Conflict { key, current }),
+            // Written between the compare and the read that reports it: say which was first.
+            None => Ok(Batch::Conflict {
+                key: writes[0].key.clone(),
+                current: None,
+            }),
+        }
+    }
+
+    /// Writes `value` at `key` under a new lease of `ttl` (the key goes when the lease is not
+    /// kept alive); returns the lease to keep alive ([`Etcd::keep_alive`]).
+    pub async fn put_leased(&mut self, key: &str, value: &[u8], ttl: Duration) -> Result<i64> {
+        let lease = (self.client.lease_grant(ttl.as_secs() as i64, None).await)
+            .context("granting a lease")?
+            .id();
+        self.put_on(key, value, lease).await?;
+        Ok(lease)
+    }
+
+    /// Writes `value` at `key` under `lease`.
+    pub async fn put_on(&mut self, key: &str, value: &[u8], lease: i64) -> Result<()> {
+        let options = PutOptions::new().with_lease(lease);
+        (self.client.put(key, value, Some(options)).await)
+            .with_context(|| format!("writing {key} to etcd"))?;
+        Ok(())
+    }
+
+    /// Renews `lease` once; false if it is gone (expired: its keys are gone too).
+    pub async fn keep_alive(&mut self, lease: i64) -> Result<bool> {
+        let (mut keeper, mut answers) =
+            (self.client.lease_keep_alive(lease).await).context("keeping a lease alive")?;
+        keeper.keep_alive().await.context("keeping a lease alive")?;
+        let answer = (answers.message().await)
+            .context("keeping a lease alive")?
+            .context("etcd ended the lease's keepalive")?;
+        Ok(answer.ttl() > 0)
+    }
+
     /// Watches every key under `prefix` from revision `from` on (the changes a listing at
     /// revision `from - 1` does not have).
     pub async fn watch(&mut self, prefix: &str, from: i64) -> Result<Watch> {
@@ -186,9 +330,15 @@ pub struct Watch {
 }
 
 impl Watch {
-    /// The next changes (or the news that the history asked for is gone); `None` when the
-    /// cluster ended the stream. Responses without changes (the watch's creation, progress
-    /// notices) are skipped.
+    /// Asks etcd to say up to which revision it has delivered every change
+    /// ([`Watched::Progress`]; etcd answers once the watch has caught up).
+    pub async fn request_progress(&mut self) -> Result<()> {
+        (self.stream.request_progress().await).context("asking an etcd watch for its progress")
+    }
+
+    /// The next changes (or the news that the history asked for is gone, or an answer to
+    /// [`Watch::request_progress`]); `None` when the cluster ended the stream. The watch's
+    /// creation is skipped.
     pub async fn next(&mut self) -> Result<Option<Watched>> {
         loop {
             let Some(r) = (self.stream.message().await).context("reading an etcd watch")? else {
@@ -202,8 +352,12 @@ impl Watch {
             if r.canceled() {
                 bail!("etcd cancelled the watch: {}", r.cancel_reason());
             }
-            if r.events().is_empty() {
+            if r.created() {
                 continue;
+            }
+            if r.events().is_empty() {
+                let revision = r.header().map_or(0, |h| h.revision());
+                return Ok(Some(Watched::Progress { revision }));
             }
             let mut changes = Vec::with_capacity(r.events().len());
             for e in r.events() {

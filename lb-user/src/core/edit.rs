@@ -234,6 +234,27 @@ pub struct Edited {
     pub checked: usize,
 }
 
+impl Edited {
+    /// Takes in `later`, edits of services made after this one's (the daemon checks a
+    /// cluster contribution on its own before it joins the change): one change, one way back.
+    pub fn absorb(&mut self, later: Edited) {
+        self.changes.extend(later.changes);
+        for (name, t) in later.touched {
+            let mine = self.touched.entry(name).or_default();
+            mine.whole |= t.whole;
+            mine.rewritten |= t.rewritten;
+            mine.removed &= t.removed;
+            mine.sets.extend(t.sets);
+            mine.services.extend(t.services);
+            mine.new_vips.extend(t.new_vips);
+            mine.new_host_ips.extend(t.new_host_ips);
+            mine.new_ports.extend(t.new_ports);
+        }
+        self.undo.extend(later.undo);
+        self.checked += later.checked;
+    }
+}
+
 /// How to take one edit back.
 #[derive(Debug)]
 enum Undo {

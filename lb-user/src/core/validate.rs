@@ -404,7 +404,7 @@ impl ComposedNetwork {
 
 impl Service {
     /// What one contribution must satisfy on its own.
-    fn validate(&self) -> Result<(), Invalid> {
+    pub fn validate(&self) -> Result<(), Invalid> {
         check_name("service id", &self.id, MAX_SERVICE_NAME)?;
         check_name("generation", &self.generation, MAX_SERVICE_NAME)?;
         if self.vips.is_empty() && self.ports.is_empty() {

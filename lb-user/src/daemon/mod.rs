@@ -56,6 +56,7 @@ use crate::{
 };
 
 mod caps;
+pub mod cluster;
 mod metrics;
 mod server;
 pub mod store;
@@ -90,6 +91,8 @@ pub struct Options {
     pub gc: Duration,
     /// The sizes the eBPF dataplane creates a network's maps with.
     pub map_sizes: MapSizes,
+    /// `--cluster`: the cluster whose services this node serves too, and the node's name.
+    pub cluster: Option<(crate::cluster::Cluster, String)>,
 }
 
 /// Upper bounds (seconds) of the reconcile duration histogram.
@@ -139,6 +142,8 @@ pub struct Daemon {
     /// The networks of the change being committed: a reconcile within it does not announce
     /// them as applied by a retry (the change's own event says it).
     committing: BTreeSet<String>,
+    /// `--cluster`: what this node holds of the cluster's services.
+    cluster: Option<cluster::ClusterNode>,
 }
 
 /// How many events a watcher may fall behind before its stream is ended (it watches again
@@ -173,7 +178,7 @@ impl Daemon {
     pub fn new(state_dir: &Path, dp: Box<dyn Dataplane>, dataplane_reason: String) -> Result<Self> {
         create_private_dir(state_dir)?;
         let opened = store::Store::open(state_dir, None)?;
-        Self::with_store(opened, state_dir, dp, dataplane_reason)
+        Self::with_store(opened, state_dir, dp, dataplane_reason, None)
     }
 
     /// Brings every network of the store's state to its desired state (adopting what is
@@ -184,6 +189,7 @@ impl Daemon {
         state_dir: &Path,
         dp: Box<dyn Dataplane>,
         dataplane_reason: String,
+        cluster: Option<cluster::ClusterNode>,
     ) -> Result<Self> {
         let store::Opened {
             store,
@@ -220,6 +226,7 @@ impl Daemon {
             holder: Holder::default(),
             events: tokio::sync::broadcast::channel(WATCH_BACKLOG).0,
             committing: BTreeSet::new(),
+            cluster,
             store,
         };
         let desired: Vec<String> = d.desired.networks().map(|n| n.name.clone()).collect();
@@ -259,6 +266,8 @@ impl Daemon {
         if !others.is_empty() {
             tracing::info!(networks = ?others, "removed dataplane state of unconfigured networks");
         }
+        // The cluster's services as the store last heard them, with the node's own.
+        d.cluster_start();
         // Every network once, even when applied.json says it is in place: after a reboot the
         // pins are gone, and after a plain restart this writes nothing.
         for name in desired {
@@ -534,6 +543,9 @@ impl Daemon {
         let dumps = netlink::address_dumps();
         let edited = match change {
             Change::Edits(edits) => {
+                for e in &edits {
+                    self.refuse_cluster_edit(e)?;
+                }
                 let n = edits.len();
                 let mut edited = Edited::default();
                 for (i, e) in edits.into_iter().enumerate() {
@@ -549,6 +561,7 @@ impl Daemon {
                 state.validate().map_err(|e| {
                     ApiError::bad_request(format!("rejected: {}", anyhow::Error::new(e)))
                 })?;
+                let state = self.with_cluster(state);
                 self.desired.replace(state)
             }
         };
@@ -566,7 +579,26 @@ impl Daemon {
                 revision: None,
             }));
         }
-        if edited.touched.is_empty() {
+        // The cluster's contributions that the change lets in or takes out on this node.
+        let mut edited = edited;
+        let released = self.cluster_follow_local(&mut edited);
+        self.save_and_apply(edited, &released, Vec::new(), what, start, dumps)
+    }
+
+    /// Saves `edited` (and `cluster`'s writes) in one store transaction, then applies it; the
+    /// second half of [`Daemon::commit`], which the cluster's changes share. `released`: the
+    /// cluster's contributions the change took out of the desired state (they were never the
+    /// store's services).
+    fn save_and_apply(
+        &mut self,
+        edited: Edited,
+        released: &BTreeSet<crate::cluster::Key>,
+        cluster: Vec<store::Write>,
+        what: String,
+        start: Instant,
+        dumps: u64,
+    ) -> Result<Reply, ApiError> {
+        if edited.touched.is_empty() && cluster.is_empty() {
             // Nothing to save; what is failing is tried again now, as after any change.
             self.reconcile();
             return Ok(Reply::Done(Done {
@@ -580,7 +612,11 @@ impl Daemon {
             serde_json::to_vec(&Event::of(revision, &edited.changes, None))
                 .expect("an event serializes")
         };
-        let (revision, store_keys) = match self.store.commit(&writes(&self.desired, &edited), log) {
+        let local =
+            |network: &str, key: &ServiceKey| !self.is_cluster_owned(network, key, released);
+        let mut all = writes(&self.desired, &edited, local);
+        all.extend(cluster);
+        let (revision, store_keys) = match self.store.commit(&all, log) {
             Ok(r) => r,
             Err(e) => {
                 self.desired.undo(edited);
@@ -840,7 +876,7 @@ impl Daemon {
                 };
                 self.commit(Change::Replace(state), what, dry_run)
             }
-            Request::State => Ok(Reply::State(self.desired.to_state())),
+            Request::State => Ok(Reply::State(self.local_state())),
             // The server takes watches to the actor itself (they stream).
             Request::Watch { .. } => {
                 Err(ApiError::bad_request("a watch streams; see GET /v1/watch"))
@@ -935,13 +971,18 @@ impl Daemon {
             }),
             left: self.left.iter().cloned().collect(),
             last_change: self.last_change,
+            cluster: self.cluster_status(),
             networks,
         }
     }
 }
 
 /// The store writes of `edited`: what each network it touched is now.
-fn writes<'a>(desired: &'a Desired, edited: &'a Edited) -> Vec<store::Write<'a>> {
+fn writes<'a>(
+    desired: &'a Desired,
+    edited: &'a Edited,
+    local: impl Fn(&str, &ServiceKey) -> bool,
+) -> Vec<store::Write<'a>> {
     let mut out = Vec::new();
     for (name, t) in &edited.touched {
         let Some(net) = desired.network(name) else {
@@ -956,7 +997,7 @@ fn writes<'a>(desired: &'a Desired, edited: &'a Edited) -> Vec<store::Write<'a>>
         }
         if t.rewritten {
             // In the network's order, each in a new place.
-            for s in &net.services {
+            for s in net.services.iter().filter(|s| local(name, &s.key())) {
                 out.push(store::Write::Service {
                     network: name,
                     key: t
@@ -970,7 +1011,7 @@ fn writes<'a>(desired: &'a Desired, edited: &'a Edited) -> Vec<store::Write<'a>>
             continue;
         }
         // New contributions take their places in the network's order.
-        let mut keys: Vec<&ServiceKey> = t.services.iter().collect();
+        let mut keys: Vec<&ServiceKey> = t.services.iter().filter(|k| local(name, k)).collect();
         keys.sort_by_key(|k| net.place(k).unwrap_or(usize::MAX));
         for key in keys {
             out.push(store::Write::Service {

@@ -19,6 +19,7 @@ use super::{
 };
 use crate::{
     api::{self, ApiError, MAX_REQUEST, Reply, Request},
+    cluster::follow,
     core::model::{DesiredState, Network},
     dataplane::{Dataplane, EbpfDataplane, Kind, NftDataplane, probe},
     lock::Lock,
@@ -45,6 +46,8 @@ enum Job {
     ),
     /// Something in a namespace changed (from [`watch`]).
     Node(watch::NetnsKey, watch::Changes),
+    /// The cluster's services changed, or contact with etcd did (from [`follow`]).
+    Cluster(follow::Update),
     /// The daemon is stopping. Explicit, because the actor holds a sender of its own (the
     /// watchers report through it), so the channel never disconnects while it runs.
     Stop,
@@ -95,6 +98,7 @@ fn actor(
                 let _ = reply.send(daemon.watch(from));
             }
             Ok(Job::Node(ns, changes)) => daemon.node_changed(&ns, changes),
+            Ok(Job::Cluster(update)) => daemon.cluster_update(update),
             Ok(Job::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                 daemon.record_now();
                 return;
@@ -595,7 +599,29 @@ pub fn run(opts: Options) -> Result<()> {
         &opts,
         &known_networks(&opts.state_dir, &opened.state),
     );
-    let daemon = Daemon::with_store(opened, &opts.state_dir, dp, reason)?;
+    // With --cluster, the cluster's services as the store last heard them are served from the
+    // start; etcd is followed once the daemon serves (an etcd away delays nothing).
+    let (cluster, status) = match &opts.cluster {
+        Some((c, node)) => {
+            let (n, status) =
+                super::cluster::ClusterNode::new(c.clone(), node.clone(), opened.store.cluster()?);
+            tracing::info!(cluster = %c.display(), prefix = %c.prefix, node = %node, revision = n.revision(), "following the cluster's services");
+            (Some(n), Some(status))
+        }
+        None => {
+            let (revision, entries) = opened.store.cluster()?;
+            if !entries.is_empty() {
+                tracing::warn!(
+                    services = entries.len(),
+                    revision,
+                    "the store has the cluster's services of an earlier --cluster run: not served without --cluster"
+                );
+            }
+            (None, None)
+        }
+    };
+    let from = cluster.as_ref().map_or(0, |c| c.revision());
+    let daemon = Daemon::with_store(opened, &opts.state_dir, dp, reason, cluster)?;
     // The socket last (under its lock, so nothing else binds it meanwhile): a client (and
     // the tests' harness) that can connect talks to a daemon that has applied its state.
     let listener = {
@@ -621,6 +647,13 @@ pub fn run(opts: Options) -> Result<()> {
             tokio::spawn(serve_metrics(l, jobs.clone()));
         }
         tracing::info!("API listening on {}", socket.display());
+        if let (Some((c, _)), Some(status)) = (&opts.cluster, status) {
+            let jobs = jobs.clone();
+            tokio::spawn(follow::follow(c.clone(), from, move |u| {
+                jobs.send(Job::Cluster(u)).is_ok()
+            }));
+            tokio::spawn(follow::publish(c.clone(), status));
+        }
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         loop {
             tokio::select! {

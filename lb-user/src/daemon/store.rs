@@ -25,7 +25,7 @@
 //!   the log and `lb status` (`left`) until a network of that name is added or applied, not
 //!   removed as unconfigured ones are.
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
@@ -33,7 +33,10 @@ use anyhow::{Context as _, Result, bail};
 use redb::{Database, ReadableDatabase as _, ReadableTable as _, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use crate::core::model::{DesiredState, Network, Service, ServiceKey};
+use crate::{
+    cluster::{Entry, Key},
+    core::model::{DesiredState, Network, Service, ServiceKey},
+};
 
 pub const FILE: &str = "state.redb";
 /// The desired state of a daemon before the store: migrated on first start.
@@ -49,6 +52,10 @@ const LEFT: TableDefinition<&str, u64> = TableDefinition::new("left");
 /// The changes of the last [`HISTORY`] revisions (revision → the watch's event), written in
 /// the commit of each: what a watcher that reconnects with a revision is sent.
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+/// The cluster's contributions as this node last heard them (`daemon --cluster`): key
+/// (`NETWORK/SERVICE/GENERATION`) → the contribution with its etcd revisions, served from
+/// here while etcd is away; META's `cluster_revision` says as of which etcd revision.
+const CLUSTER: TableDefinition<&str, &[u8]> = TableDefinition::new("cluster");
 /// How many revisions of changes the store keeps for watchers.
 pub const HISTORY: u64 = 4096;
 
@@ -77,6 +84,14 @@ pub enum Write<'a> {
         service: Option<&'a Service>,
         fresh: bool,
     },
+    /// A contribution of the cluster as this node heard it (`None`: gone from the cluster).
+    /// The services table holds the node's own contributions only.
+    Cluster {
+        key: &'a Key,
+        entry: Option<&'a Entry>,
+    },
+    /// The etcd revision the cluster's contributions are as of.
+    ClusterRevision(i64),
 }
 
 pub struct Store {
@@ -206,6 +221,7 @@ impl Store {
             let mut networks = txn.open_table(NETWORKS)?;
             let mut services = txn.open_table(SERVICES)?;
             let mut left = txn.open_table(LEFT)?;
+            let mut cluster = txn.open_table(CLUSTER)?;
             let mut seq = meta.get("seq")?.map_or(0, |v| v.value());
             let mut next = || {
                 seq += 1;
@@ -260,6 +276,23 @@ impl Store {
                         services.insert(k, value.as_slice())?;
                         keys += 1;
                     }
+                    Write::Cluster { key, entry } => {
+                        let k = key.to_string();
+                        match entry {
+                            Some(e) => {
+                                let value = serde_json::to_vec(&(key, e))?;
+                                cluster.insert(k.as_str(), value.as_slice())?;
+                            }
+                            None => {
+                                cluster.remove(k.as_str())?;
+                            }
+                        }
+                        keys += 1;
+                    }
+                    Write::ClusterRevision(r) => {
+                        meta.insert("cluster_revision", *r as u64)?;
+                        keys += 1;
+                    }
                 }
             }
             meta.insert("seq", seq)?;
@@ -287,6 +320,27 @@ impl Store {
             .map(|e| Ok(e?.1.value().to_vec()))
             .collect::<Result<_>>()?;
         Ok(Some(out))
+    }
+
+    /// The cluster's contributions as this node last heard them, and the etcd revision they
+    /// are as of (0: never heard).
+    pub fn cluster(&self) -> Result<(i64, BTreeMap<Key, Entry>)> {
+        let txn = self.db.begin_read()?;
+        let revision = (txn.open_table(META)?.get("cluster_revision")?).map_or(0, |v| v.value());
+        let table = match txn.open_table(CLUSTER) {
+            Ok(t) => t,
+            // A store written before the cluster came.
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok((0, BTreeMap::new())),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = BTreeMap::new();
+        for e in table.iter()? {
+            let (k, v) = e?;
+            let (key, entry): (Key, Entry) = serde_json::from_slice(v.value())
+                .with_context(|| format!("the cluster's contribution {}", k.value()))?;
+            out.insert(key, entry);
+        }
+        Ok((revision as i64, out))
     }
 
     /// The oldest revision the history has.
