@@ -120,19 +120,42 @@ impl Etcd {
         Self::connect_to(endpoints, &super::Tls::default(), timeout).await
     }
 
-    /// Connects to the cluster's members, with its client certificates. A connection that
-    /// stops answering (a member killed, a partition) is found dead within about twice
-    /// `timeout` by HTTP/2 keepalives, also while a watch waits, instead of hanging on it.
+    /// Connects to one of the cluster's members that answers, with its client certificates:
+    /// each connection starts with the member after the one the last one started with, so a
+    /// caller that connects again after a failure tries the others first. (etcd-client's
+    /// balanced channel over every member kept sending requests to a killed one.) A
+    /// connection that stops answering (a member killed, a partition) is found dead within
+    /// about twice `timeout` by HTTP/2 keepalives, also while a watch waits, instead of
+    /// hanging on it; a member without a leader refuses requests rather than serving stale
+    /// ones.
     pub async fn connect_to(
         endpoints: &[String],
         tls: &super::Tls,
         timeout: Duration,
     ) -> Result<Etcd> {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        if endpoints.is_empty() {
+            bail!("no etcd member given");
+        }
+        let first = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut errors = Vec::new();
+        for k in 0..endpoints.len() {
+            let member = &endpoints[(first + k) % endpoints.len()];
+            match Self::connect_member(member, tls, timeout).await {
+                Ok(etcd) => return Ok(etcd),
+                Err(e) => errors.push(format!("{member}: {e:#}")),
+            }
+        }
+        bail!("no etcd member answers ({})", errors.join("; "))
+    }
+
+    async fn connect_member(member: &str, tls: &super::Tls, timeout: Duration) -> Result<Etcd> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout)
             .with_keep_alive(timeout, timeout)
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
         if tls.given() {
             let read = |p: &std::path::Path| {
                 std::fs::read(p).with_context(|| format!("reading {}", p.display()))
@@ -150,9 +173,10 @@ impl Etcd {
             }
             options = options.with_tls(t);
         }
-        let client = Client::connect(endpoints, Some(options))
+        let mut client = Client::connect([member], Some(options))
             .await
-            .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))?;
+            .context("connecting")?;
+        client.status().await.context("asking for its status")?;
         Ok(Etcd { client })
     }
 

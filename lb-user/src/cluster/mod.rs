@@ -170,11 +170,12 @@ impl Cluster {
     }
 }
 
-/// One contribution of the cluster: its network and its id and generation.
+/// One contribution of the cluster: its network and its id and generation. In JSON, flat:
+/// `{"network": …, "service": …, "generation": …}`.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(from = "FlatKey", into = "FlatKey")]
 pub struct Key {
     pub network: String,
-    #[serde(with = "service_key")]
     pub service: ServiceKey,
 }
 
@@ -188,31 +189,32 @@ impl std::fmt::Display for Key {
     }
 }
 
-mod service_key {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+#[derive(Serialize, Deserialize)]
+struct FlatKey {
+    network: String,
+    service: String,
+    generation: String,
+}
 
-    use crate::core::model::ServiceKey;
-
-    #[derive(Serialize, Deserialize)]
-    struct Wire {
-        service: String,
-        generation: String,
-    }
-
-    pub fn serialize<S: Serializer>(k: &ServiceKey, s: S) -> Result<S::Ok, S::Error> {
-        Wire {
-            service: k.service_id.clone(),
-            generation: k.generation.clone(),
+impl From<FlatKey> for Key {
+    fn from(k: FlatKey) -> Key {
+        Key {
+            network: k.network,
+            service: ServiceKey {
+                service_id: k.service,
+                generation: k.generation,
+            },
         }
-        .serialize(s)
     }
+}
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ServiceKey, D::Error> {
-        let w = Wire::deserialize(d)?;
-        Ok(ServiceKey {
-            service_id: w.service,
-            generation: w.generation,
-        })
+impl From<Key> for FlatKey {
+    fn from(k: Key) -> FlatKey {
+        FlatKey {
+            network: k.network,
+            service: k.service.service_id,
+            generation: k.service.generation,
+        }
     }
 }
 

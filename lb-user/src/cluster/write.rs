@@ -56,6 +56,10 @@ async fn connect(cluster: &Cluster) -> Result<Etcd> {
 
 /// Every contribution of the cluster, as of one revision.
 pub async fn read_all(cluster: &Cluster) -> Result<(i64, BTreeMap<Key, Entry>)> {
+    retrying(cluster, || read_all_once(cluster)).await
+}
+
+async fn read_all_once(cluster: &Cluster) -> Result<(i64, BTreeMap<Key, Entry>)> {
     let mut etcd = connect(cluster).await?;
     let listing = etcd.list(&cluster.services(), PAGE).await?;
     let mut out = BTreeMap::new();
@@ -121,11 +125,46 @@ fn as_network(name: &str, services: Vec<Service>) -> Network {
     n
 }
 
+/// Runs `attempt` again, up to once per member, while it fails on etcd's side (a member
+/// down, a leader election): each attempt connects to the next member. A refusal or a
+/// conflict is an answer, not retried. An attempt whose write landed but whose answer was
+/// lost is retried like any other: the retry reads again, so a whole-file apply finds the
+/// keys written and a compare-and-swap reports a conflict with the revision it wrote.
+async fn retrying<T, F, Fut>(cluster: &Cluster, mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let mut left = cluster.endpoints.len();
+    loop {
+        left -= 1;
+        match attempt().await {
+            Err(e)
+                if left > 0
+                    && e.downcast_ref::<Conflict>().is_none()
+                    && e.chain().any(|c| c.is::<etcd_client::Error>()) =>
+            {
+                tracing::debug!(error = %format!("{e:#}"), "etcd failed; trying another member");
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Makes one service edit (`service_set`, `service_rm`, `backend_*`) in the cluster: over the
 /// generations of its service as the cluster has them, written if each key it changes is
-/// still as read, or at `if_revision` (0: absent) when given. Returns the changes and the
-/// revision they were written at.
+/// still as read, or at `if_revision` (0: absent) when given (then written even unchanged,
+/// so that it orders with every other conditional write of the key). Returns the changes
+/// and the revision they were written at.
 pub async fn edit(
+    cluster: &Cluster,
+    edit: Edit,
+    if_revision: Option<i64>,
+) -> Result<(Vec<Change>, i64)> {
+    retrying(cluster, || edit_once(cluster, edit.clone(), if_revision)).await
+}
+
+async fn edit_once(
     cluster: &Cluster,
     edit: Edit,
     if_revision: Option<i64>,
@@ -158,6 +197,11 @@ pub async fn edit(
         let (key, entry) = cluster.entry(kv)?;
         read.insert(key, entry);
     }
+    // With a revision to hold to, a service set as it is is written all the same.
+    let unchanged = match (&edit, if_revision) {
+        (Edit::ServiceSet { service, .. }, Some(_)) => Some(service.key()),
+        _ => None,
+    };
     let services = read.values().map(|e| e.service.clone()).collect();
     let mut desired = Desired::new(DesiredState {
         networks: vec![as_network(&network, services)],
@@ -168,8 +212,15 @@ pub async fn edit(
         .map_err(|r| anyhow::anyhow!("refused: {r}"))?;
     let n = desired.network(&network).expect("the one network");
     let mut writes = Vec::new();
-    for t in edited.touched.values() {
-        for service in &t.services {
+    let mut touched: Vec<&crate::core::model::ServiceKey> =
+        edited.touched.values().flat_map(|t| &t.services).collect();
+    if touched.is_empty()
+        && let Some(k) = &unchanged
+    {
+        touched.push(k);
+    }
+    {
+        for service in touched {
             let key = Key {
                 network: network.clone(),
                 service: service.clone(),
@@ -227,7 +278,11 @@ pub struct Applied {
 /// keys it does not have deleted, each on condition that it is as listed (see the module's
 /// contract on transactions).
 pub async fn apply(cluster: &Cluster, state: &ClusterState) -> Result<Applied> {
-    let (listed_at, have) = read_all(cluster).await?;
+    retrying(cluster, || apply_once(cluster, state)).await
+}
+
+async fn apply_once(cluster: &Cluster, state: &ClusterState) -> Result<Applied> {
+    let (listed_at, have) = read_all_once(cluster).await?;
     let mut want: BTreeMap<Key, &Service> = BTreeMap::new();
     for n in &state.networks {
         for s in &n.services {
@@ -325,6 +380,10 @@ fn chunks(writes: &[Conditional]) -> impl Iterator<Item = &[Conditional]> + '_ {
 
 /// Every node's last report, and the cluster's revision now.
 pub async fn nodes(cluster: &Cluster) -> Result<(i64, Vec<NodeStatus>)> {
+    retrying(cluster, || nodes_once(cluster)).await
+}
+
+async fn nodes_once(cluster: &Cluster) -> Result<(i64, Vec<NodeStatus>)> {
     let mut etcd = connect(cluster).await?;
     let listing = etcd.list(&cluster.nodes(), PAGE).await?;
     let mut out = Vec::new();

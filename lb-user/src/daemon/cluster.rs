@@ -41,6 +41,9 @@ use crate::{
     node::netlink,
 };
 
+/// What each key was (accepted, refused and why) before a pass of `Daemon::admit`.
+type Journal = BTreeMap<Key, (bool, Option<String>)>;
+
 /// What this node holds of the cluster.
 pub struct ClusterNode {
     pub cluster: Cluster,
@@ -327,36 +330,82 @@ impl Daemon {
         }
     }
 
-    /// Lets the cluster's contributions `queue` (keys; gone ones are taken out) into the
-    /// desired state as far as this node can, recording the edits in `edited`; with `retry`,
-    /// the refused ones of the networks touched are tried again too. Returns the keys taken
-    /// out of the desired state.
+    /// Lets the cluster's contributions `keys` (gone ones are taken out) into the desired
+    /// state as far as this node can, recording the edits in `edited`; with `retry`, the
+    /// refused ones of the networks touched are tried again too. Returns the keys taken out
+    /// of the desired state.
+    ///
+    /// The node is checked once for the whole change (one address dump and one pass over the
+    /// VIPs, as for a local batch: a check per contribution would make a listing of 10,000
+    /// quadratic); only when that fails is each contribution checked on its own, so that the
+    /// one the node cannot take is refused and the others go in.
     fn admit(&mut self, keys: BTreeSet<Key>, retry: bool, edited: &mut Edited) -> BTreeSet<Key> {
+        let mut pending = Edited::default();
+        let mut journal = Journal::new();
+        let released = self.admit_pass(&keys, retry, &mut pending, false, &mut journal);
+        if pending.touched.is_empty() || self.check(&pending).is_ok() {
+            edited.absorb(pending);
+            return released;
+        }
+        self.desired.undo(pending);
+        let c = self.cluster.as_mut().expect("called with a cluster");
+        for (key, (accepted, refused)) in journal {
+            if accepted {
+                c.accepted.insert(key.clone());
+            } else {
+                c.accepted.remove(&key);
+            }
+            match refused {
+                Some(r) => c.refused.insert(key, r),
+                None => c.refused.remove(&key),
+            };
+        }
+        self.admit_pass(&keys, retry, edited, true, &mut Journal::new())
+    }
+
+    /// One pass of [`Daemon::admit`]: with `node_checks`, each contribution is checked
+    /// against the node as it goes in; `journal` keeps what each key was before the pass.
+    fn admit_pass(
+        &mut self,
+        keys: &BTreeSet<Key>,
+        retry: bool,
+        edited: &mut Edited,
+        node_checks: bool,
+        journal: &mut Journal,
+    ) -> BTreeSet<Key> {
         let mut c = self.cluster.take().expect("called with a cluster");
         let mut released = BTreeSet::new();
         let mut queue: BTreeSet<(i64, Key)> = BTreeSet::new();
-        let networks: BTreeSet<String> = keys.iter().map(|k| k.network.clone()).collect();
+        let networks: BTreeSet<&str> = keys.iter().map(|k| k.network.as_str()).collect();
+        let mut note = |c: &ClusterNode, key: &Key| {
+            if !journal.contains_key(key) {
+                let before = (c.accepted.contains(key), c.refused.get(key).cloned());
+                journal.insert(key.clone(), before);
+            }
+        };
         for key in keys {
-            match c.entries.get(&key) {
+            match c.entries.get(key) {
                 Some(e) => {
-                    queue.insert((e.create_revision, key));
+                    queue.insert((e.create_revision, key.clone()));
                 }
                 None => {
-                    c.refused.remove(&key);
-                    if c.accepted.remove(&key) {
-                        self.take_out(&key, edited);
-                        released.insert(key);
+                    note(&c, key);
+                    c.refused.remove(key);
+                    if c.accepted.remove(key) {
+                        self.take_out(key, edited);
+                        released.insert(key.clone());
                     }
                 }
             }
         }
         if retry {
-            for key in c.refused.keys().filter(|k| networks.contains(&k.network)) {
+            for key in (c.refused.keys()).filter(|k| networks.contains(k.network.as_str())) {
                 queue.insert((c.entries[key].create_revision, key.clone()));
             }
         }
         let mut evicted_for: BTreeSet<Key> = BTreeSet::new();
         while let Some((created, key)) = queue.pop_first() {
+            note(&c, &key);
             let entry = c.entries[&key].clone();
             if self.desired.network(&key.network).is_none() {
                 // Waits for the network.
@@ -373,7 +422,7 @@ impl Daemon {
                 );
                 continue;
             }
-            match self.try_set(&key, entry.service.clone(), edited) {
+            match self.try_set(&key, entry.service.clone(), edited, node_checks) {
                 Ok(()) => {
                     c.refused.remove(&key);
                     c.accepted.insert(key.clone());
@@ -396,6 +445,7 @@ impl Daemon {
                     };
                     if !younger.is_empty() {
                         for y in younger {
+                            note(&c, &y);
                             c.accepted.remove(&y);
                             self.take_out(&y, edited);
                             queue.insert((c.entries[&y].create_revision, y.clone()));
@@ -419,7 +469,13 @@ impl Daemon {
 
     /// Sets one cluster contribution, checked as a local change would be (the indexes, then
     /// the node for what it adds); refused, nothing of it stays.
-    fn try_set(&mut self, key: &Key, service: Service, edited: &mut Edited) -> Result<(), String> {
+    fn try_set(
+        &mut self,
+        key: &Key,
+        service: Service,
+        edited: &mut Edited,
+        node_checks: bool,
+    ) -> Result<(), String> {
         let mut one = Edited::default();
         let edit = Edit::ServiceSet {
             network: key.network.clone(),
@@ -431,7 +487,7 @@ impl Daemon {
                 other => other.to_string(),
             });
         }
-        if let Err(e) = self.check(&one) {
+        if node_checks && let Err(e) = self.check(&one) {
             self.desired.undo(one);
             return Err(e.reply.error.trim_start_matches("rejected: ").to_owned());
         }
