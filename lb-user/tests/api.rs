@@ -195,6 +195,15 @@ fn every_request_reads_back_as_written() {
     requests.extend([
         Request::Watch { from: None },
         Request::Watch { from: Some(7) },
+        Request::ClusterChange {
+            change: Edit::BackendDisable {
+                network: "web".into(),
+                service: "api".into(),
+                generation: None,
+                ip: "10.20.0.2".parse().unwrap(),
+            },
+            if_revision: Some(12),
+        },
     ]);
     // Names the daemon refuses still travel intact, to be refused by name.
     for odd in ["a b", "x/y", "50%", "é", "?q=1", "..", "#"] {

@@ -629,6 +629,43 @@ fn two_writers_racing_on_one_service_one_wins_the_other_gets_the_conflict() {
             .then_some(())
             .ok_or_else(|| format!("{have:?} vs {want:?}"))
     });
+
+    // A node's API writes to the cluster as well: with a revision read before the last
+    // write, 409 and nothing written; with the revision now, written and served everywhere.
+    let api = lb_user::api::Client::new(&nodes[1].daemon.socket());
+    let drain = |if_revision| lb_user::api::Request::ClusterChange {
+        change: lb_user::core::edit::Edit::BackendDisable {
+            network: "web".into(),
+            service: "race".into(),
+            generation: None,
+            ip: want[0].0.parse().unwrap(),
+        },
+        if_revision: Some(if_revision),
+    };
+    let stale = api
+        .call::<lb_user::api::Done>(&drain(first))
+        .expect_err("a stale revision is refused");
+    let refused = stale
+        .downcast_ref::<lb_user::api::Refused>()
+        .unwrap_or_else(|| panic!("{stale:#}"));
+    assert_eq!(refused.status, 409, "{stale:#}");
+    assert!(
+        format!("{stale:#}").contains(&format!("at revision {second}")),
+        "{stale:#}"
+    );
+    let done = api.call::<lb_user::api::Done>(&drain(second)).unwrap();
+    assert!(done.revision.unwrap() as i64 > second, "{done:?}");
+    on_every_node(
+        &nodes,
+        Duration::from_secs(5),
+        "drained through the API",
+        |n| {
+            let have = n.backends("race");
+            (have.first().map(|b| b.1.as_str()) == Some("disabled"))
+                .then_some(())
+                .ok_or_else(|| format!("{have:?}"))
+        },
+    );
 }
 
 /// Two services written on two nodes claiming one VIP: every node serves the one created

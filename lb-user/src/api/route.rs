@@ -57,6 +57,22 @@ pub enum Request {
         network: Option<String>,
     },
     Status,
+    /// One change of a service in the cluster, written to etcd by a `--cluster` daemon with
+    /// compare-and-swap, as `lb --cluster` writes it (`cluster::write::edit`); answered by
+    /// the server, not the actor (the node's state changes when the cluster's watch says).
+    ClusterChange {
+        change: Edit,
+        if_revision: Option<i64>,
+    },
+}
+
+/// The body of `POST /v1/cluster/changes`.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClusterBody {
+    change: Edit,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    if_revision: Option<i64>,
 }
 
 /// A refusal: the HTTP status and the [`ErrorReply`] that says why.
@@ -202,6 +218,17 @@ impl Request {
                 None,
             ),
             Request::Status => (Method::GET, "/v1/status".into(), None),
+            Request::ClusterChange {
+                change,
+                if_revision,
+            } => (
+                Method::POST,
+                "/v1/cluster/changes".into(),
+                json(&ClusterBody {
+                    change: change.clone(),
+                    if_revision: *if_revision,
+                }),
+            ),
         }
     }
 }
@@ -242,6 +269,20 @@ pub fn route(
             (&[], Some(Request::Changes { changes, dry_run }))
         }
         (["changes"], _) => (&[Method::POST], None),
+        (["cluster", "changes"], &Method::POST) => {
+            let ClusterBody {
+                change,
+                if_revision,
+            } = parse_json(body)?;
+            (
+                &[],
+                Some(Request::ClusterChange {
+                    change,
+                    if_revision,
+                }),
+            )
+        }
+        (["cluster", "changes"], _) => (&[Method::POST], None),
         (["networks"], &Method::GET) => (&[], Some(Request::NetworkList)),
         (["networks"], &Method::POST) => {
             let network = parse_json(body)?;
@@ -342,6 +383,7 @@ pub fn route(
             | Request::NetworkAdd { .. }
             | Request::ServiceSet { .. }
             | Request::Changes { .. }
+            | Request::ClusterChange { .. }
     );
     if !takes_body && !body.is_empty() {
         return Err(ApiError::bad_request(format!(

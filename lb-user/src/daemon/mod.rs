@@ -878,6 +878,9 @@ impl Daemon {
             }
             Request::State => Ok(Reply::State(self.local_state())),
             // The server takes watches to the actor itself (they stream).
+            Request::ClusterChange { .. } => Err(ApiError::bad_request(
+                "a cluster change goes to etcd; see POST /v1/cluster/changes",
+            )),
             Request::Watch { .. } => {
                 Err(ApiError::bad_request("a watch streams; see GET /v1/watch"))
             }

@@ -253,10 +253,14 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
 }
 
 /// Serves one API connection.
-async fn serve_conn(stream: tokio::net::UnixStream, jobs: mpsc::Sender<Job>) {
+async fn serve_conn(
+    stream: tokio::net::UnixStream,
+    jobs: mpsc::Sender<Job>,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
+) {
     let permitted = permitted(&stream);
     serve_http(stream, "API", move |req| {
-        respond(req, permitted.clone(), jobs.clone())
+        respond(req, permitted.clone(), jobs.clone(), cluster.clone())
     })
     .await;
 }
@@ -336,6 +340,7 @@ async fn respond(
     req: hyper::Request<hyper::body::Incoming>,
     permitted: Result<(), ApiError>,
     jobs: mpsc::Sender<Job>,
+    cluster: Option<Arc<crate::cluster::Cluster>>,
 ) -> hyper::Response<Body> {
     if let Err(e) = permitted {
         return refusal(&e);
@@ -351,6 +356,13 @@ async fn respond(
     };
     if let Request::Watch { from } = request {
         return watch(from, jobs).await;
+    }
+    if let Request::ClusterChange {
+        change,
+        if_revision,
+    } = request
+    {
+        return cluster_change(cluster.as_deref(), change, if_revision).await;
     }
     let created = matches!(request, Request::NetworkAdd { .. });
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -373,6 +385,47 @@ async fn respond(
         resp.headers_mut().insert(REVISION, r.into());
     }
     resp
+}
+
+/// `POST /v1/cluster/changes`: the change written to etcd as `lb --cluster` writes it. 404
+/// without `--cluster`; 409 on a conflict (the key is not at the revision read or given);
+/// 400 for a change the rules refuse; 503 when no member answers.
+async fn cluster_change(
+    cluster: Option<&crate::cluster::Cluster>,
+    change: crate::core::edit::Edit,
+    if_revision: Option<i64>,
+) -> hyper::Response<Body> {
+    let Some(c) = cluster else {
+        return refusal(&ApiError::not_found(
+            "this daemon follows no cluster (lb daemon --cluster etcd://…)",
+        ));
+    };
+    match crate::cluster::write::edit(c, change, if_revision).await {
+        Ok((changes, revision)) => reply(
+            StatusCode::OK,
+            &api::Done {
+                done: format!("written to the cluster at etcd revision {revision}"),
+                changes,
+                dry_run: false,
+                revision: Some(revision as u64),
+            },
+        ),
+        Err(e) => {
+            let status = if e
+                .downcast_ref::<crate::cluster::write::Conflict>()
+                .is_some()
+            {
+                StatusCode::CONFLICT
+            } else if e.chain().any(|c| c.is::<etcd_client::Error>())
+                || format!("{e}").starts_with("no etcd member")
+            {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::BAD_REQUEST
+            };
+            refusal(&ApiError::new(status, format!("{e:#}")))
+        }
+    }
 }
 
 /// The header every API answer carries: the store's revision when it was given.
@@ -647,6 +700,7 @@ pub fn run(opts: Options) -> Result<()> {
             tokio::spawn(serve_metrics(l, jobs.clone()));
         }
         tracing::info!("API listening on {}", socket.display());
+        let writes_to = opts.cluster.as_ref().map(|(c, _)| Arc::new(c.clone()));
         if let (Some((c, _)), Some(status)) = (&opts.cluster, status) {
             let jobs = jobs.clone();
             tokio::spawn(follow::follow(c.clone(), from, move |u| {
@@ -659,7 +713,7 @@ pub fn run(opts: Options) -> Result<()> {
             tokio::select! {
                 conn = listener.accept() => {
                     if let Ok((stream, _)) = conn {
-                        tokio::spawn(serve_conn(stream, jobs.clone()));
+                        tokio::spawn(serve_conn(stream, jobs.clone(), writes_to.clone()));
                     }
                 }
                 _ = term.recv() => break,
