@@ -545,7 +545,7 @@ fn a_node_behind_a_compaction_lists_again_and_converges_keeping_its_flows() {
             &nodes[0].write_ok(
                 &etcd,
                 &[
-                    set(&id, Ipv4Addr::new(10, 99, 1, i), &[b1.clone()]),
+                    set(&id, Ipv4Addr::new(10, 99, 1, i), std::slice::from_ref(&b1)),
                     vec!["-j".into()],
                 ]
                 .concat(),
