@@ -13,7 +13,10 @@
 //! generation) → the contribution), each value with its place (`seq`: the order of networks
 //! and of a network's services, as `lb state` prints them); `meta` (the revision, bumped
 //! by every commit, the next place, the format); `log` (the last [`HISTORY`] revisions'
-//! changes, written in the commit of each, for watchers); `left` (see the contracts). `state.json` is the export and import
+//! changes, written in the commit of each, for watchers); `left` (see the contracts);
+//! `cluster` (`lb daemon --cluster`: the cluster's contributions as the node last heard them,
+//! with META's `cluster_revision`, the etcd revision they are as of; never in `services`,
+//! which holds the node's own). `state.json` is the export and import
 //! format: an existing one is migrated on first start (and kept, renamed
 //! `state.json.migrated`); `lb daemon --import FILE` builds a new store from an export.
 //!
