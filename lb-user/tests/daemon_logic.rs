@@ -407,3 +407,200 @@ fn the_watch_gives_each_change_once_and_what_a_watcher_missed() {
     let recent = d.revision() - 10;
     assert_eq!(d.watch(Some(recent)).unwrap().0.len(), 10);
 }
+
+/// A node of a cluster over the recording dataplane, with network `web` of its own.
+fn cluster_node(dir: &StateDir, dp: &Recording) -> Daemon {
+    use lb_user::cluster::{Cluster, Tls};
+    let cluster = Cluster::parse("etcd://192.0.2.1:2379", "/lb/", Tls::default()).unwrap();
+    std::fs::create_dir_all(&dir.0).unwrap();
+    let opened = store::Store::open(&dir.0, None).unwrap();
+    let stored = opened.store.cluster().unwrap();
+    let (node, _status) = lb_user::daemon::cluster::ClusterNode::new(cluster, "n".into(), stored);
+    let mut d = Daemon::with_store(
+        opened,
+        &dir.0,
+        Box::new(dp.clone()),
+        "recording".into(),
+        Some(node),
+    )
+    .unwrap();
+    d.handle(Request::NetworkAdd {
+        network: network("web"),
+    })
+    .unwrap();
+    d
+}
+
+/// What a node serves of the cluster and what it refuses: (services of web by id and
+/// generation with their VIPs, refused keys).
+fn served(d: &mut Daemon) -> (Vec<(String, String, Vec<std::net::IpAddr>)>, Vec<String>) {
+    let state = d.desired();
+    let mut services: Vec<_> = (state.networks.iter())
+        .flat_map(|n| &n.services)
+        .map(|s| (s.id.clone(), s.generation.clone(), s.vips.clone()))
+        .collect();
+    services.sort();
+    let lb_user::api::Reply::Status(status) = d.handle(Request::Status).unwrap() else {
+        panic!("a status")
+    };
+    let refused = (status.cluster.unwrap().refused.iter())
+        .map(|r| r.key.to_string())
+        .collect();
+    (services, refused)
+}
+
+/// What a node serves of the cluster is a function of the cluster's contributions, never of
+/// the order it heard them in: random histories of puts and deletes over services that claim
+/// VIPs from a pool of three (so that many conflict) give the same services and the same
+/// refusals on a node that followed every revision, one that listed the end state at once,
+/// one that followed half and then listed (a compacted history), and one restarted halfway
+/// from its store. `LB_DEBUG_SEED=N` prints seed N's history.
+#[test]
+fn the_clusters_services_a_node_serves_do_not_depend_on_the_order_it_heard_them() {
+    use lb_user::cluster::{
+        etcd::{Change, Kv, Listing},
+        follow::Update,
+    };
+    for seed in 1..=40u64 {
+        let mut rng = lb_tests::fuzz::Rng::new(seed);
+        // etcd's side: the keys as of each revision, and the changes of each.
+        let mut kv: std::collections::BTreeMap<String, Kv> = Default::default();
+        let mut revisions: Vec<(i64, Vec<Change>)> = Vec::new();
+        for r in 2..40i64 {
+            let id = ["a", "b", "c", "d", "e"][rng.below(5)];
+            let generation = ["1", "2"][rng.below(2)];
+            let key = format!("/lb/services/web/{id}/{generation}");
+            if rng.below(5) == 0 && kv.contains_key(&key) {
+                kv.remove(&key);
+                revisions.push((
+                    r,
+                    vec![Change::Delete {
+                        key,
+                        mod_revision: r,
+                    }],
+                ));
+                continue;
+            }
+            let vip = [10, 99, 0, 1 + rng.below(3) as u8];
+            let s = service(id, generation, vip, &[[10, 20, 0, 2 + rng.below(4) as u8]]);
+            let create_revision = kv.get(&key).map_or(r, |k| k.create_revision);
+            let put = Kv {
+                key: key.clone(),
+                value: serde_json::to_vec(&s).unwrap(),
+                create_revision,
+                mod_revision: r,
+            };
+            kv.insert(key, put.clone());
+            revisions.push((r, vec![Change::Put(put)]));
+        }
+        let listing = |upto: i64| -> Listing {
+            // The state as of revision `upto`, replayed.
+            let mut at: std::collections::BTreeMap<String, Kv> = Default::default();
+            for (_, changes) in revisions.iter().take_while(|(r, _)| *r <= upto) {
+                for c in changes {
+                    match c {
+                        Change::Put(k) => {
+                            at.insert(k.key.clone(), k.clone());
+                        }
+                        Change::Delete { key, .. } => {
+                            at.remove(key);
+                        }
+                    }
+                }
+            }
+            Listing {
+                revision: upto,
+                kvs: at.into_values().collect(),
+            }
+        };
+        let last = revisions.last().unwrap().0;
+        let half = revisions[revisions.len() / 2].0;
+        if std::env::var("LB_DEBUG_SEED").is_ok_and(|v| v == seed.to_string()) {
+            for (r, c) in &revisions {
+                for c in c {
+                    match c {
+                        Change::Put(k) => {
+                            let s: Service = serde_json::from_slice(&k.value).unwrap();
+                            eprintln!(
+                                "{r}: put {} created {} vip {:?}",
+                                k.key, k.create_revision, s.vips
+                            )
+                        }
+                        Change::Delete { key, .. } => eprintln!("{r}: delete {key}"),
+                    }
+                }
+            }
+            eprintln!("half {half}");
+        }
+
+        let dp = Recording::default();
+        let dir = StateDir::new(&format!("cluster-{seed}-follow"));
+        let mut follow = cluster_node(&dir, &dp);
+        follow.cluster_update(Update::Listing(listing(1)));
+        for (revision, changes) in &revisions {
+            follow.cluster_update(Update::Changes {
+                revision: *revision,
+                changes: changes.clone(),
+            });
+        }
+        let want = served(&mut follow);
+
+        let dir = StateDir::new(&format!("cluster-{seed}-list"));
+        let mut list = cluster_node(&dir, &dp);
+        list.cluster_update(Update::Listing(listing(last)));
+        assert_eq!(served(&mut list), want, "seed {seed}: listed at once");
+
+        let dir = StateDir::new(&format!("cluster-{seed}-half"));
+        let mut half_node = cluster_node(&dir, &dp);
+        half_node.cluster_update(Update::Listing(listing(1)));
+        for (revision, changes) in revisions.iter().take_while(|(r, _)| *r <= half) {
+            half_node.cluster_update(Update::Changes {
+                revision: *revision,
+                changes: changes.clone(),
+            });
+        }
+        half_node.cluster_update(Update::Listing(listing(last)));
+        assert_eq!(
+            served(&mut half_node),
+            want,
+            "seed {seed}: half, then listed"
+        );
+
+        // Restarted halfway: the store's cluster state, then the rest of the watch.
+        drop(half_node);
+        let dir2 = StateDir::new(&format!("cluster-{seed}-restart"));
+        let mut restarted = cluster_node(&dir2, &dp);
+        restarted.cluster_update(Update::Listing(listing(half)));
+        drop(restarted);
+        let opened = store::Store::open(&dir2.0, None).unwrap();
+        let stored = opened.store.cluster().unwrap();
+        assert_eq!(
+            stored.0, half,
+            "seed {seed}: the store has the revision applied"
+        );
+        let cluster =
+            lb_user::cluster::Cluster::parse("etcd://192.0.2.1:2379", "/lb/", Default::default())
+                .unwrap();
+        let (node, _status) =
+            lb_user::daemon::cluster::ClusterNode::new(cluster, "n".into(), stored);
+        let mut restarted = Daemon::with_store(
+            opened,
+            &dir2.0,
+            Box::new(dp.clone()),
+            "recording".into(),
+            Some(node),
+        )
+        .unwrap();
+        for (revision, changes) in revisions.iter().filter(|(r, _)| *r > half) {
+            restarted.cluster_update(Update::Changes {
+                revision: *revision,
+                changes: changes.clone(),
+            });
+        }
+        assert_eq!(
+            served(&mut restarted),
+            want,
+            "seed {seed}: restarted halfway"
+        );
+    }
+}

@@ -429,14 +429,17 @@ impl Daemon {
                     released.remove(&key);
                 }
                 Err(reason) => {
-                    // Younger cluster contributions that want the same: they give way.
+                    // Younger cluster contributions that want the same: they give way. What
+                    // they want is what they hold in the desired state now (their entry may
+                    // be newer, queued after this one).
                     let younger: Vec<Key> = if evicted_for.insert(key.clone()) {
+                        let net = self.desired.network(&key.network);
                         (c.accepted.iter())
                             .filter(|k| k.network == key.network && **k != key)
                             .filter(|k| {
-                                let o = &c.entries[*k];
-                                (o.create_revision, *k) > (created, &key)
-                                    && conflict(&entry.service, &o.service)
+                                let held = net.and_then(|n| n.service(&k.service));
+                                (c.entries[*k].create_revision, *k) > (created, &key)
+                                    && held.is_some_and(|h| conflict(&entry.service, h))
                             })
                             .cloned()
                             .collect()
