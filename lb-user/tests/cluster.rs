@@ -836,6 +836,16 @@ fn a_node_that_cannot_reach_etcd_at_first_start_serves_its_own_services_and_says
         .map(|s| s["id"].as_str().unwrap())
         .collect();
     assert_eq!(ids, ["local"], "lb state is the node's own");
+    // Applied back, the node's own state leaves the cluster's services as they are.
+    let file = node.daemon.state_dir().with_file_name("own.json");
+    std::fs::write(&file, node.daemon.ok(&["state"])).unwrap();
+    let out = node.daemon.ok(&["apply", "-f", file.to_str().unwrap()]);
+    assert!(out.contains("no changes"), "{out}");
+    assert_eq!(
+        node.ask().unwrap(),
+        "b0",
+        "the cluster's service still served"
+    );
     let refused = node.daemon.cli(&["service", "rm", "web", "api"]);
     assert_eq!(refused.code, Some(1), "{refused:?}");
     assert!(refused.stderr.contains("is the cluster's"), "{refused:?}");
