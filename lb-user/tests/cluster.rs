@@ -84,6 +84,16 @@ impl Node {
             .unwrap();
     }
 
+    /// Asserts that this node's log has each revision it applied once, in increasing order.
+    fn assert_revisions_in_order(&self) {
+        let applied = self.applied_revisions();
+        assert!(
+            applied.windows(2).all(|w| w[0] < w[1]),
+            "{}: each revision once, in increasing order: {applied:?}",
+            self.name
+        );
+    }
+
     /// The etcd revisions this node's log says it applied, in the order it applied them.
     fn applied_revisions(&self) -> Vec<i64> {
         (self.daemon.log().lines())
@@ -217,6 +227,38 @@ fn set(id: &str, vip: Ipv4Addr, backends: &[String]) -> Vec<String> {
     args
 }
 
+/// A test's cluster: three etcd members and `n` nodes, one test at a time (the guard), and
+/// the backends' addresses b0 and b1 (the same on every node).
+struct Fleet {
+    _one: std::sync::MutexGuard<'static, ()>,
+    etcd: EtcdCluster,
+    nodes: Vec<Node>,
+    b0: String,
+    b1: String,
+}
+
+fn fleet(n: usize) -> Fleet {
+    let one = serial();
+    let mut etcd = EtcdCluster::start(3).unwrap();
+    let nodes: Vec<Node> = (0..n).map(|i| Node::start(&mut etcd, i)).collect();
+    let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
+    Fleet {
+        _one: one,
+        etcd,
+        nodes,
+        b0,
+        b1,
+    }
+}
+
+/// A connection from `client` to the VIP that landed on b0, kept open by the caller.
+fn session_to_b0(client: &lb_tests::netns::Netns) -> TcpSession {
+    (0..64)
+        .map(|_| TcpSession::connect(client, VIP, PORT, TIMEOUT).unwrap())
+        .find_map(|mut s| s.ask().unwrap().starts_with("b0 ").then_some(s))
+        .expect("a connection lands on b0")
+}
+
 /// Waits up to `within` for `cond` on every node; the time it took.
 fn on_every_node(
     nodes: &[Node],
@@ -245,10 +287,13 @@ fn a_service_written_once_is_served_by_every_node_and_drained_everywhere() {
     if !require_root("a_service_written_once_is_served_by_every_node_and_drained_everywhere") {
         return;
     }
-    let _one = serial();
-    let mut etcd = EtcdCluster::start(3).unwrap();
-    let nodes: Vec<Node> = (0..3).map(|i| Node::start(&mut etcd, i)).collect();
-    let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
+    let Fleet {
+        etcd,
+        nodes,
+        b0,
+        b1,
+        ..
+    } = fleet(3);
     nodes[1].write_ok(
         &etcd,
         &[
@@ -284,12 +329,7 @@ fn a_service_written_once_is_served_by_every_node_and_drained_everywhere() {
 
     // A connection to b0 on every node, kept open through the drain.
     let mut kept: Vec<TcpSession> = (nodes.iter())
-        .map(|n| {
-            (0..64)
-                .map(|_| TcpSession::connect(&n.topo.client, VIP, PORT, TIMEOUT).unwrap())
-                .find_map(|mut s| s.ask().unwrap().starts_with("b0 ").then_some(s))
-                .unwrap_or_else(|| panic!("{}: a connection lands on b0", n.name))
-        })
+        .map(|n| session_to_b0(&n.topo.client))
         .collect();
     nodes[2].write_ok(&etcd, &["service", "backend", "disable", "web", "api", &b0]);
     let took = on_every_node(&nodes, Duration::from_secs(5), "drained", |n| {
@@ -332,10 +372,13 @@ fn the_leader_killed_during_a_stream_of_changes_loses_no_acknowledged_change() {
     if !require_root("the_leader_killed_during_a_stream_of_changes_loses_no_acknowledged_change") {
         return;
     }
-    let _one = serial();
-    let mut etcd = EtcdCluster::start(3).unwrap();
-    let nodes: Vec<Node> = (0..3).map(|i| Node::start(&mut etcd, i)).collect();
-    let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
+    let Fleet {
+        mut etcd,
+        nodes,
+        b0,
+        b1,
+        ..
+    } = fleet(3);
     let mut acked: Vec<i64> = Vec::new();
     let mut failed = 0;
     let mut killed = None;
@@ -390,12 +433,8 @@ fn the_leader_killed_during_a_stream_of_changes_loses_no_acknowledged_change() {
         last_write.elapsed()
     );
     for n in &nodes {
+        n.assert_revisions_in_order();
         let applied = n.applied_revisions();
-        assert!(
-            applied.windows(2).all(|w| w[0] < w[1]),
-            "{}: each revision once, in increasing order: {applied:?}",
-            n.name
-        );
         for r in &acked {
             assert!(
                 applied.iter().any(|a| a >= r),
@@ -416,10 +455,13 @@ fn a_partitioned_node_serves_on_restarts_with_its_last_state_and_converges_after
     ) {
         return;
     }
-    let _one = serial();
-    let mut etcd = EtcdCluster::start(3).unwrap();
-    let mut nodes: Vec<Node> = (0..3).map(|i| Node::start(&mut etcd, i)).collect();
-    let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
+    let Fleet {
+        etcd,
+        mut nodes,
+        b0,
+        b1,
+        ..
+    } = fleet(3);
     nodes[0].write_ok(&etcd, &set("api", VIP, &[b0.clone(), b1.clone()]));
     on_every_node(&nodes, Duration::from_secs(5), "served", |n| {
         n.ask().map(drop)
@@ -508,8 +550,7 @@ fn a_partitioned_node_serves_on_restarts_with_its_last_state_and_converges_after
         failed.is_empty(),
         "no request failed on the partitioned node: {failed:?}"
     );
-    let applied = nodes[2].applied_revisions();
-    assert!(applied.windows(2).all(|w| w[0] < w[1]), "{applied:?}");
+    nodes[2].assert_revisions_in_order();
 }
 
 /// etcd's history compacted past a partitioned node's revision: after the heal the node
@@ -519,18 +560,18 @@ fn a_node_behind_a_compaction_lists_again_and_converges_keeping_its_flows() {
     if !require_root("a_node_behind_a_compaction_lists_again_and_converges_keeping_its_flows") {
         return;
     }
-    let _one = serial();
-    let mut etcd = EtcdCluster::start(3).unwrap();
-    let nodes: Vec<Node> = (0..3).map(|i| Node::start(&mut etcd, i)).collect();
-    let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
+    let Fleet {
+        etcd,
+        nodes,
+        b0,
+        b1,
+        ..
+    } = fleet(3);
     nodes[0].write_ok(&etcd, &set("api", VIP, &[b0.clone(), b1.clone()]));
     on_every_node(&nodes, Duration::from_secs(5), "served", |n| {
         n.ask().map(drop)
     });
-    let mut kept = (0..64)
-        .map(|_| TcpSession::connect(&nodes[1].topo.client, VIP, PORT, TIMEOUT).unwrap())
-        .find_map(|mut s| s.ask().unwrap().starts_with("b0 ").then_some(s))
-        .expect("a connection lands on b0");
+    let mut kept = session_to_b0(&nodes[1].topo.client);
     nodes[1].partition(true);
     on_every_node(&nodes[1..2], Duration::from_secs(20), "etcd away", |n| {
         let c = n.status()["cluster"].clone();
@@ -576,8 +617,7 @@ fn a_node_behind_a_compaction_lists_again_and_converges_keeping_its_flows() {
         r.starts_with("b0 "),
         "the connection through the re-list is kept: {r}"
     );
-    let applied = nodes[1].applied_revisions();
-    assert!(applied.windows(2).all(|w| w[0] < w[1]), "{applied:?}");
+    nodes[1].assert_revisions_in_order();
 }
 
 /// Two writers racing on one key: exactly one wins, the other is told of the conflict with
@@ -587,10 +627,13 @@ fn two_writers_racing_on_one_service_one_wins_the_other_gets_the_conflict() {
     if !require_root("two_writers_racing_on_one_service_one_wins_the_other_gets_the_conflict") {
         return;
     }
-    let _one = serial();
-    let mut etcd = EtcdCluster::start(3).unwrap();
-    let nodes: Vec<Node> = (0..2).map(|i| Node::start(&mut etcd, i)).collect();
-    let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
+    let Fleet {
+        etcd,
+        nodes,
+        b0,
+        b1,
+        ..
+    } = fleet(2);
     let race = |expected: &str| {
         let runs: Vec<Run> = std::thread::scope(|s| {
             let handles: Vec<_> = (nodes.iter().zip([&b0, &b1]))
@@ -676,10 +719,13 @@ fn two_services_claiming_one_vip_every_node_serves_the_same_one() {
     if !require_root("two_services_claiming_one_vip_every_node_serves_the_same_one") {
         return;
     }
-    let _one = serial();
-    let mut etcd = EtcdCluster::start(3).unwrap();
-    let nodes: Vec<Node> = (0..3).map(|i| Node::start(&mut etcd, i)).collect();
-    let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
+    let Fleet {
+        etcd,
+        nodes,
+        b0,
+        b1,
+        ..
+    } = fleet(3);
     nodes[0].write_ok(&etcd, &set("first", VIP, std::slice::from_ref(&b0)));
     nodes[1].write_ok(&etcd, &set("second", VIP, std::slice::from_ref(&b1)));
     let refused = |n: &Node, id: &str| -> Result<(), String> {
@@ -858,9 +904,7 @@ fn ten_thousand_services_written_to_etcd_are_applied_on_every_node() {
     if !require_root("ten_thousand_services_written_to_etcd_are_applied_on_every_node") {
         return;
     }
-    let _one = serial();
-    let mut etcd = EtcdCluster::start(3).unwrap();
-    let nodes: Vec<Node> = (0..3).map(|i| Node::start(&mut etcd, i)).collect();
+    let Fleet { etcd, nodes, .. } = fleet(3);
     let state = lb_tests::scale::state(
         "web",
         nodes[0].topo.node.name(),

@@ -408,22 +408,28 @@ fn the_watch_gives_each_change_once_and_what_a_watcher_missed() {
     assert_eq!(d.watch(Some(recent)).unwrap().0.len(), 10);
 }
 
-/// A node of a cluster over the recording dataplane, with network `web` of its own.
-fn cluster_node(dir: &StateDir, dp: &Recording) -> Daemon {
+/// A node of a cluster over the recording dataplane, started on the store in `dir` (the
+/// cluster's services it has heard of included).
+fn cluster_daemon(dir: &StateDir, dp: &Recording) -> Daemon {
     use lb_user::cluster::{Cluster, Tls};
     let cluster = Cluster::parse("etcd://192.0.2.1:2379", "/lb/", Tls::default()).unwrap();
     std::fs::create_dir_all(&dir.0).unwrap();
     let opened = store::Store::open(&dir.0, None).unwrap();
     let stored = opened.store.cluster().unwrap();
     let (node, _status) = lb_user::daemon::cluster::ClusterNode::new(cluster, "n".into(), stored);
-    let mut d = Daemon::with_store(
+    Daemon::with_store(
         opened,
         &dir.0,
         Box::new(dp.clone()),
         "recording".into(),
         Some(node),
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// A new node of a cluster, with network `web` of its own.
+fn cluster_node(dir: &StateDir, dp: &Recording) -> Daemon {
+    let mut d = cluster_daemon(dir, dp);
     d.handle(Request::NetworkAdd {
         network: network("web"),
     })
@@ -431,9 +437,12 @@ fn cluster_node(dir: &StateDir, dp: &Recording) -> Daemon {
     d
 }
 
+/// Services of network web as (id, generation, VIPs).
+type Served = Vec<(String, String, Vec<std::net::IpAddr>)>;
+
 /// What a node serves of the cluster and what it refuses: (services of web by id and
 /// generation with their VIPs, refused keys).
-fn served(d: &mut Daemon) -> (Vec<(String, String, Vec<std::net::IpAddr>)>, Vec<String>) {
+fn served(d: &mut Daemon) -> (Served, Vec<String>) {
     let state = d.desired();
     let mut services: Vec<_> = (state.networks.iter())
         .flat_map(|n| &n.services)
@@ -572,25 +581,15 @@ fn the_clusters_services_a_node_serves_do_not_depend_on_the_order_it_heard_them(
         let mut restarted = cluster_node(&dir2, &dp);
         restarted.cluster_update(Update::Listing(listing(half)));
         drop(restarted);
-        let opened = store::Store::open(&dir2.0, None).unwrap();
-        let stored = opened.store.cluster().unwrap();
+        let mut restarted = cluster_daemon(&dir2, &dp);
+        let lb_user::api::Reply::Status(status) = restarted.handle(Request::Status).unwrap() else {
+            panic!("a status")
+        };
         assert_eq!(
-            stored.0, half,
+            status.cluster.unwrap().revision,
+            half,
             "seed {seed}: the store has the revision applied"
         );
-        let cluster =
-            lb_user::cluster::Cluster::parse("etcd://192.0.2.1:2379", "/lb/", Default::default())
-                .unwrap();
-        let (node, _status) =
-            lb_user::daemon::cluster::ClusterNode::new(cluster, "n".into(), stored);
-        let mut restarted = Daemon::with_store(
-            opened,
-            &dir2.0,
-            Box::new(dp.clone()),
-            "recording".into(),
-            Some(node),
-        )
-        .unwrap();
         for (revision, changes) in revisions.iter().filter(|(r, _)| *r > half) {
             restarted.cluster_update(Update::Changes {
                 revision: *revision,
