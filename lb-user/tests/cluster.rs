@@ -937,3 +937,67 @@ fn ten_thousand_services_written_to_etcd_are_applied_on_every_node() {
         assert_eq!(net["services"], 10_000, "{}: {net}", n.name);
     }
 }
+
+/// etcd replaced by a new cluster (a disaster recovery: the same members' addresses, a
+/// history that starts again below the revision the node applied): the node finds the
+/// revision behind its own, lists again and serves the new cluster's services.
+#[test]
+fn a_node_of_a_replaced_etcd_lists_again() {
+    if !require_root("a_node_of_a_replaced_etcd_lists_again") {
+        return;
+    }
+    let Fleet {
+        etcd,
+        nodes,
+        b0,
+        b1,
+        ..
+    } = fleet(1);
+    let node = &nodes[0];
+    for i in 0..10u8 {
+        node.write_ok(
+            &etcd,
+            &set(&format!("s{i}"), Ipv4Addr::new(10, 99, 1, i), &[b1.clone()]),
+        );
+    }
+    node.write_ok(&etcd, &set("api", VIP, std::slice::from_ref(&b0)));
+    within(&node.daemon, Duration::from_secs(5), "served", || {
+        (node.ask()? == "b0")
+            .then_some(())
+            .ok_or_else(|| "not b0".to_owned())
+    });
+    let before = node.status()["cluster"]["revision"].as_i64().unwrap();
+    drop(etcd);
+    let mut etcd = EtcdCluster::start(3).unwrap();
+    etcd.attach(&node.topo.node, "etcd1").unwrap();
+    let done: Value = serde_json::from_str(
+        &node.write_ok(
+            &etcd,
+            &[
+                set("api", VIP, std::slice::from_ref(&b1)),
+                vec!["-j".into()],
+            ]
+            .concat(),
+        ),
+    )
+    .unwrap();
+    let written = done["revision"].as_i64().unwrap();
+    assert!(
+        written < before,
+        "the new history is behind: {written} vs {before}"
+    );
+    within(
+        &node.daemon,
+        Duration::from_secs(30),
+        "the new cluster's",
+        || {
+            let c = node.status()["cluster"].clone();
+            if c["services"] != 1 || node.ask()? != "b1" {
+                return Err(format!("{c}"));
+            }
+            Ok(())
+        },
+    );
+    let log = node.daemon.log();
+    assert!(log.contains("etcd's revision went back"), "{log}");
+}

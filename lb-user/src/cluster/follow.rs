@@ -106,6 +106,15 @@ async fn session(
                             *next = None;
                             break;
                         }
+                        Some(Watched::Progress { revision })
+                            if next.is_some_and(|n| revision + 1 < n) =>
+                        {
+                            // Behind what was applied: a new or restored etcd, whose history
+                            // is not the one followed.
+                            tracing::warn!(revision, applied = next.map_or(0, |n| n - 1), "etcd's revision went back (a new or restored cluster): listing again");
+                            *next = None;
+                            break;
+                        }
                         Some(Watched::Progress { revision }) => {
                             *contact = true;
                             if !send(Update::Progress { revision }) {

@@ -241,7 +241,7 @@ impl Daemon {
         for (key, e) in &c.entries {
             if !now.contains_key(key) {
                 changed.insert(key.clone(), None);
-            } else if now[key].mod_revision != e.mod_revision {
+            } else if now[key] != *e {
                 changed.insert(key.clone(), Some(now[key].clone()));
             }
         }
