@@ -21,6 +21,8 @@ use serde_json::Value;
 
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const PORT: u16 = 8080;
+/// Where a node's metrics are served, in its own namespace.
+const METRICS: &str = "127.0.0.1:9464";
 
 fn lb() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_lb"))
@@ -48,6 +50,11 @@ fn url(etcd: &EtcdCluster) -> String {
 
 impl Node {
     fn start(etcd: &mut EtcdCluster, i: usize) -> Node {
+        Self::start_with(etcd, i, &[])
+    }
+
+    /// [`Node::start`] with `extra` daemon flags.
+    fn start_with(etcd: &mut EtcdCluster, i: usize, extra: &[&str]) -> Node {
         let topo = Topology::new(2).unwrap();
         let servers = spawn_backends(&topo, PORT, PORT + 1).unwrap();
         let link = "etcd0".to_owned();
@@ -55,11 +62,19 @@ impl Node {
         let bpffs = Bpffs::new().unwrap();
         let name = format!("n{i}");
         let cluster = url(etcd);
+        let mut args = vec![
+            "--cluster".to_owned(),
+            cluster,
+            "--node".to_owned(),
+            name.clone(),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let daemon = LbDaemon::start_wrapped(
             lb(),
             bpffs.path(),
             &["ip", "netns", "exec", topo.node.name()],
-            &["--cluster", &cluster, "--node", &name],
+            &args,
         )
         .unwrap();
         let mut node = Node {
@@ -71,8 +86,7 @@ impl Node {
             link,
         };
         node.daemon.ok(&network_add(&node.topo, "web"));
-        node.daemon
-            .set_extra(&["--cluster", &cluster, "--node", &node.name.clone()]);
+        node.daemon.set_extra(&args);
         node
     }
 
@@ -238,9 +252,16 @@ struct Fleet {
 }
 
 fn fleet(n: usize) -> Fleet {
+    fleet_with(n, &[])
+}
+
+/// [`fleet`] with `extra` flags for every node's daemon.
+fn fleet_with(n: usize, extra: &[&str]) -> Fleet {
     let one = serial();
     let mut etcd = EtcdCluster::start(3).unwrap();
-    let nodes: Vec<Node> = (0..n).map(|i| Node::start(&mut etcd, i)).collect();
+    let nodes: Vec<Node> = (0..n)
+        .map(|i| Node::start_with(&mut etcd, i, extra))
+        .collect();
     let (b0, b1) = (nodes[0].backend(0), nodes[0].backend(1));
     Fleet {
         _one: one,
@@ -725,7 +746,7 @@ fn two_services_claiming_one_vip_every_node_serves_the_same_one() {
         b0,
         b1,
         ..
-    } = fleet(3);
+    } = fleet_with(3, &["--metrics", METRICS]);
     nodes[0].write_ok(&etcd, &set("first", VIP, std::slice::from_ref(&b0)));
     nodes[1].write_ok(&etcd, &set("second", VIP, std::slice::from_ref(&b1)));
     let refused = |n: &Node, id: &str| -> Result<(), String> {
@@ -767,6 +788,20 @@ fn two_services_claiming_one_vip_every_node_serves_the_same_one() {
     }
     let text = nodes[2].write_ok(&etcd, &["nodes"]);
     assert!(text.contains("web/second/1"), "{text}");
+    // And in the metrics of a node.
+    let metrics = (nodes[0].topo.node)
+        .run(|| lb_tests::daemon::scrape(METRICS))
+        .unwrap()
+        .unwrap();
+    lb_tests::daemon::check_metrics(&metrics);
+    for line in [
+        "lb_cluster_connected 1",
+        "lb_cluster_services 1",
+        "lb_cluster_refused 1",
+        "lb_cluster_lag 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
 
     // The first moves: the second is let in everywhere.
     const OTHER: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 12);

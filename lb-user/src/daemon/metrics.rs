@@ -245,6 +245,40 @@ impl Daemon {
             "Time to bring every network to its desired state",
             self.stats.own.reconcile.clone(),
         );
+        if let Some(c) = self.cluster_status() {
+            // `--cluster` only: what this node applied of the cluster, for an alert on a
+            // node that stopped following it or refuses what the others serve.
+            let gauge = |v: u64| {
+                let g = Gauge64::default();
+                g.set(v);
+                g
+            };
+            rest.register(
+                "lb_cluster_connected",
+                "1 while the daemon follows the etcd cluster, 0 while it serves its last state without it",
+                gauge(u64::from(c.connected)),
+            );
+            rest.register(
+                "lb_cluster_revision",
+                "The etcd revision the cluster's services on this node are as of",
+                gauge(c.revision.max(0) as u64),
+            );
+            rest.register(
+                "lb_cluster_lag",
+                "Revisions of etcd behind the newest one it told of",
+                gauge(c.lag.max(0) as u64),
+            );
+            rest.register(
+                "lb_cluster_services",
+                "Cluster services served on this node",
+                gauge(c.services as u64),
+            );
+            rest.register(
+                "lb_cluster_refused",
+                "Cluster services this node refuses",
+                gauge(c.refused.len() as u64),
+            );
+        }
         Scrape {
             counts,
             deferred: reader.map(|r| (r, networks)),
