@@ -992,7 +992,11 @@ fn a_node_of_a_replaced_etcd_lists_again() {
     for i in 0..10u8 {
         node.write_ok(
             &etcd,
-            &set(&format!("s{i}"), Ipv4Addr::new(10, 99, 1, i), &[b1.clone()]),
+            &set(
+                &format!("s{i}"),
+                Ipv4Addr::new(10, 99, 1, i),
+                std::slice::from_ref(&b1),
+            ),
         );
     }
     node.write_ok(&etcd, &set("api", VIP, std::slice::from_ref(&b0)));
