@@ -43,7 +43,12 @@ struct Node {
 /// `etcd://` of every member.
 fn url(etcd: &EtcdCluster) -> String {
     let members: Vec<String> = (etcd.endpoints().iter())
-        .map(|e| e.trim_start_matches("http://").to_owned())
+        .map(|e| {
+            (e.strip_prefix("http://")
+                .or_else(|| e.strip_prefix("https://")))
+            .unwrap_or(e)
+            .to_owned()
+        })
         .collect();
     format!("etcd://{}", members.join(","))
 }
@@ -1039,4 +1044,70 @@ fn a_node_of_a_replaced_etcd_lists_again() {
     );
     let log = node.daemon.log();
     assert!(log.contains("etcd's revision went back"), "{log}");
+}
+
+/// A cluster whose members speak TLS and require a client certificate of their CA: a node
+/// given the CA and a client certificate (`--cluster-ca`, `--cluster-cert`, `--cluster-key`)
+/// follows it and serves what a writer with the same flags writes; a writer without a client
+/// certificate is refused by etcd, and a certificate without its key by lb.
+#[test]
+fn a_tls_cluster_is_followed_and_written_with_client_certificates() {
+    if !require_root("a_tls_cluster_is_followed_and_written_with_client_certificates") {
+        return;
+    }
+    let _one = serial();
+    let mut etcd = EtcdCluster::start_tls(1).unwrap();
+    let c = etcd.certs().unwrap();
+    let (ca, cert, key) = (c.file("ca.pem"), c.file("client.pem"), c.file("client.key"));
+    let tls = [
+        "--cluster-ca",
+        ca.as_str(),
+        "--cluster-cert",
+        cert.as_str(),
+        "--cluster-key",
+        key.as_str(),
+    ];
+    let node = Node::start_with(&mut etcd, 0, &tls);
+    let b0 = node.backend(0);
+    let service = set("api", VIP, std::slice::from_ref(&b0));
+    let mut args: Vec<&str> = tls.to_vec();
+    args.extend(service.iter().map(String::as_str));
+    node.write_ok(&etcd, &args);
+    within(
+        &node.daemon,
+        Duration::from_secs(10),
+        "served over TLS",
+        || {
+            (node.ask()? == "b0")
+                .then_some(())
+                .ok_or_else(|| "not b0".to_owned())
+        },
+    );
+    assert_eq!(node.status()["cluster"]["connected"], true);
+    assert!(
+        node.status()["cluster"]["endpoints"]
+            .as_str()
+            .unwrap()
+            .starts_with("https://")
+    );
+    let no_cert = node.write(&etcd, &["--cluster-ca", ca.as_str(), "state"]);
+    assert_eq!(
+        no_cert.code,
+        Some(1),
+        "etcd refuses a client without a certificate: {no_cert:?}"
+    );
+    let no_key = node.write(
+        &etcd,
+        &[
+            "--cluster-ca",
+            ca.as_str(),
+            "--cluster-cert",
+            cert.as_str(),
+            "state",
+        ],
+    );
+    assert_eq!(no_key.code, Some(1), "{no_key:?}");
+    assert!(no_key.stderr.contains("--cluster-key"), "{no_key:?}");
+    let with = node.write_ok(&etcd, &[&tls[..], &["state", "-j"]].concat());
+    assert!(with.contains("\"api\""), "{with}");
 }

@@ -59,11 +59,133 @@ pub struct EtcdCluster {
     /// test process and cluster).
     token: String,
     attached: u8,
+    /// With [`EtcdCluster::start_tls`]: the certificates; clients then speak TLS and must
+    /// show a client certificate the CA signed.
+    tls: Option<Certs>,
+}
+
+/// The certificates of a TLS cluster: a CA, the members' (for every member address and
+/// 127.0.0.1) and a client's, each a PEM file. Made with `openssl`, ECDSA P-256, valid a day.
+pub struct Certs {
+    dir: TempDir,
+}
+
+impl Certs {
+    fn make(members: usize) -> Result<Certs> {
+        let dir = TempDir::new("etcd-certs")?;
+        let d = dir.path().to_owned();
+        let openssl = |args: &[&str]| -> Result<()> {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&d)
+                .output()
+                .context("running openssl")?;
+            if !out.status.success() {
+                bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            }
+            Ok(())
+        };
+        let key = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        openssl(
+            &[
+                &["req", "-x509"][..],
+                &key,
+                &[
+                    "-keyout",
+                    "ca.key",
+                    "-out",
+                    "ca.pem",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=lbt-etcd-ca",
+                ],
+            ]
+            .concat(),
+        )?;
+        let sans: Vec<String> = (0..members)
+            .map(|i| format!("IP:{}", member_ip(i)))
+            .chain(["IP:127.0.0.1".to_owned()])
+            .collect();
+        for (name, usage, san) in [
+            ("server", "serverAuth,clientAuth", Some(sans.join(","))),
+            ("client", "clientAuth", None),
+        ] {
+            openssl(
+                &[
+                    &["req"][..],
+                    &key,
+                    &[
+                        "-keyout",
+                        &format!("{name}.key"),
+                        "-out",
+                        &format!("{name}.csr"),
+                        "-subj",
+                        &format!("/CN=lbt-{name}"),
+                    ],
+                ]
+                .concat(),
+            )?;
+            let mut ext = format!("extendedKeyUsage={usage}\n");
+            if let Some(san) = san {
+                ext.push_str(&format!("subjectAltName={san}\n"));
+            }
+            std::fs::write(d.join(format!("{name}.ext")), ext)?;
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.pem"),
+                "-days",
+                "1",
+                "-extfile",
+                &format!("{name}.ext"),
+            ])?;
+        }
+        Ok(Certs { dir })
+    }
+
+    /// A file of the set: `ca.pem`, `client.pem`, `client.key` (`server.*` are the members').
+    pub fn file(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
 }
 
 impl EtcdCluster {
     /// Starts `n` members and waits until every one answers as healthy.
     pub fn start(n: usize) -> Result<EtcdCluster> {
+        Self::start_with(n, None)
+    }
+
+    /// [`EtcdCluster::start`] with clients on TLS (`https://` endpoints), each required to
+    /// show a client certificate of the cluster's CA ([`EtcdCluster::certs`]).
+    pub fn start_tls(n: usize) -> Result<EtcdCluster> {
+        Self::start_with(n, Some(Certs::make(n)?))
+    }
+
+    /// The certificates of a TLS cluster.
+    pub fn certs(&self) -> Option<&Certs> {
+        self.tls.as_ref()
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() { "https" } else { "http" }
+    }
+
+    fn start_with(n: usize, tls: Option<Certs>) -> Result<EtcdCluster> {
         let control = Netns::new("etcdctl")?;
         control.create_bridge(BRIDGE)?;
         let mut members = Vec::new();
@@ -84,6 +206,7 @@ impl EtcdCluster {
             control,
             token: format!("lbt-{}-{}", std::process::id(), unique()),
             attached: 0,
+            tls,
         };
         for i in 0..n {
             cluster.run(i, "new")?;
@@ -103,6 +226,16 @@ impl EtcdCluster {
         let data = member.data.path().display().to_string();
         let log = std::fs::File::create(member.data.join("etcd.log"))
             .context("creating the member's log")?;
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let tls: Vec<String> = match &self.tls {
+            Some(c) => vec![
+                format!("--cert-file={}", c.file("server.pem")),
+                format!("--key-file={}", c.file("server.key")),
+                format!("--trusted-ca-file={}", c.file("ca.pem")),
+                "--client-cert-auth".to_owned(),
+            ],
+            None => Vec::new(),
+        };
         let mut cmd = in_netns(
             &member.ns,
             None,
@@ -111,15 +244,17 @@ impl EtcdCluster {
                 format!("--name=m{i}"),
                 format!("--data-dir={data}/data"),
                 format!(
-                    "--listen-client-urls=http://{ip}:{CLIENT_PORT},http://127.0.0.1:{CLIENT_PORT}"
+                    "--listen-client-urls={scheme}://{ip}:{CLIENT_PORT},{scheme}://127.0.0.1:{CLIENT_PORT}"
                 ),
-                format!("--advertise-client-urls=http://{ip}:{CLIENT_PORT}"),
+                format!("--advertise-client-urls={scheme}://{ip}:{CLIENT_PORT}"),
                 format!("--listen-peer-urls=http://{ip}:{PEER_PORT}"),
                 format!("--initial-advertise-peer-urls=http://{ip}:{PEER_PORT}"),
                 format!("--initial-cluster={}", initial.join(",")),
                 format!("--initial-cluster-state={state}"),
                 format!("--initial-cluster-token={}", self.token),
-            ],
+            ]
+            .into_iter()
+            .chain(tls),
         );
         cmd.stdout(log.try_clone()?).stderr(log);
         member.process = Some(Tool::spawn(cmd, &format!("etcd member {i}"))?);
@@ -129,7 +264,7 @@ impl EtcdCluster {
     /// The client URL of every member: what an `lb daemon --cluster` is given.
     pub fn endpoints(&self) -> Vec<String> {
         (0..self.members.len())
-            .map(|i| format!("http://{}:{CLIENT_PORT}", member_ip(i)))
+            .map(|i| format!("{}://{}:{CLIENT_PORT}", self.scheme(), member_ip(i)))
             .collect()
     }
 
@@ -178,7 +313,7 @@ impl EtcdCluster {
     ) -> Result<String> {
         let all: Vec<String> = (0..self.members.len())
             .filter(|&i| self.members[i].process.is_some())
-            .map(|i| format!("http://{}:{CLIENT_PORT}", member_ip(i)))
+            .map(|i| format!("{}://{}:{CLIENT_PORT}", self.scheme(), member_ip(i)))
             .collect();
         let endpoints = if endpoints.is_empty() {
             &all
@@ -191,6 +326,13 @@ impl EtcdCluster {
             "etcdctl",
             std::iter::once(format!("--endpoints={}", endpoints.join(",")))
                 .chain(["--command-timeout=5s".to_owned()])
+                .chain((self.tls.iter()).flat_map(|c| {
+                    [
+                        format!("--cacert={}", c.file("ca.pem")),
+                        format!("--cert={}", c.file("client.pem")),
+                        format!("--key={}", c.file("client.key")),
+                    ]
+                }))
                 .chain(args.iter().map(|a| a.as_ref().to_owned())),
         );
         cmd.env("ETCDCTL_API", "3");
@@ -241,7 +383,9 @@ impl EtcdCluster {
             if status["header"]["member_id"] == status["leader"] {
                 let endpoint = row["Endpoint"].as_str().unwrap_or_default();
                 return (0..self.members.len())
-                    .find(|&i| endpoint == format!("http://{}:{CLIENT_PORT}", member_ip(i)))
+                    .find(|&i| {
+                        endpoint == format!("{}://{}:{CLIENT_PORT}", self.scheme(), member_ip(i))
+                    })
                     .with_context(|| format!("a leader at an unknown endpoint {endpoint}"));
             }
         }

@@ -22,13 +22,23 @@ pub fn of(global: &Global) -> Result<Option<Cluster>> {
     Cluster::parse(url, &global.cluster_prefix, tls).map(Some)
 }
 
-/// Runs `f` to its end on a runtime of this thread.
+/// Runs `f` to its end on a runtime of this thread, SIGPIPE ignored meanwhile: a member that
+/// closes a connection (etcd refusing a client certificate) makes the next write to it fail
+/// with EPIPE, and hyper writes with writev, which raises SIGPIPE; the CLI's default
+/// disposition (`main.rs`, for pipes into `head`) would kill the process before it says why.
 fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-    tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .context("starting the runtime")?
-        .block_on(f)
+        .context("starting the runtime")?;
+    // SAFETY: SIG_IGN is a valid disposition; the previous one is put back below, once the
+    // runtime (the only thread that talks to etcd) is gone.
+    let before = unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    let out = runtime.block_on(f);
+    drop(runtime);
+    // SAFETY: the disposition read above.
+    unsafe { libc::signal(libc::SIGPIPE, before) };
+    out
 }
 
 /// One service edit, written with compare-and-swap; prints what it changed.
