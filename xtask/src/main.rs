@@ -38,6 +38,7 @@ const DEBIAN_PACKAGES: &[&str] = &[
     "netsniff-ng",  // trafgen: UDP from a PF_PACKET TX ring, skbs with paged payload (tests)
     "nftables",     // the fallback dataplane
     "nginx-light",  // HTTP backends that answer who they are and whom they saw (tests)
+    "openssl",      // a CA and certificates for the TLS etcd cluster (lb_tests::etcd)
     // promtool: `promtool check metrics` on the daemon's /metrics (tests). Its server is not
     // started: setup installs under a policy-rc.d that refuses service starts.
     "prometheus",
