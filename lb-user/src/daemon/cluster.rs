@@ -10,6 +10,10 @@
 //!   refused on this node only, with the reason in `lb status` and in the node's status key.
 //!   A contribution that wants what a younger cluster contribution holds takes it back: the
 //!   younger one is taken out and tried again after it, as a node that re-listed would do.
+//!   Between the node's own services and the cluster's, what the node has keeps it: a cluster
+//!   contribution that wants what a node-local service holds is refused here (and tried again
+//!   when the node's services change), a local edit that wants what a cluster one holds is
+//!   refused as any conflicting edit is.
 //! - Each revision of the cluster is one change of the daemon (one store transaction, one
 //!   sync, one event for watchers), applied through the same checks and partial apply as a
 //!   local change; the cluster's contributions are stored apart from the node's own
@@ -120,13 +124,17 @@ impl ClusterNode {
         })
     }
 
-    fn publish(&self) {
-        let refused = (self.refused.iter())
+    fn refusals(&self) -> Vec<Refused> {
+        (self.refused.iter())
             .map(|(key, reason)| Refused {
                 key: key.clone(),
                 reason: reason.clone(),
             })
-            .collect();
+            .collect()
+    }
+
+    fn publish(&self) {
+        let refused = self.refusals();
         let status = NodeStatus {
             node: self.node.clone(),
             revision: self.revision,
@@ -153,13 +161,8 @@ impl ClusterNode {
             revision: self.revision,
             lag: (self.heard - self.revision).max(0),
             services: self.accepted.len(),
-            waiting: self.entries.len() - self.accepted.len() - self.refused.len(),
-            refused: (self.refused.iter())
-                .map(|(key, reason)| Refused {
-                    key: key.clone(),
-                    reason: reason.clone(),
-                })
-                .collect(),
+            waiting: (self.entries.len()).saturating_sub(self.accepted.len() + self.refused.len()),
+            refused: self.refusals(),
             invalid: self.invalid.clone(),
             last_error: self.last_error.clone(),
             down_since_unix: self.down_since.map(unix),
