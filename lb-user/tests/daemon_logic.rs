@@ -603,3 +603,76 @@ fn the_clusters_services_a_node_serves_do_not_depend_on_the_order_it_heard_them(
         );
     }
 }
+
+/// The cluster's contributions compose with the node's own as generations do: a node-local
+/// generation and a cluster generation of one service share its VIP, their backends in one
+/// set; a cluster key with the id and generation of a node-local service is refused on the
+/// node, and the node's own edit of a cluster contribution is refused with 409.
+#[test]
+fn the_clusters_generations_compose_with_the_nodes_own() {
+    use lb_user::cluster::{
+        etcd::{Kv, Listing},
+        follow::Update,
+    };
+    let dp = Recording::default();
+    let dir = StateDir::new("cluster-compose");
+    let mut d = cluster_node(&dir, &dp);
+    d.handle(Request::ServiceSet {
+        network: "web".into(),
+        service: service("api", "1", [10, 99, 0, 10], &[[10, 20, 0, 2]]),
+    })
+    .unwrap();
+    let kv = |revision: i64, s: &Service| Kv {
+        key: format!("/lb/services/web/{}/{}", s.id, s.generation),
+        value: serde_json::to_vec(s).unwrap(),
+        create_revision: revision,
+        mod_revision: revision,
+    };
+    let theirs = service("api", "2", [10, 99, 0, 10], &[[10, 20, 0, 3]]);
+    let clash = service("api", "1", [10, 99, 0, 10], &[[10, 20, 0, 4]]);
+    d.cluster_update(Update::Listing(Listing {
+        revision: 5,
+        kvs: vec![kv(4, &theirs), kv(5, &clash)],
+    }));
+    let state = d.desired();
+    let composed = compose(&state.networks[0]);
+    let vip: std::net::IpAddr = Ipv4Addr::new(10, 99, 0, 10).into();
+    let mut backends = composed.vips[&vip].clone();
+    backends.sort();
+    backends.dedup();
+    assert_eq!(
+        backends,
+        [
+            std::net::IpAddr::from(Ipv4Addr::new(10, 20, 0, 2)),
+            Ipv4Addr::new(10, 20, 0, 3).into()
+        ],
+        "the node's generation 1 and the cluster's generation 2 in one set"
+    );
+    let (_, refused) = served(&mut d);
+    assert_eq!(
+        refused,
+        ["web/api/1"],
+        "the cluster's api/1 is the node's own here"
+    );
+    let e = d
+        .handle(Request::Changes {
+            changes: vec![Edit::BackendDisable {
+                network: "web".into(),
+                service: "api".into(),
+                generation: Some("2".into()),
+                ip: Ipv4Addr::new(10, 20, 0, 3).into(),
+            }],
+            dry_run: false,
+        })
+        .unwrap_err();
+    assert_eq!(e.status, 409, "{e:?}");
+    assert!(e.reply.error.contains("is the cluster's"), "{e:?}");
+    // `lb state` is the node's own: generation 1 only.
+    let lb_user::api::Reply::State(own) = d.handle(Request::State).unwrap() else {
+        panic!("a state")
+    };
+    let ids: Vec<(&str, &str)> = (own.networks[0].services.iter())
+        .map(|s| (s.id.as_str(), s.generation.as_str()))
+        .collect();
+    assert_eq!(ids, [("api", "1")]);
+}
