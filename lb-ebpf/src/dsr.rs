@@ -57,9 +57,9 @@ use lb_common::{
 use crate::{
     family::Inet,
     frag, lb,
-    nat::{Ctx, Verdict},
     parse::{Frag, Packet, Xdp, ptr_at},
     stats,
+    verdict::{Ctx, Verdict},
 };
 
 /// Sends `p`, a packet without a live flow to DSR VIP `svc`, by its session or a new one

@@ -18,8 +18,8 @@ use lb_common::{
 use crate::{
     conntrack::{self, Found},
     family::{Inet, Room},
-    nat::{Ctx, Verdict},
     parse::{IcmpError, L3_OFF},
+    verdict::{Ctx, Verdict},
 };
 
 /// Offset of the checksum in an ICMP or ICMPv6 header.

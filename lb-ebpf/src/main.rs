@@ -20,6 +20,7 @@ mod redirect;
 mod snat;
 mod sock;
 mod stats;
+mod verdict;
 
 use aya_ebpf::{
     EbpfContext,
@@ -30,8 +31,8 @@ use aya_ebpf::{
 };
 use family::Inet;
 use lb_common::{Addr6, HOOK_TC_EGRESS, HOOK_TC_INGRESS, HOOK_TC_REPLY, HOOK_XDP, Reason};
-use nat::Verdict;
 use parse::Family;
+use verdict::Verdict;
 
 /// Ingress fast path (`attach xdp`): DNAT of what it can prove it rewrites right, and DSR
 /// (sent back out, or to the device the backend is on), before an skb exists. Frags-aware,

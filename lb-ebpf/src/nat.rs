@@ -12,7 +12,7 @@ use aya_ebpf::helpers::bpf_xdp_adjust_meta;
 use lb_common::{
     Config, FLOW_EGRESS, FLOW_MASQ, FLOW_REPLY, FlowKeyOf, FlowOf, HOOK_TC_INGRESS, HOOK_XDP,
     Reason, SERVICE_DSR,
-    csum::{L4Sum, Rewrite, set_addr, set_ports},
+    csum::{L4Sum, set_addr, set_ports},
     flow,
 };
 
@@ -26,38 +26,8 @@ use crate::{
     parse::{Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
     redirect::{self, Towards},
     snat, stats,
+    verdict::{Ctx, Verdict},
 };
-
-/// How a program run ends.
-pub enum Verdict {
-    /// Not translated: on to the stack (or the next program) untouched.
-    Pass(Reason),
-    /// Rewritten by a flow entry.
-    Translated,
-    /// A flow that cannot be given a unique tuple (the kernel's NAT drops these too), or a
-    /// packet whose rewrite failed halfway (which must not leave half-translated).
-    Drop(Reason),
-    /// Translated and handed to a local endpoint past the stack (`redirect`): the TC action.
-    Redirect(i32),
-    /// A DSR VIP's frame readdressed to its backend's MAC, L3 and L4 untouched (`dsr`), to be
-    /// sent out of device `ifindex`: each hook turns it into its own action
-    /// (`dsr::xdp_action`, `dsr::tc_action`).
-    Dsr { reason: Reason, ifindex: u32 },
-}
-
-impl Verdict {
-    pub fn reason(&self) -> Reason {
-        match self {
-            Verdict::Pass(r) | Verdict::Drop(r) | Verdict::Dsr { reason: r, .. } => *r,
-            Verdict::Translated => Reason::Translated,
-            Verdict::Redirect(_) => Reason::Redirected,
-        }
-    }
-}
-
-/// A program context the paths can parse and rewrite.
-pub trait Ctx: Frame + Rewrite {}
-impl<T: Frame + Rewrite> Ctx for T {}
 
 #[inline(always)]
 fn config() -> Option<&'static Config> {

@@ -20,9 +20,9 @@ use crate::{
     conntrack::{self, Found},
     family::{Inet, Room},
     lb::{self, Sockets},
-    nat::Verdict,
     parse::{Frag, Packet, Skb},
     stats,
+    verdict::Verdict,
 };
 
 /// Whether the network masquerades a packet leaving by the interface `ctx` leaves by: always,
