@@ -1,5 +1,5 @@
 //! Builds the eBPF object (nightly, `-Z build-std=core`, bpf-linker) and leaves it in OUT_DIR,
-//! where `lb_user::dataplane::ebpf_object()` embeds it: the `lb` binary carries its programs,
+//! where `lb_user::dataplane::ebpf::object()` embeds it: the `lb` binary carries its programs,
 //! so what is loaded is always what was built with it.
 use anyhow::Context as _;
 

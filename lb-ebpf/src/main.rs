@@ -1,8 +1,11 @@
 //! Entry points of the `lb` dataplane; the journey of a packet is in [`nat`], that of the
 //! node's own sockets in [`sock`]. Each entry point runs one path, counts its outcome
 //! (`lb_reasons`) and turns it into the hook's verdict. What is not ours passes untouched
-//! (`TC_ACT_UNSPEC` lets other TC programs run after us); the only drops are flows the
-//! kernel's NAT would drop too (no unique tuple for them), and no socket call is refused.
+//! (`TC_ACT_UNSPEC` lets other TC programs run after us). A path drops only what it cannot
+//! deliver right (`Verdict::Drop` and its reason): a flow the kernel's NAT would drop too (no
+//! unique tuple, no free masquerade port), a DSR VIP's frame with no backend or no resolved
+//! backend MAC, and a frame found malformed halfway through its rewrite (never sent on half
+//! translated). No socket call is refused.
 #![no_std]
 #![no_main]
 

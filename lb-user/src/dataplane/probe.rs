@@ -1,7 +1,9 @@
 //! Can this kernel run the programs? `--dataplane auto` asks by doing it: the real object is
-//! loaded with private maps (LRU hash, per-CPU arrays: the map types it declares) and every
-//! program is put through the verifier (which checks each helper it calls), exactly as an
-//! apply would, minus attaching. A kernel that refuses any of it gets the nftables dataplane.
+//! loaded with private maps (LRU hash, per-CPU arrays: the map types it declares) and
+//! `lb_xdp`, `lb_tc_ingress` and `lb_tc_egress` are put through the verifier (which checks
+//! each helper they call), as an apply would, minus attaching. A kernel that refuses any of
+//! it gets the nftables dataplane. The other programs (IPv6, reply, the socket hooks) are not
+//! probed: the first apply loads them, and its error says which one the kernel refused.
 //!
 //! `LB_PROBE_FAIL=REASON` in the daemon's environment makes the probe fail with REASON without
 //! asking the kernel: the documented way for tests (and operators trying the fallback) to
