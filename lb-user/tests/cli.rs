@@ -447,3 +447,64 @@ fn apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing() {
     assert!(said.contains("1 service, 2 backends"), "{said}");
     assert!(said.contains("last sync: "), "{said}");
 }
+
+/// `lb version`: the version, the commit built, the eBPF object it carries, the kernel, and,
+/// as root, what the probe of `--dataplane auto` found; as another user, that the probe was
+/// not run and why. `-j` says the same as JSON.
+#[test]
+fn version_says_what_this_lb_is_and_what_the_kernel_runs() {
+    if !require_root("version_says_what_this_lb_is_and_what_the_kernel_runs") {
+        return;
+    }
+    let run = |wrapper: &[&str], json: bool| -> Run {
+        let mut cmd = if wrapper.is_empty() {
+            Command::new(lb())
+        } else {
+            let mut c = Command::new(wrapper[0]);
+            c.args(&wrapper[1..]).arg(lb());
+            c
+        };
+        cmd.arg("version");
+        if json {
+            cmd.arg("-j");
+        }
+        cmd.output().unwrap().into()
+    };
+    let text = run(&[], false);
+    assert!(text.ok(), "{text:?}");
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    for want in [
+        format!("lb {} (commit ", env!("CARGO_PKG_VERSION")),
+        "eBPF object: ".to_owned(),
+        format!("kernel: {}", kernel.trim()),
+        "probe: the eBPF object loads and lb_xdp, lb_tc_ingress and lb_tc_egress pass the verifier"
+            .to_owned(),
+    ] {
+        assert!(text.stdout.contains(&want), "{want:?} in {}", text.stdout);
+    }
+    let j = run(&[], true);
+    let v: Value = serde_json::from_str(&j.stdout).unwrap();
+    assert_eq!(v["probe"]["ok"], true, "{v}");
+    assert_eq!(
+        v["ebpf_object"]["bytes"].as_u64().unwrap() as usize,
+        lb_user::dataplane::ebpf::object().len(),
+        "the object this test's lb-user embeds is the binary's"
+    );
+    assert_ne!(v["commit"], "", "{v}");
+    let nobody = run(
+        &[
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+        ],
+        true,
+    );
+    assert!(nobody.ok(), "{nobody:?}");
+    let v: Value = serde_json::from_str(&nobody.stdout).unwrap();
+    assert_eq!(v["probe"]["ok"], Value::Null, "{v}");
+    assert!(
+        v["probe"]["said"].as_str().unwrap().contains("needs root"),
+        "{v}"
+    );
+}

@@ -178,6 +178,10 @@ pub enum Cmd {
     /// The desired state, as JSON (the format `lb apply -f` takes): the node's own (the
     /// cluster's services it serves left out), or with --cluster the cluster's services.
     State,
+    /// What this lb is (version, commit, the eBPF object it carries) and what this kernel
+    /// supports: as root, the probe `--dataplane auto` runs (the programs through the
+    /// verifier, TCX or netlink TC).
+    Version,
     /// The cluster's nodes (--cluster): the revision each applied, its lag, the services it
     /// refuses, from the status each keeps under a lease.
     Nodes,
@@ -489,6 +493,7 @@ impl Cmd {
             Cmd::Apply { .. } => "apply",
             Cmd::State => "state",
             Cmd::Nodes => "nodes",
+            Cmd::Version => "version",
             Cmd::Watch { .. } => "watch",
             Cmd::Elements { .. } => "elements",
             Cmd::Conntrack { .. } => "conntrack",

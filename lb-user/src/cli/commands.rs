@@ -418,6 +418,10 @@ pub fn run(cli: Cli) -> Result<()> {
             }
             None => apply(global, &file, dry_run, wait),
         },
+        Cmd::Version => {
+            super::version::show(global.json);
+            Ok(())
+        }
         Cmd::Nodes => match &cluster {
             Some(c) => super::cluster::nodes(global, c),
             None => Err(Usage(anyhow::anyhow!(

@@ -37,7 +37,7 @@ pub fn probe(tc_mode: TcMode) -> Result<String> {
             .with_context(|| format!("the verifier refuses {name}"))?;
     }
     Ok(format!(
-        "the eBPF object loads and its programs pass the verifier; TC by {}",
+        "the eBPF object loads and lb_xdp, lb_tc_ingress and lb_tc_egress pass the verifier; TC by {}",
         match tc_mode {
             TcMode::Tcx => "TCX links",
             TcMode::Netlink => "netlink clsact (kernel older than 6.6)",
