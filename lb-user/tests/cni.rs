@@ -738,7 +738,7 @@ fn lb_cni_direct(env: &[(&str, &str)], stdin: &Value) -> (bool, Value) {
 }
 
 /// Errors are the spec's error result with its codes, and a non-zero exit: a missing
-/// `CNI_COMMAND` (4), a config that is not one (7), a version it does not speak (1), a daemon
+/// `CNI_CONTAINERID` (4), a config that is not one (7), a version it does not speak (1), a daemon
 /// that cannot be reached for ADD or DEL (11, try again later) and for STATUS (50). Needs
 /// no root: nothing reaches a daemon.
 #[test]
@@ -762,7 +762,16 @@ fn errors_are_cni_errors_with_the_spec_codes() {
     add["prevResult"] = prev;
     add["runtimeConfig"] = json!({"portMappings": mapping(20001)});
     let cases = [
-        ("no CNI_COMMAND", attachment.into(), conf("1.0.0"), 4),
+        (
+            "ADD without CNI_CONTAINERID",
+            vec![
+                ("CNI_COMMAND", "ADD"),
+                ("CNI_IFNAME", "eth0"),
+                ("CNI_NETNS", "/proc/1/ns/net"),
+            ],
+            conf("1.0.0"),
+            4,
+        ),
         ("no network", with("ADD"), json!({"cniVersion": "1.0.0"}), 7),
         ("version 0.2.0", with("DEL"), conf("0.2.0"), 1),
         ("ADD, no daemon", with("ADD"), add, 11),
@@ -783,5 +792,52 @@ fn errors_are_cni_errors_with_the_spec_codes() {
             "{what}: {out}"
         );
         assert!(out["cniVersion"].is_string(), "{what}: {out}");
+        if what.ends_with("no daemon") {
+            // The hint names the plugin's setting, not the CLI's flags.
+            let text = out.to_string();
+            assert!(
+                text.contains(r#"the network configuration's \"socket\" names another"#),
+                "{what}: {out}"
+            );
+            assert!(!text.contains("LB_SOCKET"), "{what}: {out}");
+        }
     }
+}
+
+/// Run by hand (no `CNI_COMMAND`), lb-cni says what it is and which CNI versions it speaks on
+/// stderr and exits 0 without reading stdin, in the reference plugins' words (the `bridge`
+/// plugin of containernetworking-plugins, run the same way, is the yardstick). Needs no root.
+#[test]
+fn run_by_hand_it_says_what_it_is_as_the_reference_plugins_do() {
+    let by_hand = |program: &str| {
+        Command::new(program)
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let reference = by_hand("/usr/lib/cni/bridge");
+    let reference = String::from_utf8_lossy(&reference.stderr).into_owned();
+    let ours = by_hand(env!("CARGO_BIN_EXE_lb-cni"));
+    assert!(ours.status.success(), "{ours:?}");
+    assert!(ours.stdout.is_empty(), "{ours:?}");
+    let text = String::from_utf8_lossy(&ours.stderr);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with(&format!("CNI lb plugin v{}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    let versions = "CNI protocol versions supported: ";
+    assert!(
+        reference
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with(versions)),
+        "the reference plugin's second line: {reference}"
+    );
+    assert_eq!(
+        lines[1],
+        format!("{versions}{}", lb_user::cni::SUPPORTED_VERSIONS.join(", "))
+    );
 }

@@ -28,13 +28,13 @@ pub struct Unreachable {
 }
 
 impl Unreachable {
-    /// Says why connecting to `socket` failed with `e`, and what to do.
-    fn new(socket: &Path, e: &std::io::Error) -> Self {
+    /// Says why connecting to `socket` (named by `named_by`) failed with `e`, and what to do.
+    fn new(socket: &Path, named_by: &str, e: &std::io::Error) -> Self {
         use std::os::unix::fs::MetadataExt as _;
         let at = socket.display();
         let message = match e.kind() {
             std::io::ErrorKind::NotFound => format!(
-                "cannot reach the daemon: no socket at {at} (is `lb daemon` running? --socket or LB_SOCKET names another)"
+                "cannot reach the daemon: no socket at {at} (is `lb daemon` running? {named_by} names another)"
             ),
             std::io::ErrorKind::ConnectionRefused => format!(
                 "cannot reach the daemon: nothing listens on {at} (the daemon is not running; the file is left from an earlier one)"
@@ -60,12 +60,22 @@ impl Unreachable {
 /// A client of the daemon at one socket.
 pub struct Client {
     socket: PathBuf,
+    /// Where the user names the socket, for the hint when it is not there.
+    named_by: &'static str,
 }
 
 impl Client {
+    /// A client of the socket the CLI was given (`--socket`, `LB_SOCKET`).
     pub fn new(socket: &Path) -> Self {
+        Self::named_by(socket, "--socket or LB_SOCKET")
+    }
+
+    /// A client of `socket`, which the user names in `named_by` (lb-cni: the conflist's
+    /// `socket`).
+    pub fn named_by(socket: &Path, named_by: &'static str) -> Self {
         Client {
             socket: socket.to_path_buf(),
+            named_by,
         }
     }
 
@@ -155,7 +165,7 @@ impl Client {
     )> {
         let socket = self.socket.display();
         let stream = (tokio::net::UnixStream::connect(&self.socket).await)
-            .map_err(|e| Unreachable::new(&self.socket, &e))?;
+            .map_err(|e| Unreachable::new(&self.socket, self.named_by, &e))?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .with_context(|| format!("talking to {socket}"))?;

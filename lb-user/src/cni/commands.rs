@@ -33,7 +33,7 @@ pub fn run(env: &Env, stdin: &[u8]) -> Result<String, CniError> {
             ),
         ));
     }
-    let client = Client::new(&conf.socket);
+    let client = Client::named_by(&conf.socket, "the network configuration's \"socket\"");
     match env.command.as_str() {
         "ADD" => add(env, &conf, &client),
         "DEL" => del(env, &conf, &client).map(|()| String::new()),
