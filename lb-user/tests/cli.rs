@@ -508,3 +508,32 @@ fn version_says_what_this_lb_is_and_what_the_kernel_runs() {
         "{v}"
     );
 }
+
+/// The habits a user brings from other tools get a hint, not just a refusal (usage, exit 2,
+/// nothing asked): an `IP:PORT` backend says where the port goes, a state file without `-f`
+/// says how to give it. Needs no daemon.
+#[test]
+fn habits_of_other_tools_get_a_hint() {
+    let run = |args: &[&str]| -> Run { Command::new(lb()).args(args).output().unwrap().into() };
+    let r = run(&[
+        "service",
+        "set",
+        "web",
+        "api",
+        "--vip",
+        "10.99.0.1",
+        "--backend",
+        "10.0.0.1:80",
+    ]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("--port PROTO/PUBLISHED:80"), "{r:?}");
+    let r = run(&["service", "backend", "add", "web", "api", "[fd00::1]:8080"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("a backend is an address"), "{r:?}");
+    let r = run(&["apply", "state.json"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("lb apply -f state.json"), "{r:?}");
+    let r = run(&["apply"]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("-f FILE"), "{r:?}");
+}

@@ -165,7 +165,10 @@ pub enum Cmd {
         /// The desired state (the JSON `lb state` prints; README "Desired state"); `-` reads
         /// stdin.
         #[arg(short = 'f', long = "file", value_name = "FILE")]
-        file: PathBuf,
+        file: Option<PathBuf>,
+        /// A file given without -f (`lb apply state.json`): answered with how to say it.
+        #[arg(hide = true, value_name = "FILE")]
+        stray: Option<PathBuf>,
         /// Check the state against the daemon and the node and print what would change;
         /// change nothing.
         #[arg(long)]

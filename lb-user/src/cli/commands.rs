@@ -409,15 +409,41 @@ pub fn run(cli: Cli) -> Result<()> {
         }
         Cmd::Apply {
             file,
+            stray,
             dry_run,
             wait,
-        } => match &cluster {
-            Some(c) => {
-                let (text, name) = read_file(&file)?;
-                super::cluster::apply(global, c, &text, &name, dry_run)
+        } => {
+            let file = match (file, stray) {
+                (Some(f), None) => f,
+                (None, Some(f)) => {
+                    return Err(Usage(anyhow::anyhow!(
+                        "lb apply takes the state file with -f: lb apply -f {}",
+                        f.display()
+                    ))
+                    .into());
+                }
+                (None, None) => {
+                    return Err(Usage(anyhow::anyhow!(
+                        "lb apply needs the state file: -f FILE (- reads stdin)"
+                    ))
+                    .into());
+                }
+                (Some(_), Some(f)) => {
+                    return Err(Usage(anyhow::anyhow!(
+                        "lb apply takes one state file (-f); {} is one too many",
+                        f.display()
+                    ))
+                    .into());
+                }
+            };
+            match &cluster {
+                Some(c) => {
+                    let (text, name) = read_file(&file)?;
+                    super::cluster::apply(global, c, &text, &name, dry_run)
+                }
+                None => apply(global, &file, dry_run, wait),
             }
-            None => apply(global, &file, dry_run, wait),
-        },
+        }
         Cmd::Version => {
             super::version::show(global.json);
             Ok(())

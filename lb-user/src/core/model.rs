@@ -607,6 +607,10 @@ impl FromStr for Backend {
             Some((ip, "disabled")) => (ip, true),
             Some(_) => return Err(Invalid::BackendSyntax(s.to_owned())),
         };
+        // The habit of other tools (`ip:port` endpoints): say where the port goes instead.
+        if let Ok(with_port) = ip.parse::<std::net::SocketAddr>() {
+            return Err(Invalid::BackendWithPort(s.to_owned(), with_port.port()));
+        }
         Ok(Backend {
             ip: parse_ip(ip)?,
             disabled,

@@ -36,6 +36,10 @@ pub enum Invalid {
     PortSyntax(String),
     #[error("invalid backend {0:?}: expected IP[,disabled]")]
     BackendSyntax(String),
+    #[error(
+        "invalid backend {0:?}: a backend is an address; the port it is reached on comes from the service's ports (--port PROTO/PUBLISHED:{1}) or, for a VIP without ports, is the port the client asked"
+    )]
+    BackendWithPort(String, u16),
     #[error("{what} is empty")]
     NameEmpty { what: &'static str },
     #[error("{what} {value:?} contains {c:?}; only A-Z a-z 0-9 _ . - are allowed")]
