@@ -537,3 +537,28 @@ fn habits_of_other_tools_get_a_hint() {
     assert_eq!(r.code, Some(2), "{r:?}");
     assert!(r.stderr.contains("-f FILE"), "{r:?}");
 }
+
+/// A state file is `-f FILE` wherever one is read; `--state`, the old spelling of `elements`
+/// (and `load`, exercised by `cli_load.rs`), still works and means the same. Needs no daemon.
+#[test]
+fn a_state_file_is_dash_f_everywhere_and_the_old_spelling_still_works() {
+    let file = std::env::temp_dir().join(format!("lbt-cli-elements-{}.json", std::process::id()));
+    std::fs::write(
+        &file,
+        r#"{"networks":[{"name":"web","interfaces":["eth0"],"services":[{"id":"api","vip":"10.99.0.10","backends":[{"ip":"10.20.0.11"}],"ports":[]}]}]}"#,
+    )
+    .unwrap();
+    let run = |flag: &str| -> Run {
+        Command::new(lb())
+            .args(["elements", flag, file.to_str().unwrap()])
+            .output()
+            .unwrap()
+            .into()
+    };
+    let (short, long, old) = (run("-f"), run("--file"), run("--state"));
+    let _ = std::fs::remove_file(&file);
+    assert!(short.ok(), "{short:?}");
+    assert!(short.stdout.contains("10.99.0.10"), "{short:?}");
+    assert_eq!(short.stdout, long.stdout);
+    assert_eq!(short.stdout, old.stdout, "--state still works");
+}

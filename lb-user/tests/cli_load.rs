@@ -147,11 +147,7 @@ fn load_serve_unload(attach: Attach, tc: &str) {
     }
 
     // The same file again: everything adopted, nothing rewritten.
-    let again = lb(
-        &["load", "--state", file_arg, "--tc", tc],
-        bpffs.path(),
-        &work,
-    );
+    let again = lb(&["load", "-f", file_arg, "--tc", tc], bpffs.path(), &work);
     assert!(again.status.success(), "{}", text(&again.stderr));
     assert!(
         text(&again.stdout).contains("(0 map entries written, 0 deleted"),

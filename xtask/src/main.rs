@@ -125,7 +125,7 @@ fn main() -> Result<()> {
         Cmd::BuildAndLoad { state, bpffs } => {
             setup()?;
             build(true)?;
-            let mut args = vec!["load".into(), "--state".into(), state.into_os_string()];
+            let mut args = vec!["load".into(), "--file".into(), state.into_os_string()];
             if let Some(dir) = bpffs {
                 args.extend(["--bpffs".into(), dir.into_os_string()]);
             }

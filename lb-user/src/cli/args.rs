@@ -25,7 +25,7 @@ pub const EXIT_UNREACHABLE: i32 = 4;
     long_about = "eBPF/XDP service load balancer for container nodes.\n\n\
         `lb daemon` owns the desired state and programs every network's dataplane; the other \
         commands are its clients over the API socket (or, for `load`/`unload`/`elements \
-        --state`, work without it).",
+        -f`, work without it).",
     after_help = "Exit codes: 0 done (applied); 1 refused, nothing changed; 2 usage; \
         3 accepted but not applied yet (retrying, or --wait timed out); \
         4 the daemon is unreachable or not permitted."
@@ -198,12 +198,13 @@ pub enum Cmd {
     },
     /// Composed elements, what the dataplane is told bucket by bucket, in moby's notation
     /// (`nat-service-vip 10.99.0.10 . 0-32767 : 10.20.0.11`); of a desired-state file with
-    /// --state, without a daemon.
+    /// -f, without a daemon.
     Elements {
         /// Only this network's.
         network: Option<String>,
-        /// Compose this desired-state file instead of asking the daemon.
-        #[arg(long, value_name = "FILE")]
+        /// Compose this desired-state file instead of asking the daemon (`--state`, the old
+        /// spelling, still works).
+        #[arg(short = 'f', long = "file", alias = "state", value_name = "FILE")]
         state: Option<PathBuf>,
     },
     /// Live flows: protocol, client, service and frontend, backend, state, time left.
@@ -217,8 +218,8 @@ pub enum Cmd {
     /// Program the eBPF dataplane once from a desired-state file (no daemon); programs stay
     /// attached and maps pinned under --bpffs.
     Load {
-        /// The desired-state file.
-        #[arg(long, value_name = "FILE")]
+        /// The desired-state file (`--state`, the old spelling, still works).
+        #[arg(short = 'f', long = "file", alias = "state", value_name = "FILE")]
         state: PathBuf,
         /// Where maps and links are pinned, one directory per network.
         #[arg(long, default_value = DEFAULT_BPFFS)]
