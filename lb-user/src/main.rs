@@ -27,6 +27,14 @@ fn exit_code(e: &anyhow::Error) -> i32 {
 }
 
 fn main() {
+    // An empty variable is an unset one, as a shell user means `LB_SOCKET= lb …`; clap would
+    // take it as a flag given without its value, and refuse even an explicit `--socket`.
+    for var in ["LB_SOCKET", "LB_CLUSTER", "LB_CLUSTER_PREFIX"] {
+        if std::env::var_os(var).is_some_and(|v| v.is_empty()) {
+            // SAFETY: the first thing main does, before any thread is started.
+            unsafe { std::env::remove_var(var) };
+        }
+    }
     let cli = match cli::args::Cli::try_parse() {
         Ok(cli) => cli,
         // Help and version exit 0 on stdout; a usage error exits 2 (EXIT_USAGE) on stderr,

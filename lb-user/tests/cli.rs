@@ -536,6 +536,16 @@ fn habits_of_other_tools_get_a_hint() {
     let r = run(&["apply"]);
     assert_eq!(r.code, Some(2), "{r:?}");
     assert!(r.stderr.contains("-f FILE"), "{r:?}");
+    // `LB_SOCKET= lb …`: an empty variable is an unset one, not a flag without its value.
+    let nowhere = std::env::temp_dir().join("lbt-cli-no-such.sock");
+    let r: Run = Command::new(lb())
+        .env("LB_SOCKET", "")
+        .args(["--socket", nowhere.to_str().unwrap(), "status"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(r.code, Some(4), "the daemon asked, and not there: {r:?}");
+    assert!(r.stderr.contains(nowhere.to_str().unwrap()), "{r:?}");
 }
 
 /// A state file is `-f FILE` wherever one is read; `--state`, the old spelling of `elements`
