@@ -6,11 +6,11 @@ use lb_user::api;
 
 mod cli;
 
-use cli::args::{EXIT_NOT_APPLIED, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
+use cli::args::{EXIT_NO_ANSWER, EXIT_NOT_APPLIED, EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE};
 
 /// The exit code for `e`: 3 for a change saved but not applied yet, 4 when the daemon could
-/// not be asked (or refused this user), 2 for a flag's value lb cannot read (nothing asked),
-/// 1 for everything refused.
+/// not be asked (or refused this user), 5 when it went away before it answered, 2 for a
+/// flag's value lb cannot read (nothing asked), 1 for everything refused.
 fn exit_code(e: &anyhow::Error) -> i32 {
     if cli::commands::saved(e) || e.downcast_ref::<cli::commands::NotApplied>().is_some() {
         EXIT_NOT_APPLIED
@@ -19,6 +19,8 @@ fn exit_code(e: &anyhow::Error) -> i32 {
             .is_some_and(|r| r.status == hyper::StatusCode::FORBIDDEN)
     {
         EXIT_UNREACHABLE
+    } else if e.downcast_ref::<api::NoAnswer>().is_some() {
+        EXIT_NO_ANSWER
     } else if e.downcast_ref::<cli::commands::Usage>().is_some() {
         EXIT_USAGE
     } else {

@@ -572,3 +572,49 @@ fn a_state_file_is_dash_f_everywhere_and_the_old_spelling_still_works() {
     assert_eq!(short.stdout, long.stdout);
     assert_eq!(short.stdout, old.stdout, "--state still works");
 }
+
+/// A daemon killed while it works on a change (`kill -9` during `lb apply` of 10,000
+/// services) leaves the CLI without an answer: exit 5, saying the change may have been saved
+/// and how to find out, not 1 ("refused, nothing changed"), which would be a lie once the
+/// restarted daemon serves what it had saved.
+#[test]
+fn a_daemon_gone_before_it_answers_a_change_exits_5_and_says_how_to_check() {
+    if !require_root("a_daemon_gone_before_it_answers_a_change_exits_5_and_says_how_to_check") {
+        return;
+    }
+    let topo = Topology::new(1).unwrap();
+    let bpffs = Bpffs::new().unwrap();
+    let mut d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    let state = lb_tests::scale::state(
+        NET,
+        topo.node.name(),
+        &topo.node_ifaces,
+        lb_tests::scale::services(10_000, 10, 8080),
+    );
+    let file = d.state_dir().with_file_name("big.json");
+    std::fs::write(&file, state.to_json()).unwrap();
+    let fds = |d: &LbDaemon| {
+        std::fs::read_dir(format!("/proc/{}/fd", d.pid().unwrap())).map_or(0, |dir| dir.count())
+    };
+    let before = fds(&d);
+    let apply = Command::new(lb())
+        .args(["apply", "-f", file.to_str().unwrap(), "--socket"])
+        .arg(d.socket())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed once the change is under way: the daemon has the client's connection (one more
+    // descriptor), and a moment later the request (the change takes seconds at this size).
+    let connected = lb_tests::poll_until(std::time::Duration::from_secs(20), || fds(&d) > before);
+    assert!(connected.is_some(), "the CLI never connected");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    d.kill9();
+    let r: Run = apply.wait_with_output().unwrap().into();
+    assert_eq!(r.code, Some(5), "{r:?}");
+    assert!(r.stderr.contains("may have been saved"), "{r:?}");
+    assert!(r.stderr.contains("lb status"), "{r:?}");
+    d.restart().unwrap();
+    let status: Value = serde_json::from_str(&d.ok(&["status", "-j"])).unwrap();
+    assert!(status["store"]["revision"].as_u64().is_some(), "{status}");
+}

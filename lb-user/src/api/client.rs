@@ -57,6 +57,15 @@ impl Unreachable {
     }
 }
 
+/// The daemon took the request and went away before it answered (it was killed, or it
+/// crashed): a change may have been saved or not, which only the daemon can say once it is
+/// back. Its own exit code in the CLI.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct NoAnswer {
+    pub message: String,
+}
+
 /// A client of the daemon at one socket.
 pub struct Client {
     socket: PathBuf,
@@ -83,7 +92,18 @@ impl Client {
     /// message (and, for a change saved but not applied, says so).
     pub fn call<T: DeserializeOwned>(&self, request: &Request) -> Result<T> {
         let (method, path, body) = request.to_http();
-        let (status, reply) = self.send(method, &path, body.unwrap_or_default())?;
+        let sent = self.send(method, &path, body.unwrap_or_default());
+        let (status, reply) = match sent {
+            Err(e) if request.mutates() && e.downcast_ref::<NoAnswer>().is_some() => {
+                return Err(NoAnswer {
+                    message: format!(
+                        "{e:#}: the change may have been saved before the daemon went; once it is back, `lb status` gives the store's revision and `lb state` the desired state (or `lb watch --from REVISION` what changed after a revision you read)"
+                    ),
+                }
+                .into());
+            }
+            r => r?,
+        };
         if !status.is_success() {
             return Err(refusal(status, &reply));
         }
@@ -142,10 +162,10 @@ impl Client {
     ) -> Result<(StatusCode, Bytes)> {
         let socket = self.socket.display();
         let (status, body, conn) = self.open(method, path, body).await?;
-        let reply = body
-            .collect()
-            .await
-            .with_context(|| format!("reading the daemon's answer on {socket}"))?
+        let reply = (body.collect().await)
+            .map_err(|e| NoAnswer {
+                message: format!("the daemon at {socket} stopped answering: {e}"),
+            })?
             .to_bytes();
         conn.abort();
         Ok((status, reply))
@@ -180,10 +200,9 @@ impl Client {
         let request = request
             .body(Full::new(Bytes::from(body)))
             .with_context(|| format!("building the request for {path}"))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .with_context(|| format!("the daemon at {socket} did not answer"))?;
+        let response = (sender.send_request(request).await).map_err(|e| NoAnswer {
+            message: format!("the daemon at {socket} did not answer: {e}"),
+        })?;
         Ok((response.status(), response.into_body(), conn))
     }
 }

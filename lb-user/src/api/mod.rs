@@ -31,7 +31,7 @@ mod client;
 mod route;
 mod types;
 
-pub use client::{Client, Refused, Unreachable};
+pub use client::{Client, NoAnswer, Refused, Unreachable};
 pub use route::{ApiError, Request, route};
 pub use types::{
     BackendState, BackendStats, ChangeWork, ClusterStatus, ConntrackEntry, Done, ElementEntry,

@@ -16,6 +16,7 @@ pub const EXIT_REFUSED: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_NOT_APPLIED: i32 = 3;
 pub const EXIT_UNREACHABLE: i32 = 4;
+pub const EXIT_NO_ANSWER: i32 = 5;
 
 #[derive(Parser)]
 #[command(
@@ -28,7 +29,8 @@ pub const EXIT_UNREACHABLE: i32 = 4;
         -f`, work without it).",
     after_help = "Exit codes: 0 done (applied); 1 refused, nothing changed; 2 usage; \
         3 accepted but not applied yet (retrying, or --wait timed out); \
-        4 the daemon is unreachable or not permitted."
+        4 the daemon is unreachable or not permitted; 5 the daemon went away before it \
+        answered a change (which may have been saved: `lb status` and `lb state` say)."
 )]
 pub struct Cli {
     #[command(subcommand)]
