@@ -697,6 +697,14 @@ fn curl_drives_the_api() {
     let d = LbDaemon::start(lb(), bpffs.path(), &[]).expect("lb daemon starts");
     let mode = std::fs::metadata(d.socket()).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the socket is root's only");
+    // Bound in a private directory and moved into place: none is left beside it.
+    let dir = d.socket().parent().unwrap().to_owned();
+    let left: Vec<String> = (std::fs::read_dir(&dir).unwrap())
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".d"))
+        .collect();
+    assert!(left.is_empty(), "left beside the socket: {left:?}");
 
     let (status, body) = curl(&d, &["http://lb/v1/status"]);
     assert_eq!(status, 200);

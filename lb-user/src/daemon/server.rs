@@ -237,19 +237,41 @@ fn take_locks(opts: &Options, created: &mut Created) -> Result<Vec<Lock>> {
     Ok(locks)
 }
 
-/// Binds the API socket (under the socket's lock: a file there is a stale one) and leaves it
-/// mode 0600, owned by the daemon's user: only root and that user can connect (and
+/// Binds the API socket (under the socket's lock: a file there is a stale one) with mode
+/// 0600 from its first instant: it is bound in a private directory beside it (mode 0700),
+/// restricted there, and renamed into place, so that no one but root and the daemon's user
+/// can connect even between `bind` and `chmod` (peer credentials are checked too:
 /// [`permitted`] answers anyone else 403).
 fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::DirBuilderExt as _;
     if path.exists() {
         std::fs::remove_file(path)
             .with_context(|| format!("removing the stale socket {}", path.display()))?;
     }
-    let listener = tokio::net::UnixListener::bind(path)
-        .with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("restricting {}", path.display()))?;
-    Ok(listener)
+    let name = path
+        .file_name()
+        .context("the socket path has no file name")?;
+    let mut private = path.as_os_str().to_owned();
+    private.push(format!(".{}.d", std::process::id()));
+    let private = std::path::PathBuf::from(private);
+    // One left by a daemon that died here: nothing in it is of use.
+    let _ = std::fs::remove_dir_all(&private);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .with_context(|| format!("creating {}", private.display()))?;
+    let inside = private.join(name);
+    let bound = (|| -> Result<tokio::net::UnixListener> {
+        let listener = tokio::net::UnixListener::bind(&inside)
+            .with_context(|| format!("binding {}", inside.display()))?;
+        std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600))
+            .with_context(|| format!("restricting {}", inside.display()))?;
+        std::fs::rename(&inside, path)
+            .with_context(|| format!("moving the socket to {}", path.display()))?;
+        Ok(listener)
+    })();
+    let _ = std::fs::remove_dir_all(&private);
+    bound
 }
 
 /// Serves one API connection.
