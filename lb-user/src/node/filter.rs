@@ -40,7 +40,7 @@ use anyhow::{Context as _, Result, bail};
 use rtnetlink::sys::{Socket, protocols::NETLINK_NETFILTER};
 use serde_json::Value;
 
-use crate::dataplane::nft::{TABLE_PREFIX, nft};
+use super::nft::{TABLE_PREFIX, nft};
 
 /// The multicast group of nf_tables' change notifications (`NFNLGRP_NFTABLES`).
 const NFNLGRP_NFTABLES: u32 = 7;

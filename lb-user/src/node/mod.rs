@@ -3,13 +3,15 @@
 //! events that tell the daemon the node changed under a network ([`watch`]), and whether the
 //! node's firewall filters forwarded traffic, which the fast path would skip ([`filter`]), and
 //! whether a veth's peer takes what XDP sends out of it ([`veth`]); the published ports the
-//! daemon holds ([`hold`]); where the cgroup2 hierarchy is ([`cgroup`]).
+//! daemon holds ([`hold`]); where the cgroup2 hierarchy is ([`cgroup`]); the `nft` command
+//! ([`nft`]). Nothing here depends on a dataplane: the dataplanes build on it.
 pub mod cgroup;
 pub mod check;
 pub mod filter;
 pub mod hold;
 pub mod netlink;
 pub mod netns;
+pub mod nft;
 pub mod veth;
 pub mod watch;
 

@@ -1,48 +1,10 @@
-//! Running `nft`: the first one on PATH, in the calling thread's namespace.
-use std::{
-    io::Write as _,
-    process::{Command, Stdio},
-};
-
-use anyhow::{Context as _, Result, bail};
+//! The nftables dataplane's uses of `nft` ([`crate::node::nft`] runs it): transactions,
+//! its tables deleted, listed and read back.
+use anyhow::{Context as _, Result};
 
 use super::ruleset::{self, table_name};
 use crate::core::model::Family;
-
-/// Runs `nft ARGS` with `stdin`, returning what it printed.
-pub fn nft(args: &[&str], stdin: Option<&str>) -> Result<String> {
-    let mut child = Command::new("nft")
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running nft (is the nftables package installed?)")?;
-    // An nft that refuses early exits before reading everything (a broken pipe here): its
-    // own exit status and message say why, so the write error only counts if it succeeded.
-    let wrote = stdin.map(|input| {
-        let mut pipe = child.stdin.take().expect("piped stdin");
-        pipe.write_all(input.as_bytes())
-    });
-    let out = child.wait_with_output().context("waiting for nft")?;
-    if !out.status.success() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        bail!(
-            "nft {} failed ({}): {}",
-            args.join(" "),
-            out.status,
-            err.trim().replace('\n', " ")
-        );
-    }
-    if let Some(Err(e)) = wrote {
-        return Err(e).context("writing the ruleset to nft");
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
+pub use crate::node::nft::nft;
 
 /// Applies `script` as one transaction (`nft -f -`): all of it or nothing.
 pub fn transaction(script: &str) -> Result<()> {

@@ -50,8 +50,7 @@ fn addr_type(family: Family) -> &'static str {
     }
 }
 
-/// Tables of this dataplane start with this: `lb` owns no other tables.
-pub const TABLE_PREFIX: &str = "lb-";
+pub use crate::node::nft::TABLE_PREFIX;
 /// Every VIP of the network: published ports never apply to a VIP's own address.
 pub const VIP_SET: &str = "service-vips";
 /// One element, a hash of the network the table was last written for: a difference is only
