@@ -401,10 +401,16 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
-        // Drop runs during unwinding too: a second panic would abort the test binary and
-        // hide the first, so a failed deletion is only reported.
+        // A namespace left behind is a test that did not clean up: it fails, as aya's guard
+        // fails it. Unless the test is failing already (Drop runs during unwinding too, and a
+        // second panic would abort the binary and hide the first): then it is only reported.
         if let Err(e) = delete(&self.name) {
-            eprintln!("lb-tests: cannot delete netns {}: {e:#}", self.name);
+            let message = format!("lb-tests: cannot delete netns {}: {e:#}", self.name);
+            if std::thread::panicking() {
+                eprintln!("{message}");
+            } else {
+                panic!("{message}");
+            }
         }
     }
 }

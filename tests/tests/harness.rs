@@ -408,3 +408,28 @@ fn stale_cleanup_removes_namespaces_of_dead_runs_only() {
         "a live run's namespace was removed"
     );
 }
+
+/// A namespace the guard cannot delete fails the test that owned it (as aya's guard does),
+/// instead of a line on stderr: here its name is taken over by a directory behind the guard's
+/// back, so `ip netns del` cannot remove it.
+#[test]
+fn a_namespace_that_cannot_be_deleted_fails_its_test() {
+    if !require_root("a_namespace_that_cannot_be_deleted_fails_its_test") {
+        return;
+    }
+    let ns = Netns::new("undeletable").unwrap();
+    let path = ns.path();
+    Command::new("ip")
+        .args(["netns", "del", ns.name()])
+        .status()
+        .unwrap();
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join("busy"), b"").unwrap();
+    let dropped = catch_unwind(AssertUnwindSafe(move || drop(ns)));
+    let _ = std::fs::remove_dir_all(&path);
+    let panic = dropped.expect_err("the guard's failed cleanup fails the test");
+    let message = (panic.downcast_ref::<String>().cloned())
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default();
+    assert!(message.contains("cannot delete netns"), "{message}");
+}
