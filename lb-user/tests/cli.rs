@@ -618,3 +618,39 @@ fn a_daemon_gone_before_it_answers_a_change_exits_5_and_says_how_to_check() {
     let status: Value = serde_json::from_str(&d.ok(&["status", "-j"])).unwrap();
     assert!(status["store"]["revision"].as_u64().is_some(), "{status}");
 }
+
+/// `lb status NETWORK` and `lb network ls NETWORK` show that network only (as `lb service ls`
+/// and `lb conntrack` do), table and JSON; an unknown one is refused by name.
+#[test]
+fn status_and_network_ls_take_a_network() {
+    if !require_root("status_and_network_ls_take_a_network") {
+        return;
+    }
+    let (a, b) = (Topology::new(1).unwrap(), Topology::new(1).unwrap());
+    let bpffs = Bpffs::new().unwrap();
+    let d = LbDaemon::start(lb(), bpffs.path(), &[]).unwrap();
+    d.ok(&network_add(&a, "one"));
+    d.ok(&network_add(&b, "two"));
+    let status: Value = serde_json::from_str(&d.ok(&["status", "two", "-j"])).unwrap();
+    let names: Vec<&str> = (status["networks"].as_array().unwrap().iter())
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["two"], "{status}");
+    let table = d.ok(&["status", "one"]);
+    let rows: Vec<&str> = (table.lines())
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| *w == "one" || *w == "two")
+        .collect();
+    assert_eq!(rows, ["one"], "{table}");
+    let list: Value = serde_json::from_str(&d.ok(&["network", "ls", "one", "-j"])).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list[0]["name"], "one", "{list}");
+    for args in [&["status", "three"][..], &["network", "ls", "three"]] {
+        let r = d.cli(args);
+        assert_eq!(r.code, Some(1), "{args:?}: {r:?}");
+        assert!(
+            r.stderr.contains("unknown network \"three\""),
+            "{args:?}: {r:?}"
+        );
+    }
+}

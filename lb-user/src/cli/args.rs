@@ -216,7 +216,10 @@ pub enum Cmd {
         network: Option<String>,
     },
     /// The dataplane in use and why, and each network's state and last sync.
-    Status,
+    Status {
+        /// Only this network's.
+        network: Option<String>,
+    },
     /// Program the eBPF dataplane once from a desired-state file (no daemon); programs stay
     /// attached and maps pinned under --bpffs.
     Load {
@@ -336,7 +339,10 @@ pub enum NetworkCmd {
     },
     /// The networks, one row each.
     #[command(visible_alias = "ls")]
-    List,
+    List {
+        /// Only this network.
+        network: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -503,7 +509,7 @@ impl Cmd {
             Cmd::Watch { .. } => "watch",
             Cmd::Elements { .. } => "elements",
             Cmd::Conntrack { .. } => "conntrack",
-            Cmd::Status => "status",
+            Cmd::Status { .. } => "status",
             Cmd::Load { .. } => "load",
             Cmd::Unload { .. } => "unload",
         }

@@ -289,8 +289,16 @@ pub fn run(cli: Cli) -> Result<()> {
                     },
                 )
             }
-            NetworkCmd::List => {
-                render::networks(global.json, &call::<Vec<_>>(global, &Request::NetworkList)?);
+            NetworkCmd::List { network } => {
+                let mut list: Vec<lb_user::api::NetworkSummary> =
+                    call(global, &Request::NetworkList)?;
+                if let Some(want) = &network {
+                    list.retain(|n| n.name == *want);
+                    if list.is_empty() {
+                        bail!("unknown network {want:?}");
+                    }
+                }
+                render::networks(global.json, &list);
                 Ok(())
             }
         },
@@ -510,8 +518,15 @@ pub fn run(cli: Cli) -> Result<()> {
             render::conntrack(global.json, &flows);
             Ok(())
         }
-        Cmd::Status => {
-            render::status(global.json, &call(global, &Request::Status)?);
+        Cmd::Status { network } => {
+            let mut status: Status = call(global, &Request::Status)?;
+            if let Some(want) = &network {
+                status.networks.retain(|n| n.name == *want);
+                if status.networks.is_empty() {
+                    bail!("unknown network {want:?}");
+                }
+            }
+            render::status(global.json, &status);
             Ok(())
         }
         Cmd::Load {
