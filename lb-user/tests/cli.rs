@@ -536,8 +536,31 @@ fn habits_of_other_tools_get_a_hint() {
     let r = run(&["apply"]);
     assert_eq!(r.code, Some(2), "{r:?}");
     assert!(r.stderr.contains("-f FILE"), "{r:?}");
-    // `LB_SOCKET= lb …`: an empty variable is an unset one, not a flag without its value.
+    // A timeout out of bounds is checked here, as a port is: usage, the daemon never asked
+    // (no daemon listens on this socket: asking would be exit 4).
     let nowhere = std::env::temp_dir().join("lbt-cli-no-such.sock");
+    for args in [
+        &[
+            "network",
+            "add",
+            "x",
+            "--interface",
+            "eth0",
+            "--timeout",
+            "tcp_established=0",
+        ][..],
+        &["network", "set", "x", "--timeout", "udp=0"],
+    ] {
+        let r: Run = Command::new(lb())
+            .args(args)
+            .args(["--socket", nowhere.to_str().unwrap()])
+            .output()
+            .unwrap()
+            .into();
+        assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
+        assert!(r.stderr.contains("out of range"), "{args:?}: {r:?}");
+    }
+    // `LB_SOCKET= lb …`: an empty variable is an unset one, not a flag without its value.
     let r: Run = Command::new(lb())
         .env("LB_SOCKET", "")
         .args(["--socket", nowhere.to_str().unwrap(), "status"])

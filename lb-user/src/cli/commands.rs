@@ -225,6 +225,10 @@ pub fn run(cli: Cli) -> Result<()> {
                 for spec in &specs {
                     timeouts.set(spec).map_err(|e| Usage(e.into()))?;
                 }
+                // Checked here, as a port is: a value the CLI can check never reaches the daemon.
+                timeouts
+                    .validate()
+                    .map_err(|e| Usage(anyhow::Error::new(e).context("--timeout")))?;
                 let network = Network {
                     name,
                     interfaces,
@@ -257,6 +261,11 @@ pub fn run(cli: Cli) -> Result<()> {
                 let mut timeouts = std::collections::BTreeMap::new();
                 for spec in &specs {
                     let (name, secs) = FlowTimeouts::parse(spec).map_err(|e| Usage(e.into()))?;
+                    let mut alone = FlowTimeouts::default();
+                    alone.set_value(name, secs).map_err(|e| Usage(e.into()))?;
+                    alone
+                        .validate()
+                        .map_err(|e| Usage(anyhow::Error::new(e).context("--timeout")))?;
                     timeouts.insert(name.to_owned(), secs);
                 }
                 let settings = Settings {

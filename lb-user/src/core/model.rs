@@ -338,7 +338,9 @@ impl FlowTimeouts {
         Ok(())
     }
 
-    pub(super) fn validate(mut self) -> Result<(), Invalid> {
+    /// Each timeout set is within its bounds (the CLI checks them before it asks the daemon,
+    /// which holds a network to the same).
+    pub fn validate(mut self) -> Result<(), Invalid> {
         for (name, v) in self.fields() {
             if let Some(secs) = *v
                 && !(1..=MAX_TIMEOUT_SECS).contains(&secs)
