@@ -28,7 +28,31 @@ fn exit_code(e: &anyhow::Error) -> i32 {
     }
 }
 
+/// Whether the command line asks for JSON, read from the words themselves: for a usage error,
+/// when the parse that would say so has failed.
+fn asked_for_json() -> bool {
+    std::env::args().any(|a| a == "-j" || a == "--json")
+}
+
+/// A usage error (exit 2, nothing asked), in the style of every other error.
+fn usage_exit(message: &str, json: bool) -> ! {
+    if json {
+        eprintln!(
+            "{}",
+            serde_json::json!({ "error": message, "exit_code": EXIT_USAGE })
+        );
+    } else {
+        eprintln!("lb: {message}");
+    }
+    std::process::exit(EXIT_USAGE);
+}
+
 fn main() {
+    // `lb generate` (hidden): the man pages, completions and CLI reference, generated from the
+    // CLI's definition; parsed apart from it so the tree it describes stays the public one.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "generate") {
+        cli::generate::main();
+    }
     // An empty variable is an unset one, as a shell user means `LB_SOCKET= lb …`; clap would
     // take it as a flag given without its value, and refuse even an explicit `--socket`.
     for var in ["LB_SOCKET", "LB_CLUSTER", "LB_CLUSTER_PREFIX"] {
@@ -41,19 +65,16 @@ fn main() {
         Ok(cli) => cli,
         // Help and version exit 0 on stdout; a usage error exits 2 (EXIT_USAGE) on stderr,
         // as one JSON document when the line asked for JSON (clap could not say so: it failed).
-        Err(e) if e.use_stderr() && std::env::args().any(|a| a == "-j" || a == "--json") => {
+        Err(e) if e.use_stderr() && asked_for_json() => {
             let message = e.render().to_string();
             let message = message.lines().next().unwrap_or_default();
-            eprintln!(
-                "{}",
-                serde_json::json!({
-                    "error": message.trim_start_matches("error: "),
-                    "exit_code": EXIT_USAGE,
-                })
-            );
-            std::process::exit(EXIT_USAGE);
+            usage_exit(message.trim_start_matches("error: "), true)
         }
         Err(e) => e.exit(),
+    };
+    let global = match cli.global() {
+        Ok(global) => global,
+        Err(e) => usage_exit(&e, asked_for_json()),
     };
     let daemon = matches!(cli.cmd, cli::args::Cmd::Daemon { .. });
     if !daemon {
@@ -76,8 +97,8 @@ fn main() {
         // Colours for a reader, not for a journal or a log file.
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let json = cli.global.json;
-    if let Err(e) = cli::commands::run(cli) {
+    let json = global.json;
+    if let Err(e) = cli::commands::run(cli, &global) {
         let code = exit_code(&e);
         let message = format!("{e:#}").replace('\n', " ");
         if json {

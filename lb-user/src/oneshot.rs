@@ -18,7 +18,7 @@ use crate::{
 
 /// Where `lb load` records what it applied, so `lb unload` knows which interfaces and
 /// aliases are its own.
-pub const DEFAULT_STATE_DIR: &str = "/run/lb";
+pub const DEFAULT_RECORD_DIR: &str = "/run/lb";
 const LOADED: &str = "loaded.json";
 
 /// Applies one network (a test's shortcut to what `lb load` does per network).

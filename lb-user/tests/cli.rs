@@ -318,7 +318,7 @@ fn apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing() {
     let file = file.to_str().unwrap();
 
     // A dry run: the same difference, nothing saved, nothing applied.
-    let elements = d.ok(&["elements", NET]);
+    let elements = d.elements(NET);
     let dry = d.ok(&["apply", "-f", file, "--dry-run", "--json"]);
     assert_eq!(changes(&dry), expected, "{dry}");
     assert_eq!(
@@ -326,11 +326,7 @@ fn apply_prints_exactly_what_changed_and_a_dry_run_changes_nothing() {
         true
     );
     assert_eq!(state(&d), before, "a dry run saves nothing");
-    assert_eq!(
-        d.ok(&["elements", NET]),
-        elements,
-        "a dry run applies nothing"
-    );
+    assert_eq!(d.elements(NET), elements, "a dry run applies nothing");
     // A dry run is checked as the change would be: an invalid one is refused.
     let mut bad = next.clone();
     bad.networks[0].services[0].backends.clear();
@@ -674,6 +670,186 @@ fn status_and_network_ls_take_a_network() {
         assert!(
             r.stderr.contains("unknown network \"three\""),
             "{args:?}: {r:?}"
+        );
+    }
+}
+
+/// `lb ARGS` with no daemon involved, `env` added to the environment.
+fn run_with(args: &[&str], env: &[(&str, &str)]) -> Run {
+    Command::new(lb())
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap()
+        .into()
+}
+
+/// Each option is offered by the commands it acts on and by no other (a command's help is
+/// what it takes); the earlier spelling with the options before the command's name still works
+/// where they act and is refused, as usage, where they would mean nothing. Needs no daemon.
+#[test]
+fn options_are_offered_where_they_act_and_the_old_spellings_still_work() {
+    // (command, --socket, -j, --cluster)
+    let offers: &[(&[&str], bool, bool, bool)] = &[
+        (&["daemon"], true, false, true),
+        (&["network", "add"], true, true, false),
+        (&["network", "ls"], true, true, false),
+        (&["service", "set"], true, true, true),
+        (&["service", "backend", "add"], true, true, true),
+        (&["batch"], true, true, false),
+        (&["apply"], true, true, true),
+        (&["state"], true, true, true),
+        (&["version"], false, true, false),
+        (&["nodes"], false, true, true),
+        (&["watch"], true, true, false),
+        (&["elements"], true, true, false),
+        (&["conntrack"], true, true, false),
+        (&["status"], true, true, false),
+        (&["load"], false, true, false),
+        (&["unload"], false, true, false),
+    ];
+    for (command, socket, json, cluster) in offers {
+        let help = run_with(&[&command[..], &["--help"]].concat(), &[]);
+        assert!(help.ok(), "{command:?}: {help:?}");
+        let offered = |flag: &str| help.stdout.lines().any(|l| l.contains(flag));
+        assert_eq!(offered("--socket"), *socket, "lb {command:?} --socket");
+        assert_eq!(offered("--json"), *json, "lb {command:?} --json");
+        assert_eq!(
+            offered("--cluster <URL>"),
+            *cluster,
+            "lb {command:?} --cluster"
+        );
+    }
+
+    // Before the command's name: taken where it acts (the socket named is the one asked) ...
+    let r = run_with(
+        &["--socket", "/nonexistent/before.sock", "-j", "status"],
+        &[],
+    );
+    assert_eq!(r.code, Some(4), "{r:?}");
+    assert!(json_error(&r).contains("/nonexistent/before.sock"), "{r:?}");
+    // ... over the command's environment variable, as a flag after the name is ...
+    let env = [("LB_SOCKET", "/nonexistent/env.sock")];
+    let r = run_with(&["--socket", "/nonexistent/before.sock", "status"], &env);
+    assert!(r.stderr.contains("/nonexistent/before.sock"), "{r:?}");
+    let r = run_with(&["status", "--socket", "/nonexistent/after.sock"], &env);
+    assert!(r.stderr.contains("/nonexistent/after.sock"), "{r:?}");
+    let r = run_with(&["network", "--socket", "/nonexistent/mid.sock", "ls"], &[]);
+    assert!(r.stderr.contains("/nonexistent/mid.sock"), "{r:?}");
+    // ... and refused where it does not act: usage, nothing done.
+    for (args, flag, command) in [
+        (
+            &["--socket", "/x.sock", "version"][..],
+            "--socket",
+            "version",
+        ),
+        (
+            &["--socket", "/x.sock", "load", "-f", "/nonexistent"],
+            "--socket",
+            "load",
+        ),
+        (
+            &["--cluster", "etcd://127.0.0.1:1", "network", "ls"],
+            "--cluster",
+            "network",
+        ),
+        // Paths that cannot be made: were the refusal broken, the daemon would fail at once
+        // rather than serve on the node's own socket and state dir.
+        (
+            &[
+                "-j",
+                "daemon",
+                "--state-dir",
+                "/proc/lbt-none/state",
+                "--socket",
+                "/proc/lbt-none/lb.sock",
+                "--bpffs",
+                "/proc/lbt-none/bpf",
+            ],
+            "--json",
+            "daemon",
+        ),
+    ] {
+        let r = run_with(args, &[]);
+        assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
+        let said = format!("{flag} does not act on `lb {command}`");
+        if flag == "--json" {
+            assert!(json_error(&r).contains(&said), "{args:?}: {r:?}");
+        } else {
+            assert!(
+                r.stderr.starts_with(&format!("lb: {said}")),
+                "{args:?}: {r:?}"
+            );
+        }
+    }
+    // After the name, where it does not act: clap's own usage error.
+    let r = run_with(&["load", "-f", "/nonexistent", "--socket", "/x.sock"], &[]);
+    assert_eq!(r.code, Some(2), "{r:?}");
+    assert!(r.stderr.contains("unexpected argument '--socket'"), "{r:?}");
+
+    // `--state-dir` is the daemon's desired state; `lb load`'s record of what it programmed is
+    // `--record-dir`, the old spelling kept as an alias (it reaches the record, not usage).
+    // `--record-dir`, the old spelling kept as an alias: the same run either way, not usage.
+    let unload = |flag: &str| {
+        let args = [
+            "unload",
+            flag,
+            "/nonexistent/record",
+            "--bpffs",
+            "/nonexistent/b",
+        ];
+        run_with(&args, &[])
+    };
+    let (new, old) = (unload("--record-dir"), unload("--state-dir"));
+    assert_ne!(new.code, Some(2), "{new:?}");
+    assert_eq!((new.code, &new.stderr), (old.code, &old.stderr), "{old:?}");
+    let help = run_with(&["load", "--help"], &[]).stdout;
+    assert!(
+        help.contains("--record-dir") && !help.contains("--state-dir <"),
+        "{help}"
+    );
+}
+
+/// `lb elements` is a headed table whose first column is the network: two networks sharing a
+/// VIP print rows that can be told apart; `-j` carries the same rows with their network.
+#[test]
+fn elements_is_a_headed_table_with_the_network() {
+    let file = std::env::temp_dir().join(format!("lbt-cli-two-nets-{}.json", std::process::id()));
+    let net = |name: &str, backend: &str| {
+        format!(
+            r#"{{"name":"{name}","interfaces":["eth-{name}"],"services":[{{"id":"api","vip":"10.99.0.10","backends":[{{"ip":"{backend}"}}],"ports":[]}}]}}"#
+        )
+    };
+    let text = format!(
+        r#"{{"networks":[{},{}]}}"#,
+        net("blue", "10.20.0.11"),
+        net("green", "10.30.0.11")
+    );
+    std::fs::write(&file, text).unwrap();
+    let table = run_with(&["elements", "-f", file.to_str().unwrap()], &[]);
+    let json = run_with(&["elements", "-f", file.to_str().unwrap(), "-j"], &[]);
+    let _ = std::fs::remove_file(&file);
+    assert!(table.ok() && json.ok(), "{table:?} {json:?}");
+    let mut lines = table.stdout.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NETWORK", "MAP", "KEY", "VALUE"], "{table:?}");
+    let rows: Vec<&str> = lines.collect();
+    let listed: Vec<Value> = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(rows.len(), listed.len(), "{table:?}");
+    for (network, backend) in [("blue", "10.20.0.11"), ("green", "10.30.0.11")] {
+        let vip_rows: Vec<&&str> = (rows.iter())
+            .filter(|r| r.starts_with(network) && r.contains("10.99.0.10 . "))
+            .collect();
+        assert!(!vip_rows.is_empty(), "{network}: {table:?}");
+        assert!(
+            vip_rows.iter().all(|r| r.ends_with(backend)),
+            "{network}: {vip_rows:?}"
+        );
+        assert!(
+            listed
+                .iter()
+                .any(|e| e["network"] == network && e["value"] == backend),
+            "{network}: {listed:?}"
         );
     }
 }

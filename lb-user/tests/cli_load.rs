@@ -26,13 +26,13 @@ use lb_user::{
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 10);
 const PORT: u16 = 8080;
 
-fn lb(args: &[&str], bpffs: &Path, state_dir: &Path) -> std::process::Output {
+fn lb(args: &[&str], bpffs: &Path, record_dir: &Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_lb"))
         .args(args)
         .arg("--bpffs")
         .arg(bpffs)
-        .arg("--state-dir")
-        .arg(state_dir)
+        .arg("--record-dir")
+        .arg(record_dir)
         .output()
         .expect("lb runs")
 }

@@ -420,14 +420,14 @@ fn nomad_chain_on(dataplane: &str) {
     assert!(!check.ok, "CHECK with another hostIP: {check:?}");
 
     // A third container asking for c1's port: a CNI error naming the holder, nothing applied.
-    let elements = d.ok(&["elements", NET]);
+    let elements = d.elements(NET);
     let c3 = Container::new("c3c3c3c3c3c3c3c3c3c3");
     let refused = rt
         .add(&c3, &mapping(HOST_PORTS[0]))
         .expect_err("c3 takes a held port");
     refused.assert_error(100, "cni-0c1a2b3c4d5e-eth0", "names the holder");
     assert_eq!(services(&d.socket()).len(), 2, "nothing added");
-    assert_eq!(d.ok(&["elements", NET]), elements, "nothing applied");
+    assert_eq!(d.elements(NET), elements, "nothing applied");
     rt.del(&c3, &[], None)
         .unwrap_or_else(|o| panic!("DEL after the failed ADD: {o:?}"));
     answer_from(
@@ -502,7 +502,7 @@ fn nomad_chain_on(dataplane: &str) {
     rt.del(&c2, &p2, Some(&r2))
         .unwrap_or_else(|o| panic!("DEL c2: {o:?}"));
     assert!(services(&d.socket()).is_empty(), "no lb service left");
-    assert_eq!(d.ok(&["elements", NET]), "", "no element left");
+    assert_eq!(d.elements(NET), "", "no element left");
     assert!(
         tcp_request(&client, NODE_IP, HOST_PORTS[0], TIMEOUT).is_err(),
         "the port is gone"
@@ -683,7 +683,7 @@ fn a_failed_apply_leaves_nothing() {
     let _s1 = spawn_backend(&c1.ns, "c1", CONTAINER_PORT, CONTAINER_PORT).unwrap();
     rt.add(&c1, &mapping(HOST_PORTS[0]))
         .unwrap_or_else(|o| panic!("ADD c1: {o:?}"));
-    let elements = d.ok(&["elements", NET]);
+    let elements = d.elements(NET);
 
     nft.fail(true).unwrap();
     let c2 = Container::new("99887766554433221100aabbccddeeff");
@@ -712,7 +712,7 @@ fn a_failed_apply_leaves_nothing() {
         d.network_status(NET)["applied"] == true
     });
     assert!(healed.is_some(), "applied again: {}", d.log());
-    assert_eq!(d.ok(&["elements", NET]), elements, "nothing of c2 applied");
+    assert_eq!(d.elements(NET), elements, "nothing of c2 applied");
     assert!(
         tcp_request(&client, NODE_IP, HOST_PORTS[1], TIMEOUT).is_err(),
         "c2's port is not published"

@@ -93,7 +93,7 @@ fn rolling_update(dp: &str) {
     set_service(&d, "roll", "2", gen2);
 
     // The union, partitioned once: four intervals for the VIP and four for the port.
-    let elements = d.ok(&["elements", "roll"]);
+    let elements = d.elements("roll");
     println!("lb elements roll:\n{elements}");
     let state: DesiredState = serde_json::from_str(&d.ok(&["state", "--json"])).unwrap();
     let want: Vec<String> = network_elements(&lb_user::core::compose::ComposedNetwork::new(

@@ -121,7 +121,7 @@ fn forced_probe_failure_selects_nftables_which_serves_and_holds_exactly_the_elem
     let seen = answering(&topo, 30);
     assert_eq!(seen.len(), 3, "every backend answers: {seen:?}");
 
-    let elements = d.ok(&["elements", "nf"]);
+    let elements = d.elements("nf");
     assert_eq!(nft_elements(&topo, "nf"), sorted_lines(&elements));
     println!("nft -j list table holds exactly lb elements:\n{elements}");
 
@@ -147,7 +147,7 @@ fn forced_probe_failure_selects_nftables_which_serves_and_holds_exactly_the_elem
     let gen2 = [topo.backend_ips[0]];
     set_service(&d, "nf", "2", &gen2);
     d.ok(&["service", "rm", "nf", "api", "--generation", "1"]);
-    let elements = d.ok(&["elements", "nf"]);
+    let elements = d.elements("nf");
     assert_eq!(nft_elements(&topo, "nf"), sorted_lines(&elements));
     assert_eq!(answering(&topo, 10), BTreeSet::from(["b0".to_owned()]));
     // Each of those syncs was a difference (a partition shape came and one went).
@@ -251,7 +251,7 @@ fn a_failing_nft_keeps_the_last_ruleset_serving_and_the_next_sync_heals() {
     assert_eq!(answering(&topo, 5), BTreeSet::from(["b1".to_owned()]));
     assert_eq!(
         nft_elements(&topo, "heal"),
-        sorted_lines(&d.ok(&["elements", "heal"]))
+        sorted_lines(&d.elements("heal"))
     );
     drop(d);
 }
@@ -314,7 +314,7 @@ fn switching_dataplanes_across_a_restart_leaves_nothing_of_the_other() {
     add_network(&d, &topo, "sw");
     set_service(&d, "sw", "1", &topo.backend_ips);
     assert_eq!(answering(&topo, 20).len(), 2);
-    let on_ebpf = d.ok(&["elements", "sw"]);
+    let on_ebpf = d.elements("sw");
     let pins = bpffs.path().join("sw");
     assert!(pins.exists());
 
@@ -323,7 +323,7 @@ fn switching_dataplanes_across_a_restart_leaves_nothing_of_the_other() {
     assert_eq!(status(&d)["dataplane"], "nftables");
     assert!(!pins.exists(), "eBPF pins left after switching to nftables");
     assert_eq!(answering(&topo, 20).len(), 2, "served by nftables");
-    let on_nft = d.ok(&["elements", "sw"]);
+    let on_nft = d.elements("sw");
     assert_eq!(
         on_nft, on_ebpf,
         "the same state has the same elements on both"
@@ -469,7 +469,7 @@ fn nftables_counters_keep_counting_across_syncs() {
     );
     assert_eq!(
         nft_elements(&topo, "cnt"),
-        sorted_lines(&d.ok(&["elements", "cnt"])),
+        sorted_lines(&d.elements("cnt")),
         "the differences add up to exactly lb elements"
     );
 }
@@ -520,7 +520,7 @@ fn nftables_a_table_deleted_by_hand_is_declared_whole_by_the_next_sync() {
     assert_eq!(answering(&topo, 5), BTreeSet::from(["b1".to_owned()]));
     assert_eq!(
         nft_elements(&topo, "hand"),
-        sorted_lines(&d.ok(&["elements", "hand"]))
+        sorted_lines(&d.elements("hand"))
     );
 }
 
@@ -619,7 +619,7 @@ fn nftables_node_scale_apply_and_one_change() {
         3,
         "every backend of service 0 answers: {seen:?}"
     );
-    let elements = d.ok(&["elements", "big"]);
+    let elements = d.elements("big");
     let changed = (elements.lines())
         .filter(|l| l.starts_with("nat-service-vip 10.100.0.1 . ") && l.ends_with(" : 10.201.0.1"))
         .count();

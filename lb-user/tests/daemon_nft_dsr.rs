@@ -224,7 +224,7 @@ fn nftables_dsr_forwards_by_mac_and_keeps_sessions_until_rst_or_idle() {
     assert!(!status.contains("warning"), "{status}");
 
     // The kernel's real-server map holds exactly what `lb elements` prints for it.
-    let elements = d.ok(&["elements", NET]);
+    let elements = d.elements(NET);
     let want: Vec<String> = (elements.lines())
         .filter(|l| l.starts_with(REAL_SERVER))
         .map(str::to_owned)
@@ -539,7 +539,7 @@ fn nftables_dsr_node_scale_apply_and_changes() {
     assert_eq!(status["networks"][0]["applied"], true, "{status}");
 
     let equal = |what: &str| {
-        let elements = d.ok(&["elements", NET]);
+        let elements = d.elements(NET);
         let want: Vec<String> = (elements.lines())
             .filter(|l| l.starts_with(REAL_SERVER))
             .map(str::to_owned)
@@ -572,7 +572,7 @@ fn nftables_dsr_node_scale_apply_and_changes() {
     ]);
     let rm = t.elapsed();
     equal("after the changes");
-    let elements = d.ok(&["elements", NET]);
+    let elements = d.elements(NET);
     let svc1 = (elements.lines())
         .filter(|l| l.starts_with("real-server 10.100.0.1 . "))
         .collect::<Vec<_>>();

@@ -413,7 +413,7 @@ fn counted(d: &LbDaemon, n: &Net, plane: Plane, metrics: &str) {
 
 /// `lb elements` prints the real-server partition of the VIP over the 4 backends.
 fn real_server_elements(d: &LbDaemon, n: &Net) {
-    let elements = d.ok(&["elements", NET]);
+    let elements = d.elements(NET);
     println!("{elements}");
     let prefix = format!("real-server {} . ", n.vip);
     let mut backends: Vec<IpAddr> = (elements.lines())

@@ -160,7 +160,7 @@ fn a_dual_stack_service_on_nftables_serves_each_family_from_its_own_backends() {
     }
 
     // What the operator sees: IPv6 elements as nft writes them, flows as [addr]:port.
-    let elements = d.ok(&["elements", "web"]);
+    let elements = d.elements("web");
     assert!(
         elements.contains(&format!(
             "nat-service-vip {VIP6} . 0-16383 : {}",

@@ -180,7 +180,7 @@ fn host_port_on(dataplane: &str) {
         answer.starts_with("b1 "),
         "the sandbox's container answers: {answer}"
     );
-    let elements = d.ok(&["elements", NET]);
+    let elements = d.elements(NET);
     assert_eq!(
         elements,
         format!(

@@ -267,6 +267,25 @@ impl LbDaemon {
         r.stdout
     }
 
+    /// `lb elements NETWORK`'s elements in DESIGN.md's notation, `{map} {key} : {value}`, a
+    /// line each in the daemon's order (read from `-j`: the table's columns are for a reader,
+    /// and the notation is what the nft listings and the plans are compared in).
+    pub fn elements(&self, network: &str) -> String {
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_str(&self.ok(&["elements", network, "-j"]))
+                .expect("lb elements -j is a JSON list");
+        (listed.iter())
+            .map(|e| {
+                format!(
+                    "{} {} : {}\n",
+                    e["map"].as_str().unwrap(),
+                    e["key"].as_str().unwrap(),
+                    e["value"].as_str().unwrap()
+                )
+            })
+            .collect()
+    }
+
     /// The entry of `network` in `lb status --json`; panics (with the status) without one.
     pub fn network_status(&self, network: &str) -> serde_json::Value {
         let status: serde_json::Value =

@@ -1,5 +1,6 @@
 //! The `lb` command line: DESIGN.md's CLI, in the style of `ip`, `nft` and `docker`: every
-//! command and flag described, the allowed values listed, global options anywhere.
+//! command and flag described, the allowed values listed, each option on the commands it
+//! acts on.
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -36,27 +37,60 @@ pub struct Cli {
     #[command(subcommand)]
     pub cmd: Cmd,
     #[command(flatten)]
-    pub global: Global,
+    pub before: Before,
 }
 
-/// Options every command takes, before or after its name.
+/// The options before the command's name (`lb -j status`, `lb --socket PATH network ls`), as
+/// earlier lb versions took every option: hidden, and taken only by a command they act on
+/// (`Cli::global`), so a command's help offers what it uses and nothing else.
 #[derive(Args, Clone)]
-pub struct Global {
-    /// The daemon's API socket: where `lb daemon` listens and every client command connects.
-    #[arg(long, env = "LB_SOCKET", default_value = DEFAULT_SOCKET, global = true)]
-    pub socket: PathBuf,
+pub struct Before {
+    #[arg(long, hide = true)]
+    pub socket: Option<PathBuf>,
+    #[arg(short = 'j', long, hide = true)]
+    pub json: bool,
+    #[arg(long, hide = true)]
+    pub cluster: Option<String>,
+    #[arg(long, hide = true)]
+    pub cluster_prefix: Option<String>,
+    #[arg(long, hide = true)]
+    pub cluster_ca: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    pub cluster_cert: Option<PathBuf>,
+    #[arg(long, hide = true)]
+    pub cluster_key: Option<PathBuf>,
+}
+
+/// `--socket`, on the commands that talk to the daemon (and the daemon, which listens on it).
+/// Global within the command, so `lb network --socket PATH add …` and `lb network add …
+/// --socket PATH` both work.
+#[derive(Args, Clone)]
+pub struct SocketArg {
+    /// The daemon's API socket [default: /run/lb/lb.sock].
+    #[arg(long, env = "LB_SOCKET", value_name = "PATH", global = true)]
+    pub socket: Option<PathBuf>,
+}
+
+/// `-j`, on the commands that print something a script reads.
+#[derive(Args, Clone)]
+pub struct JsonArg {
     /// Print JSON: the same data as the table, one document on stdout; errors as JSON on
     /// stderr.
     #[arg(short = 'j', long, global = true)]
     pub json: bool,
-    /// An etcd cluster, etcd://HOST:PORT[,HOST:PORT…]: `lb daemon` serves its services too;
-    /// `service set|rm|backend`, `state`, `apply` and `nodes` act on the cluster instead of
-    /// the node (no daemon needed).
+}
+
+/// `--cluster` and its TLS files, on the daemon and the commands that can write the cluster.
+#[derive(Args, Clone)]
+pub struct ClusterArgs {
+    /// An etcd cluster, etcd://HOST:PORT[,HOST:PORT…]: `lb daemon` serves its services beside
+    /// the node's own; `service set|rm|backend`, `state`, `apply` and `nodes` act on the
+    /// cluster instead of the node (no daemon needed).
     #[arg(long, env = "LB_CLUSTER", value_name = "URL", global = true)]
     pub cluster: Option<String>,
-    /// Where lb's keys live in etcd.
-    #[arg(long, env = "LB_CLUSTER_PREFIX", value_name = "PREFIX", default_value = lb_user::cluster::DEFAULT_PREFIX, global = true)]
-    pub cluster_prefix: String,
+    /// Where lb's keys live in etcd [default: /lb/].
+    #[arg(long, env = "LB_CLUSTER_PREFIX", value_name = "PREFIX", global = true)]
+    pub cluster_prefix: Option<String>,
     /// The CA certificate (PEM) that signed etcd's (TLS: the endpoints become https).
     #[arg(long, value_name = "FILE", global = true)]
     pub cluster_ca: Option<PathBuf>,
@@ -66,6 +100,64 @@ pub struct Global {
     /// The client certificate's key (PEM).
     #[arg(long, value_name = "FILE", global = true)]
     pub cluster_key: Option<PathBuf>,
+}
+
+/// The options a command runs with: its own, else the ones given before its name, else the
+/// defaults.
+#[derive(Clone)]
+pub struct Global {
+    pub socket: PathBuf,
+    pub json: bool,
+    pub cluster: Option<String>,
+    pub cluster_prefix: String,
+    pub cluster_ca: Option<PathBuf>,
+    pub cluster_cert: Option<PathBuf>,
+    pub cluster_key: Option<PathBuf>,
+}
+
+impl Cli {
+    /// The options `cmd` runs with. An option given before the name of a command it does not
+    /// act on is refused (`lb --socket PATH load …`), not ignored. An option before the name
+    /// wins over the command's own environment variable (it was typed; the variable was not).
+    pub fn global(&self) -> Result<Global, String> {
+        let (socket, json, cluster) = self.cmd.options();
+        let b = &self.before;
+        let name = self.cmd.name();
+        let refused = |flag: &str| Err(format!("{flag} does not act on `lb {name}`"));
+        if socket.is_none() && b.socket.is_some() {
+            return refused("--socket");
+        }
+        if json.is_none() && b.json {
+            return refused("--json");
+        }
+        if cluster.is_none()
+            && (b.cluster.is_some()
+                || b.cluster_prefix.is_some()
+                || b.cluster_ca.is_some()
+                || b.cluster_cert.is_some()
+                || b.cluster_key.is_some())
+        {
+            return refused("--cluster");
+        }
+        let c = |f: fn(&ClusterArgs) -> &Option<PathBuf>, before: &Option<PathBuf>| {
+            before
+                .clone()
+                .or_else(|| cluster.and_then(|c| f(c).clone()))
+        };
+        Ok(Global {
+            socket: (b.socket.clone())
+                .or_else(|| socket.and_then(|s| s.socket.clone()))
+                .unwrap_or_else(|| DEFAULT_SOCKET.into()),
+            json: b.json || json.is_some_and(|j| j.json),
+            cluster: (b.cluster.clone()).or_else(|| cluster.and_then(|c| c.cluster.clone())),
+            cluster_prefix: (b.cluster_prefix.clone())
+                .or_else(|| cluster.and_then(|c| c.cluster_prefix.clone()))
+                .unwrap_or_else(|| lb_user::cluster::DEFAULT_PREFIX.into()),
+            cluster_ca: c(|c| &c.cluster_ca, &b.cluster_ca),
+            cluster_cert: c(|c| &c.cluster_cert, &b.cluster_cert),
+            cluster_key: c(|c| &c.cluster_key, &b.cluster_key),
+        })
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -134,12 +226,20 @@ pub enum Cmd {
         layouts: Layouts,
         #[command(flatten)]
         sizes: Sizes,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Networks: a set of interfaces the programs attach to, and their services.
     #[command(visible_alias = "net")]
     Network {
         #[command(subcommand)]
         cmd: NetworkCmd,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
     },
     /// Services: one contribution (id + generation) of a VIP and/or published ports, and
     /// backends.
@@ -147,6 +247,12 @@ pub enum Cmd {
     Service {
         #[command(subcommand)]
         cmd: ServiceCmd,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Apply many changes as one (an orchestrator's endpoint sync): a JSON file of
     /// `{"changes": [...]}`, each change an object with its "op" (network_add, network_rm,
@@ -159,13 +265,17 @@ pub enum Cmd {
         /// Check the changes and print what they would change; change nothing.
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
     },
     /// Replace the whole desired state with a JSON file, atomically, and print what changed
     /// (the node's own; with --cluster, the cluster's services, in transactions of at most
     /// 128 keys).
     Apply {
-        /// The desired state (the JSON `lb state` prints; README "Desired state"); `-` reads
-        /// stdin.
+        /// The desired state (the JSON `lb state` prints; its schema: `lb schema`, its
+        /// reference: docs/schema.md); `-` reads stdin.
         #[arg(short = 'f', long = "file", value_name = "FILE")]
         file: Option<PathBuf>,
         /// A file given without -f (`lb apply state.json`): answered with how to say it.
@@ -179,17 +289,42 @@ pub enum Cmd {
         /// one is still not applied then.
         #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "60")]
         wait: Option<u64>,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// The desired state, as JSON (the format `lb apply -f` takes): the node's own (the
     /// cluster's services it serves left out), or with --cluster the cluster's services.
-    State,
+    State {
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// The JSON Schema (draft 2020-12) of the desired state that `lb apply -f`, `lb load -f`
+    /// and `lb elements -f` read and `lb state` prints, for editors and CI checks
+    /// (docs/schema.md explains it). Needs no daemon.
+    Schema,
     /// What this lb is (version, commit, the eBPF object it carries) and what this kernel
     /// supports: as root, the probe `--dataplane auto` runs (the programs through the
     /// verifier, TCX or netlink TC).
-    Version,
+    Version {
+        #[command(flatten)]
+        json: JsonArg,
+    },
     /// The cluster's nodes (--cluster): the revision each applied, its lag, the services it
     /// refuses, from the status each keeps under a lease.
-    Nodes,
+    Nodes {
+        #[command(flatten)]
+        json: JsonArg,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
     /// Follow the changes the daemon applies, one line each, as they happen (JSON lines
     /// with -j): from after revision --from first (the history keeps the last 4096), then
     /// live, until interrupted.
@@ -197,10 +332,14 @@ pub enum Cmd {
         /// Start after this revision (`lb status` and every change's answer give it).
         #[arg(long, value_name = "REVISION")]
         from: Option<u64>,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
     },
-    /// Composed elements, what the dataplane is told bucket by bucket, in moby's notation
-    /// (`nat-service-vip 10.99.0.10 . 0-32767 : 10.20.0.11`); of a desired-state file with
-    /// -f, without a daemon.
+    /// Composed elements, what the dataplane is told bucket by bucket: a table of NETWORK,
+    /// then MAP, KEY and VALUE in moby's notation (`nat-service-vip`, `10.99.0.10 . 0-32767`,
+    /// `10.20.0.11`); of a desired-state file with -f, without a daemon.
     Elements {
         /// Only this network's.
         network: Option<String>,
@@ -208,17 +347,29 @@ pub enum Cmd {
         /// spelling, still works).
         #[arg(short = 'f', long = "file", alias = "state", value_name = "FILE")]
         state: Option<PathBuf>,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
     },
     /// Live flows: protocol, client, service and frontend, backend, state, time left.
     #[command(visible_alias = "ct")]
     Conntrack {
         /// Only this network's.
         network: Option<String>,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
     },
     /// The dataplane in use and why, and each network's state and last sync.
     Status {
         /// Only this network's.
         network: Option<String>,
+        #[command(flatten)]
+        socket: SocketArg,
+        #[command(flatten)]
+        json: JsonArg,
     },
     /// Program the eBPF dataplane once from a desired-state file (no daemon); programs stay
     /// attached and maps pinned under --bpffs.
@@ -229,26 +380,32 @@ pub enum Cmd {
         /// Where maps and links are pinned, one directory per network.
         #[arg(long, default_value = DEFAULT_BPFFS)]
         bpffs: PathBuf,
-        /// Where `lb unload` finds what this load programmed.
-        #[arg(long, default_value = oneshot::DEFAULT_STATE_DIR)]
-        state_dir: PathBuf,
+        /// Where this load records what it programmed, for `lb unload` (`--state-dir`, the
+        /// old spelling, still works; the daemon's --state-dir is its desired state).
+        #[arg(long, alias = "state-dir", default_value = oneshot::DEFAULT_RECORD_DIR)]
+        record_dir: PathBuf,
         /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]
         tc: TcChoice,
         #[command(flatten)]
         layouts: Layouts,
+        #[command(flatten)]
+        json: JsonArg,
     },
     /// Remove everything the last `lb load` programmed.
     Unload {
         /// Where `lb load` pinned maps and links.
         #[arg(long, default_value = DEFAULT_BPFFS)]
         bpffs: PathBuf,
-        /// Where `lb load` recorded what it programmed.
-        #[arg(long, default_value = oneshot::DEFAULT_STATE_DIR)]
-        state_dir: PathBuf,
+        /// Where `lb load` recorded what it programmed (`--state-dir`, the old spelling,
+        /// still works).
+        #[arg(long, alias = "state-dir", default_value = oneshot::DEFAULT_RECORD_DIR)]
+        record_dir: PathBuf,
         /// How TC programs are attached.
         #[arg(long, value_enum, default_value = "auto")]
         tc: TcChoice,
+        #[command(flatten)]
+        json: JsonArg,
     },
 }
 
@@ -495,6 +652,43 @@ impl DataplaneArg {
 }
 
 impl Cmd {
+    /// The option groups this command takes: what `Cli::global` resolves.
+    fn options(&self) -> (Option<&SocketArg>, Option<&JsonArg>, Option<&ClusterArgs>) {
+        match self {
+            Cmd::Daemon {
+                socket, cluster, ..
+            } => (Some(socket), None, Some(cluster)),
+            Cmd::Service {
+                socket,
+                json,
+                cluster,
+                ..
+            }
+            | Cmd::Apply {
+                socket,
+                json,
+                cluster,
+                ..
+            }
+            | Cmd::State {
+                socket,
+                json,
+                cluster,
+            } => (Some(socket), Some(json), Some(cluster)),
+            Cmd::Network { socket, json, .. }
+            | Cmd::Batch { socket, json, .. }
+            | Cmd::Watch { socket, json, .. }
+            | Cmd::Elements { socket, json, .. }
+            | Cmd::Conntrack { socket, json, .. }
+            | Cmd::Status { socket, json, .. } => (Some(socket), Some(json), None),
+            Cmd::Nodes { json, cluster } => (None, Some(json), Some(cluster)),
+            Cmd::Schema => (None, None, None),
+            Cmd::Version { json } | Cmd::Load { json, .. } | Cmd::Unload { json, .. } => {
+                (None, Some(json), None)
+            }
+        }
+    }
+
     /// The command's name, as typed.
     pub fn name(&self) -> &'static str {
         match self {
@@ -503,9 +697,10 @@ impl Cmd {
             Cmd::Service { .. } => "service",
             Cmd::Batch { .. } => "batch",
             Cmd::Apply { .. } => "apply",
-            Cmd::State => "state",
-            Cmd::Nodes => "nodes",
-            Cmd::Version => "version",
+            Cmd::State { .. } => "state",
+            Cmd::Schema => "schema",
+            Cmd::Nodes { .. } => "nodes",
+            Cmd::Version { .. } => "version",
             Cmd::Watch { .. } => "watch",
             Cmd::Elements { .. } => "elements",
             Cmd::Conntrack { .. } => "conntrack",

@@ -151,33 +151,26 @@ pub fn saved(e: &anyhow::Error) -> bool {
         .is_some_and(|r| r.reply.saved)
 }
 
-/// The locks `lb load`/`lb unload` hold while they write: the same state dir and bpffs
-/// locks a daemon holds, so neither writes under the other.
-fn one_shot_locks(state_dir: &std::path::Path, bpffs: &std::path::Path) -> Result<[Lock; 2]> {
+/// The locks `lb load`/`lb unload` hold while they write: their record dir's, and the bpffs
+/// lock a daemon holds, so neither writes under the other.
+fn one_shot_locks(record_dir: &std::path::Path, bpffs: &std::path::Path) -> Result<[Lock; 2]> {
     Ok([
-        Lock::dir(state_dir, "the state dir")?,
+        Lock::dir(record_dir, "the record dir")?,
         Lock::dir(bpffs, "the bpffs dir")?,
     ])
 }
 
-pub fn run(cli: Cli) -> Result<()> {
-    let global = &cli.global;
+pub fn run(cli: Cli, global: &Global) -> Result<()> {
     let cluster = super::cluster::of(global).map_err(Usage)?;
-    if cluster.is_some() {
-        match &cli.cmd {
-            Cmd::Daemon { .. }
-            | Cmd::Service { .. }
-            | Cmd::State
-            | Cmd::Apply { .. }
-            | Cmd::Nodes => {}
-            other => return Err(super::cluster::on_the_node(other.name())),
-        }
-        if let Cmd::Service {
+    // Only the commands that can act on the cluster take --cluster; of them, `service list`
+    // is the node's (what it serves).
+    if cluster.is_some()
+        && let Cmd::Service {
             cmd: ServiceCmd::List { .. },
+            ..
         } = &cli.cmd
-        {
-            return Err(super::cluster::on_the_node("service list"));
-        }
+    {
+        return Err(super::cluster::on_the_node("service list"));
     }
     match cli.cmd {
         Cmd::Daemon {
@@ -192,6 +185,7 @@ pub fn run(cli: Cli) -> Result<()> {
             node,
             layouts,
             sizes,
+            ..
         } => daemon::run(daemon::Options {
             state_dir,
             import,
@@ -209,7 +203,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 None => None,
             },
         }),
-        Cmd::Network { cmd } => match cmd {
+        Cmd::Network { cmd, .. } => match cmd {
             NetworkCmd::Add {
                 name,
                 interfaces,
@@ -311,7 +305,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
         },
-        Cmd::Service { cmd } => match cmd {
+        Cmd::Service { cmd, .. } => match cmd {
             ServiceCmd::Set {
                 network,
                 service_id,
@@ -406,7 +400,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 }
             }
         },
-        Cmd::Batch { file, dry_run } => {
+        Cmd::Batch { file, dry_run, .. } => {
             #[derive(serde::Deserialize)]
             #[serde(deny_unknown_fields)]
             struct Batch {
@@ -429,6 +423,7 @@ pub fn run(cli: Cli) -> Result<()> {
             stray,
             dry_run,
             wait,
+            ..
         } => {
             let file = match (file, stray) {
                 (Some(f), None) => f,
@@ -461,18 +456,24 @@ pub fn run(cli: Cli) -> Result<()> {
                 None => apply(global, &file, dry_run, wait),
             }
         }
-        Cmd::Version => {
+        Cmd::Version { .. } => {
             super::version::show(global.json);
             Ok(())
         }
-        Cmd::Nodes => match &cluster {
+        Cmd::Schema => {
+            let schema = lb_user::core::schema::desired_state();
+            let text = serde_json::to_string_pretty(&schema).context("printing the schema")?;
+            println!("{text}");
+            Ok(())
+        }
+        Cmd::Nodes { .. } => match &cluster {
             Some(c) => super::cluster::nodes(global, c),
             None => Err(Usage(anyhow::anyhow!(
                 "lb nodes lists a cluster's nodes: give --cluster etcd://HOST:PORT (or LB_CLUSTER)"
             ))
             .into()),
         },
-        Cmd::Watch { from } => {
+        Cmd::Watch { from, .. } => {
             let mut out = std::io::stdout().lock();
             api::Client::new(&global.socket).watch(from, |line| {
                 use std::io::Write as _;
@@ -485,7 +486,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
             })
         }
-        Cmd::State => match &cluster {
+        Cmd::State { .. } => match &cluster {
             Some(c) => super::cluster::state(global, c),
             None => {
                 render::state(global.json, &call(global, &Request::State)?);
@@ -495,6 +496,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Elements {
             network,
             state: Some(path),
+            ..
         } => {
             let state = read_state_file(&path)?;
             if let Some(want) = &network
@@ -517,17 +519,18 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Elements {
             network,
             state: None,
+            ..
         } => {
             let out: Vec<ElementEntry> = call(global, &Request::Elements { network })?;
             render::elements(global.json, &out);
             Ok(())
         }
-        Cmd::Conntrack { network } => {
+        Cmd::Conntrack { network, .. } => {
             let flows: Vec<_> = call(global, &Request::Conntrack { network })?;
             render::conntrack(global.json, &flows);
             Ok(())
         }
-        Cmd::Status { network } => {
+        Cmd::Status { network, .. } => {
             let mut status: Status = call(global, &Request::Status)?;
             if let Some(want) = &network {
                 status.networks.retain(|n| n.name == *want);
@@ -541,31 +544,27 @@ pub fn run(cli: Cli) -> Result<()> {
         Cmd::Load {
             state,
             bpffs,
-            state_dir,
+            record_dir,
             tc,
             layouts,
+            ..
         } => {
-            let _locks = one_shot_locks(&state_dir, &bpffs)?;
-            let loaded = oneshot::load(&state, &bpffs, &state_dir, tc.mode(), layouts.choice())?;
-            for (network, s) in loaded {
-                println!(
-                    "{network}: loaded ({} map entries written, {} deleted, {} flows flushed); pinned under {}",
-                    s.written,
-                    s.deleted,
-                    s.flows_flushed,
-                    bpffs.join(&network).display()
-                );
-            }
+            let _locks = one_shot_locks(&record_dir, &bpffs)?;
+            let loaded = oneshot::load(&state, &bpffs, &record_dir, tc.mode(), layouts.choice())?;
+            render::loaded(global.json, &bpffs, &loaded);
             Ok(())
         }
         Cmd::Unload {
             bpffs,
-            state_dir,
+            record_dir,
             tc,
+            ..
         } => {
-            let _locks = one_shot_locks(&state_dir, &bpffs)?;
-            let n = oneshot::unload(&bpffs, &state_dir, tc.mode())?;
-            println!("unloaded {n} networks");
+            let _locks = one_shot_locks(&record_dir, &bpffs)?;
+            let n = oneshot::unload(&bpffs, &record_dir, tc.mode())?;
+            render::show(global.json, &serde_json::json!({ "unloaded": n }), |_| {
+                println!("unloaded {n} networks")
+            });
             Ok(())
         }
     }

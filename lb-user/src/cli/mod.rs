@@ -2,5 +2,6 @@
 pub mod args;
 pub mod cluster;
 pub mod commands;
+pub mod generate;
 pub mod render;
 pub mod version;

@@ -7,6 +7,7 @@ use lb_user::{
         Status,
     },
     core::model::DesiredState,
+    dataplane::SyncStats,
 };
 use serde::Serialize;
 
@@ -212,10 +213,45 @@ pub fn state(json: bool, state: &DesiredState) {
 
 /// Elements in DESIGN.md's notation, one per line (what the dataplane tests compare with the
 /// kernel's tables).
+/// Composed elements: a row per element, its network first (two networks may share a VIP),
+/// then DESIGN.md's `{map} {key} : {value}` split into its columns.
 pub fn elements(json: bool, list: &[ElementEntry]) {
     show(json, &list, |list| {
+        let mut t = Table::new(&["NETWORK", "MAP", "KEY", "VALUE"]);
         for e in *list {
-            println!("{} {} : {}", e.map, e.key, e.value);
+            t.row(vec![
+                e.network.clone(),
+                e.map.clone(),
+                e.key.clone(),
+                e.value.clone(),
+            ]);
+        }
+        t.print();
+    });
+}
+
+/// What `lb load` programmed, a line (or a JSON object) per network.
+pub fn loaded(json: bool, bpffs: &std::path::Path, loaded: &[(String, SyncStats)]) {
+    let list: Vec<_> = (loaded.iter())
+        .map(|(network, s)| {
+            serde_json::json!({
+                "network": network,
+                "written": s.written,
+                "deleted": s.deleted,
+                "flows_flushed": s.flows_flushed,
+                "pinned": bpffs.join(network),
+            })
+        })
+        .collect();
+    show(json, &list, |_| {
+        for (network, s) in loaded {
+            println!(
+                "{network}: loaded ({} map entries written, {} deleted, {} flows flushed); pinned under {}",
+                s.written,
+                s.deleted,
+                s.flows_flushed,
+                bpffs.join(network).display()
+            );
         }
     });
 }

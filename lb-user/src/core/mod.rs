@@ -8,4 +8,5 @@ pub mod diff;
 pub mod edit;
 pub mod elements;
 pub mod model;
+pub mod schema;
 pub mod validate;

@@ -5,13 +5,19 @@
 //! are read, errors carrying the JSON path) because a typo that parsed would silently program
 //! the wrong thing. [`DesiredState::validate`] (in [`super::validate`]) then checks what one
 //! field alone cannot.
+//!
+//! The doc comments of the types and fields a document has are its reference too: they are the
+//! descriptions of the JSON Schema derived from these types (`lb schema`, [`super::schema`]),
+//! so they say what a field means to the operator writing it.
 
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::schema;
 pub use super::validate::{Invalid, ValidationError};
 
 /// The generation a service gets when none is given (CLI and JSON alike).
@@ -30,7 +36,10 @@ macro_rules! keyword_enum {
         $($(#[$vm:meta])* $v:ident = $s:literal),+ $(,)?
     }) => {
         $(#[$m])*
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(
+            Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+            JsonSchema,
+        )]
         pub enum $name { $($(#[$vm])* #[serde(rename = $s)] $v),+ }
 
         impl $name {
@@ -78,27 +87,33 @@ keyword_enum! {
     /// How a network's VIP traffic reaches the backends.
     #[derive(Default)]
     pub enum Mode as "mode" {
-        /// DNAT to the backend (and SNAT per [`Masquerade`]); replies come back through us.
+        /// The destination is translated to the backend (and the source as `masquerade` says);
+        /// replies come back through lb, which translates them back.
         #[default]
         Nat = "nat",
-        /// Direct server return: only the destination MAC is rewritten, backends own the VIP
-        /// and answer the client directly. VIP traffic only, like moby.
+        /// Direct server return: only the destination MAC address is rewritten; the backends
+        /// own the VIP and answer the client directly. VIP traffic only, like moby.
         Dsr = "dsr",
     }
 }
 
 keyword_enum! {
-    /// Where the ingress program runs. TC is always attached for egress either way.
+    /// Where the ingress program runs (eBPF dataplane). TC is always attached for egress
+    /// either way.
     #[derive(Default)]
     pub enum Attach as "attach" {
+        /// TC ingress.
         #[default]
         Tc = "tc",
+        /// XDP, native driver mode only, in front of TC ingress; an interface without native
+        /// XDP is served by TC alone.
         Xdp = "xdp",
     }
 }
 
 keyword_enum! {
-    /// When load-balanced flows get their source rewritten to the network's address.
+    /// When load-balanced flows get their source rewritten to the network's address (`nat`
+    /// networks).
     #[derive(Default)]
     pub enum Masquerade as "masquerade" {
         /// Only hairpin flows (a backend reaching its own service), which would otherwise
@@ -142,11 +157,13 @@ impl FastPath {
 keyword_enum! {
     /// Whether the daemon holds a socket bound to each published port of the network, as
     /// kubelet's `openLocalPort` and Docker's proxy do, so that no process of the node takes a
-    /// port that is published (SCTP is not held, as kubelet).
+    /// port that is published (SCTP is not held, as kubelet). Both dataplanes.
     #[derive(Default)]
     pub enum HoldPorts as "hold-ports" {
+        /// Hold every published TCP and UDP port.
         #[default]
         On = "on",
+        /// Hold none.
         Off = "off",
     }
 }
@@ -158,8 +175,9 @@ impl HoldPorts {
 }
 
 keyword_enum! {
-    /// The L4 protocols a port can be published for. Declared in protocol-number order, which
-    /// is therefore also the order of [`PortKey`] and of rendered elements.
+    /// The port's protocol.
+    // Declared in protocol-number order, which is therefore also the order of `PortKey` and of
+    // rendered elements.
     pub enum Proto as "protocol" {
         Tcp = "tcp",
         Udp = "udp",
@@ -203,24 +221,34 @@ impl Family {
     }
 }
 
-/// Everything `lb` should program, all networks at once (`lb apply` replaces it wholesale).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Everything lb should program on this node, all networks at once: `lb apply -f` replaces
+/// the whole state with the document, `lb state` prints it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DesiredState {
+    /// The networks, in the order they were added. Names are unique; two networks in one
+    /// namespace share no interface and publish no overlapping port.
     #[serde(default)]
     pub networks: Vec<Network>,
 }
 
 /// One load-balancer sandbox: the interfaces the programs attach to and the services
 /// (contributions) composed over them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = schema::network)]
 pub struct Network {
+    /// The network's name: it names its nftables table and its bpffs directory.
+    #[schemars(with = "schema::NetworkName")]
     pub name: String,
-    /// Where the programs attach; the first one carries the VIP aliases.
+    /// The interfaces the programs attach to, in the network's namespace; the first one
+    /// carries the VIPs as addresses.
+    #[schemars(with = "schema::Interfaces")]
     pub interfaces: Vec<String>,
-    /// Name under /run/netns, or a path to a namespace file; `None` is the daemon's own.
+    /// The network namespace of the interfaces: a name under /run/netns or an absolute path
+    /// to a namespace file (`/proc/PID/ns/net`); null is the daemon's own namespace.
     #[serde(default)]
+    #[schemars(with = "schema::Netns")]
     pub netns: Option<String>,
     #[serde(default)]
     pub mode: Mode,
@@ -228,49 +256,63 @@ pub struct Network {
     pub attach: Attach,
     #[serde(default)]
     pub masquerade: Masquerade,
-    /// eBPF dataplane only; nftables always uses the stack.
+    /// eBPF dataplane only; the nftables one always passes packets through the node's stack.
+    // `lb state` leaves these three out at their defaults, so a state reads as it did before
+    // they existed; the schema states their defaults all the same.
     #[serde(default, skip_serializing_if = "FastPath::is_default")]
+    #[schemars(extend("default" = FastPath::default()))]
     pub fast_path: FastPath,
-    /// Published ports held by the daemon (both dataplanes).
     #[serde(default, skip_serializing_if = "HoldPorts::is_default")]
+    #[schemars(extend("default" = HoldPorts::default()))]
     pub hold_ports: HoldPorts,
-    /// Flow timeouts, where the defaults do not suit (eBPF dataplane; the nftables one keeps
-    /// the kernel's conntrack timeouts), and the DSR session timeout (both dataplanes).
     #[serde(default, skip_serializing_if = "FlowTimeouts::is_default")]
+    #[schemars(extend("default" = FlowTimeouts::default()))]
     pub timeouts: FlowTimeouts,
+    /// The contributions composed over the network's interfaces.
     #[serde(default)]
     pub services: Vec<Service>,
 }
 
-/// How long a flow's entries live without packets, in seconds, per state (see
-/// `lb_common::flow::timeout_secs`); unset ones take [`lb_common::Timeouts::DEFAULT`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// How long a flow lives without packets, in seconds, per state, where the defaults do not
+/// suit (1 to 604800, a week); an absent or null one takes its default. The flow timeouts are
+/// the eBPF dataplane's (the nftables one keeps the kernel's conntrack timeouts); `dsr` is a
+/// `dsr` network's session timeout on both dataplanes.
+// The states are `lb_common::flow::timeout_secs`'s; unset ones take
+// `lb_common::Timeouts::DEFAULT` and `lb_common::DSR_TIMEOUT_DEFAULT` (`resolve`, `dsr_secs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FlowTimeouts {
     /// A TCP SYN not answered yet (default 60).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<schema::TimeoutSecs>")]
     pub tcp_syn: Option<u32>,
     /// An answered TCP connection (default 21600, 6 h).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<schema::TimeoutSecs>")]
     pub tcp_established: Option<u32>,
     /// A TCP connection reset by either side (default 10).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<schema::TimeoutSecs>")]
     pub tcp_closing: Option<u32>,
     /// A TCP connection closed by FINs both ways (default 120, the kernel's conntrack
     /// TIME_WAIT): its reply tuple stays claimed while a backend may hold the connection in
-    /// TIME_WAIT (`lb_common::flow::timeout_secs`).
+    /// TIME_WAIT.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<schema::TimeoutSecs>")]
     pub tcp_time_wait: Option<u32>,
     /// A TCP flow re-created from a mid-connection packet, until the backend answers
     /// (default 5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<schema::TimeoutSecs>")]
     pub tcp_unreplied: Option<u32>,
     /// UDP and SCTP (default 60).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<schema::TimeoutSecs>")]
     pub udp: Option<u32>,
     /// A DSR session, every protocol (default 60, as moby): how long a client's 5-tuple
-    /// keeps its backend without packets. A `dsr` network's, on both dataplanes.
+    /// keeps its backend without packets. A `dsr` network's only, on both dataplanes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<schema::TimeoutSecs>")]
     pub dsr: Option<u32>,
 }
 
@@ -370,15 +412,17 @@ impl FlowTimeouts {
     }
 }
 
-/// One contribution (moby's loadBalancer): one generation of one service. Generations of a
-/// service coexist during a rolling update and share its VIP and published ports.
+/// One contribution (moby's loadBalancer): one generation of one service, its VIPs and
+/// published ports and the backends they are balanced over. Generations of a service coexist
+/// during a rolling update and share its VIP and published ports, which are balanced over the
+/// backends of every generation at once; two services never share a VIP or an overlapping
+/// port. A service has a VIP, published ports, or both.
 ///
 /// A service has at most one VIP per address family, as a Kubernetes Service has one
-/// cluster IP per family (`clusterIPs`): on the wire `"vip": ADDR` for one, `"vips": [V4, V6]`
-/// for a dual-stack service (either is read; the canonical form prints `vip` for one VIP, so
-/// a single-stack state reads as it always did). Each VIP is balanced over the backends of its
-/// family.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// cluster IP per family (`clusterIPs`): `"vip": ADDR` for one, `"vips": [V4, V6]` for a
+/// dual-stack service (either is read; `lb state` prints `vip` for one VIP, so a single-stack
+/// state reads as it always did). Each VIP is balanced over the backends of its family.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(try_from = "wire::Service", into = "wire::Service")]
 pub struct Service {
     pub id: String,
@@ -394,33 +438,49 @@ fn default_generation() -> String {
     DEFAULT_GENERATION.to_owned()
 }
 
-/// A backend of one contribution. A disabled one is deweighted: it gets no new flows but
-/// keeps the ones it has (graceful drain).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+/// A backend of one contribution: flows to the service are balanced over its backends of the
+/// flow's address family.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct Backend {
+    /// The backend's address (without a port: the port is the service's `target`, or for a
+    /// VIP without ports the one the client asked). A unicast address, not the service's VIP,
+    /// listed once per contribution.
     #[serde(deserialize_with = "de::ip")]
+    #[schemars(with = "schema::IpAddress")]
     pub ip: IpAddr,
+    /// A disabled backend gets no new flows but keeps the ones it has (graceful drain).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[schemars(extend("default" = false))]
     pub disabled: bool,
 }
 
 /// A published port of one contribution: `published` on this node (or on `host_ip` only) is
 /// forwarded to `target` on the backends.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(deny_unknown_fields)]
 pub struct PortConfig {
     pub proto: Proto,
+    /// The port clients connect to on the node.
     #[serde(deserialize_with = "de::published")]
+    #[schemars(with = "schema::Port")]
     pub published: u16,
-    /// `None` means the same as `published`.
+    /// The port the backends are reached on; null is the same as `published`.
     #[serde(default, deserialize_with = "de::target")]
+    #[schemars(with = "Option<schema::Port>")]
     pub target: Option<u16>,
-    /// `None` means every address of this node, of each family the service has (see
-    /// [`Service::families`]); an address publishes on its family only. `0.0.0.0` and `::`
-    /// are read as `None` (kubelet reads `0.0.0.0` so), so one port never has two spellings
-    /// that would compose as two keys.
+    /// The node address the port is published on: a unicast address (IPv4 loopback too, for
+    /// the node's own clients; `::1` not). Null is every address of the node, of each family
+    /// the service has (the families of its VIPs and backends). `0.0.0.0` and `::` are read
+    /// as null.
+    // Read as `None` so that one port never has two spellings that would compose as two keys
+    // (kubelet reads `0.0.0.0` so).
     #[serde(default, deserialize_with = "de::host_ip")]
+    #[schemars(with = "Option<schema::IpAddress>")]
     pub host_ip: Option<IpAddr>,
 }
 
@@ -815,31 +875,51 @@ mod de {
 mod wire {
     use std::net::IpAddr;
 
+    use schemars::JsonSchema;
     use serde::{Deserialize, Serialize};
 
-    use super::{Backend, PortConfig, de, default_generation};
+    use super::{Backend, PortConfig, de, default_generation, schema};
 
-    #[derive(Serialize, Deserialize)]
+    // The schema of a service is this struct's (the model's `Service` is read through it,
+    // `try_from`), with the model's doc comment as its description.
+    #[derive(Serialize, Deserialize, JsonSchema)]
     #[serde(deny_unknown_fields)]
+    #[schemars(transform = schema::service)]
     pub struct Service {
+        /// The service's name.
+        #[schemars(with = "schema::ServiceName")]
         id: String,
+        /// Which version of the service this contribution is; unique per `id` in a network.
         #[serde(default = "default_generation")]
+        #[schemars(with = "schema::ServiceName")]
         generation: String,
+        /// The service's virtual IP: a connection to it on any port goes to a backend, on the
+        /// same port. `lb state` prints a service's only VIP here.
         #[serde(
             default,
             deserialize_with = "de::opt_ip",
             skip_serializing_if = "Option::is_none"
         )]
+        #[schemars(with = "Option<schema::IpAddress>")]
         vip: Option<IpAddr>,
+        /// A dual-stack service's VIPs, at most one per address family; not with `vip`. Each
+        /// VIP is balanced over the backends of its family, and needs at least one when the
+        /// service has any backend.
         #[serde(
             default,
             deserialize_with = "de::ips",
             skip_serializing_if = "Option::is_none"
         )]
+        #[schemars(schema_with = "schema::vips")]
         vips: Option<Vec<IpAddr>>,
+        /// Where flows go, each address once. None is a service scaled to zero: its VIP and
+        /// ports stay claimed.
         #[serde(default)]
+        #[schemars(extend("uniqueItems" = true))]
         backends: Vec<Backend>,
+        /// The ports published on the node's own addresses (not on the VIP), each once.
         #[serde(default)]
+        #[schemars(extend("uniqueItems" = true))]
         ports: Vec<PortConfig>,
     }
 
