@@ -13,7 +13,6 @@
 //! types, so `bpftool map dump` shows each field by name. A map pinned by an lb of before the
 //! BTF maps (legacy `maps` section) is adopted as it is when its type, sizes and flags match:
 //! the programs read it the same, and it shows bytes until it is created again.
-use crate::family::Slot;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
@@ -28,6 +27,8 @@ use lb_common::{
     PortKey6, PortKeyOf, REASONS, Service, SockConfig, SockRev, SockRev6, SockRevKey, SockRevKey6,
     VipKey, VipKey6, VipKeyOf, filter::AddrFilter,
 };
+
+use crate::room::Slot;
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
 /// per entry instead of their whole capacity up front.
@@ -302,7 +303,7 @@ family_maps!(
     DSR_BACKENDS6
 );
 
-/// The working memory of the paths, a slot per hook (`family::Slot`): never persisted, never
+/// The working memory of the paths, a slot per hook (`room::Slot`): never persisted, never
 /// read by the controller.
 #[btf_map(name = "lb_slots")]
 pub static SLOTS: PerCpuArray<Slot<u32>, { HOOKS.len() }> = PerCpuArray::new();
