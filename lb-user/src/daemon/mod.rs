@@ -48,6 +48,7 @@ use crate::{
 mod caps;
 pub mod cluster;
 mod commit;
+mod http;
 mod metrics;
 mod reconcile;
 mod requests;
@@ -56,7 +57,8 @@ mod status;
 pub mod store;
 
 pub use commit::Change;
-pub use server::{REVISION, metrics_addr, run};
+pub use http::{REVISION, metrics_addr};
+pub use server::run;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/lb";
 const APPLIED: &str = "applied.json";
