@@ -1,4 +1,3 @@
-
 use super::*;
 
 #[test]
@@ -78,32 +77,4 @@ fn legacy_forward_filters_with_a_rule_or_a_drop_policy() {
         "legacy ip6tables table filter chain FORWARD (policy DROP, 0 rules)"
     );
     assert!(legacy_reason(&LEGACY_V4, None).contains("iptables-legacy is not installed"));
-}
-
-/// One nf_tables notification: `family`, message `msg`, attribute 1 = `table`.
-fn message(family: u8, msg: u16, table: &str) -> Vec<u8> {
-    let attr_len = 4 + table.len() + 1;
-    let len = NLMSG_HDRLEN + NFGENMSG_LEN + attr_len.next_multiple_of(4);
-    let mut m = Vec::with_capacity(len);
-    m.extend((len as u32).to_ne_bytes());
-    m.extend(((NFNL_SUBSYS_NFTABLES << 8) | msg).to_ne_bytes());
-    m.extend([0; 10]); // flags, seq, pid
-    m.extend([family, 0, 0, 0]);
-    m.extend((attr_len as u16).to_ne_bytes());
-    m.extend(NFTA_TABLE.to_ne_bytes());
-    m.extend(table.as_bytes());
-    m.resize(len, 0);
-    m
-}
-
-#[test]
-fn notifications_about_lb_tables_alone_are_no_change() {
-    let ours = message(NFPROTO_IPV4, 6, "lb-web");
-    let ours6 = message(NFPROTO_IPV6, 6, "lb-web");
-    let gen_ = message(0, NFT_MSG_NEWGEN, "");
-    let theirs = message(1, 6, "lb-web"); // inet: not lb's
-    assert!(!relevant(&[ours.clone(), ours6, gen_.clone()].concat()));
-    assert!(relevant(&[ours.clone(), theirs, gen_].concat()));
-    assert!(relevant(&message(NFPROTO_IPV4, 3, "filter")));
-    assert!(relevant(&ours[..ours.len() - 4]), "a truncated message");
 }
