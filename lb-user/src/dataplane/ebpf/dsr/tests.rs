@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::{
     dataplane::ebpf::{be4, be6},

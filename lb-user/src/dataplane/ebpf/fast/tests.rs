@@ -1,4 +1,3 @@
-
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::*;
