@@ -13,6 +13,9 @@
 //! The rules are [`DesiredState::validate`]'s: an edit is accepted exactly when the state it
 //! leads to would pass it (`edits_are_refused_exactly_when_the_whole_state_is_invalid` holds
 //! them to it).
+//!
+//! One file because each edit of [`Desired`] and the record that undoes it (`Undo`) are written
+//! together: an undo that drifted from its edit would leave a refused batch half applied.
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 

@@ -5,6 +5,9 @@
 //! are read, errors carrying the JSON path) because a typo that parsed would silently program
 //! the wrong thing. [`DesiredState::validate`] (in [`super::validate`]) then checks what one
 //! field alone cannot.
+//!
+//! One file because it is the format in one place: the types `lb apply -f` reads and `lb state`
+//! prints, and the keys derived from them, each with the parsing and printing of its fields.
 
 use std::fmt;
 use std::net::IpAddr;

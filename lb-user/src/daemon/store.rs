@@ -27,6 +27,9 @@
 //!   not know the networks found pinned on the node: they are left as they are and named in
 //!   the log and `lb status` (`left`) until a network of that name is added or applied, not
 //!   removed as unconfigured ones are.
+//!
+//! One file because the layout of `state.redb` (its tables, its keys, the places that keep services
+//! in order) is private to it: every read and write of the store is here.
 use std::{
     collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},

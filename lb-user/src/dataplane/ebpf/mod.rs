@@ -32,6 +32,10 @@
 //!   to a dead backend); a disabled backend is not gone, and its flows drain.
 //! - Expired flow entries are deleted by the collector ([`gc`]) off the hot path; the programs
 //!   already treat them as absent.
+//!
+//! One file because it is [`EbpfNetwork`] itself: opening one under the contracts above (adopting,
+//! converting or refusing pinned maps by their recorded layouts) and the typed handles to its maps
+//! that the modules beside it use.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},

@@ -1,4 +1,8 @@
 //! What one network's maps must hold, computed from the composed state alone (pure).
+//!
+//! One file because it is the one pure step between the composed state and the maps: the plan, the
+//! address forms it writes in ([`MapIp`], [`be`], [`ip`]), and what it needs of the maps' sizes
+//! ([`Need`], [`MapSizes`]).
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},

@@ -5,6 +5,10 @@
 //! and may have left the maps differing from it), then updated with every write. A sync
 //! compares the plan with the mirror and makes one map call per entry that differs; it
 //! reads no map, so a one-backend change costs a handful of syscalls at any size.
+//!
+//! One file because the [`Mirror`] holds only while every write of a sync updates it with its map:
+//! the writes (and [`write_exactly`], which the DSR and fast-path writers beside it share) stay
+//! beside the mirror they keep true.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,

@@ -51,6 +51,9 @@
 //! Why text and not the `nftables` crate's JSON: the maps are declared with `typeof`
 //! (`numgen random mod 65536`, `th dport`), which nft 1.0.6 (Debian 12's) accepts only in its
 //! text syntax. The seed renders text for `nft -f` too. Reading back is JSON.
+//!
+//! One file because it is the [`Dataplane`] trait's nftables implementation with the apply it runs
+//! in a network's namespace; each part named above is a module beside it.
 use std::{
     collections::{BTreeMap, HashMap},
     net::{IpAddr, Ipv4Addr, SocketAddr},
