@@ -2,12 +2,14 @@
 //! maps) per network; the controller pins them under `<bpffs>/<network>/` and records their
 //! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
-//! Who writes what: the controller is the only writer of the service, backend, address,
-//! address filter, endpoint, interface, DSR backend, socket config and config maps. The programs write `lb_flows`
-//! (entries of new flows, state and expiry of live ones), `lb_dsr_sessions`,
-//! `lb_sock_rev`, `lb_frags`, and the counters; the
-//! controller only deletes from `lb_flows` and `lb_dsr_sessions` (expired entries, and the
-//! UDP flows and sessions of a removed backend).
+//! Who writes what (each IPv6 twin as its IPv4 map): the controller is the only writer of the
+//! service, backend, address, address filter, endpoint, interface, DSR backend, socket
+//! config, config, vetted-since, liberal, layout and jump maps. The programs write `lb_flows`
+//! (entries of new flows, state and expiry of live ones), `lb_dsr_sessions`, `lb_sock_rev`,
+//! `lb_frags`, the counters, their own slots (`lb_slots`) and the ring of conntrack requests
+//! (`lb_ct_requests`, which the controller reads); the controller only deletes from
+//! `lb_flows` and `lb_dsr_sessions` (expired entries, and the UDP flows and sessions of a
+//! removed backend).
 //!
 //! Every map is a BTF map (`#[btf_map]`, section `.maps`): the kernel keeps its key and value
 //! types, so `bpftool map dump` shows each field by name. A map pinned by an lb of before the
