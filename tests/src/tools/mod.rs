@@ -1,5 +1,5 @@
-//! Real traffic with the tools operators use — nginx, wrk, trafgen, iperf — and the kernel
-//! counters that say what became of it, each run inside a test namespace.
+//! Real traffic with the tools operators use — nginx, wrk, trafgen, iperf, sockperf, tcpdump —
+//! and the kernel counters that say what became of it, each run inside a test namespace.
 //!
 //! Every tool runs as `ip netns exec NS [taskset -c CPU] TOOL ...`; `ip netns exec` and
 //! `taskset` both exec in place, so the child's pid is the tool's own. Each tool leads a process
