@@ -1,8 +1,10 @@
-//! What one network's maps must hold, computed from the composed state alone (pure).
+//! What one network's maps must hold, computed from the composed state and the node facts the
+//! caller reads ([`NodeAddrs`]), without touching a map: the plan, the address forms it is
+//! written in ([`MapIp`], [`be`], [`ip`]), and what it needs of the maps' sizes ([`Need`],
+//! [`MapSizes`]). Pure but for [`NodeAddrs::read_ephemeral`], the one fact read here.
 //!
-//! One file because it is the one pure step between the composed state and the maps: the plan, the
-//! address forms it writes in ([`MapIp`], [`be`], [`ip`]), and what it needs of the maps' sizes
-//! ([`Need`], [`MapSizes`]).
+//! One file because it is the one step between the composed state and the maps, and is tested
+//! as one without a kernel (`plan/tests.rs`).
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},

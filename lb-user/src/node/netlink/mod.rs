@@ -1,6 +1,6 @@
 //! The node's kernel state over rtnetlink, one file per concern: addresses and lb's VIP
-//! aliases ([`addr`]), links ([`link`]), bridge ports' hairpin mode ([`hairpin`]), tc
-//! filters ([`tc`]), neighbours ([`neigh`]) and bridge forwarding entries ([`fdb`]).
+//! aliases (`addr.rs`), links (`link.rs`), bridge ports' hairpin mode (`hairpin.rs`), tc
+//! filters (`tc.rs`), neighbours (`neigh.rs`) and bridge forwarding entries (`fdb.rs`).
 //!
 //! Contract: [`Netlink`] talks to the namespace of the thread that created it, so it is only
 //! made inside [`super::in_netns`] (or the watcher's own thread). The methods block; they own
