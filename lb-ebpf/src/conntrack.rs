@@ -10,7 +10,7 @@ use lb_common::{
     flow::{self, expired, is_partner, partner, partner_key},
 };
 
-use crate::{family::Room, maps::FamilyMaps, stats};
+use crate::{maps::FamilyMaps, room::Room, stats};
 
 #[inline(always)]
 pub fn now() -> u64 {

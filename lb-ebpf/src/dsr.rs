@@ -64,7 +64,7 @@ use crate::{
 
 /// Sends `p`, a packet without a live flow to DSR VIP `svc`, by its session or a new one
 /// (see the module): the verdict, whose reason is the run's outcome. `session`: room for the
-/// session (the run's slot, `family::Room`: an IPv6 one on the stack left the IPv6 TC
+/// session (the run's slot, `room::Room`: an IPv6 one on the stack left the IPv6 TC
 /// ingress program's frame over its 512 bytes, with the fast path's).
 #[inline(always)]
 pub fn send<C: Ctx, A: Inet>(

@@ -1,6 +1,8 @@
-//! What the paths, written once over the address family, ask of it besides its maps
-//! ([`FamilyMaps`]): where its header keeps the addresses and how the kernel's socket lookup
-//! takes its tuple. Each path is built twice, for `u32` (IPv4) and `Addr6` (IPv6).
+//! What the paths, written once over the address family ([`Inet`]), ask of it besides the
+//! maps [`FamilyMaps`] gives: its run's slot and its parser, where its header keeps the
+//! addresses, hop count and protocol, its fast-path bits, how the FIB and the kernel's socket
+//! lookup take its addresses, and its fragment and liberal-flow maps. Each path is built
+//! twice, for `u32` (IPv4) and `Addr6` (IPv6).
 use core::mem::size_of;
 
 use aya_ebpf::{
@@ -8,51 +10,16 @@ use aya_ebpf::{
     btf_maps::LruHashMap,
 };
 use lb_common::{
-    Addr, Addr6, DsrSessionOf, FAST_PATH_V4, FAST_PATH_V6, FAST_PATH_VETTED_V4,
-    FAST_PATH_VETTED_V6, FlowKeyOf, FlowOf, FragKey, FragKey6, FragPorts, MAX_LIBERAL, Reason,
+    Addr6, FAST_PATH_V4, FAST_PATH_V6, FAST_PATH_VETTED_V4, FAST_PATH_VETTED_V6, FlowKeyOf,
+    FragKey, FragKey6, FragPorts, MAX_LIBERAL, Reason,
     csum::{IP_DADDR, IP_PROTO, IP_SADDR, IP_TTL, IP6_DADDR, IP6_HOP_LIMIT, IP6_NEXT, IP6_SADDR},
 };
 
 use crate::{
-    csum::SumChunk,
     maps::{FRAGS, FRAGS6, FamilyMaps, LIBERAL, LIBERAL6, SLOTS, SLOTS6},
     parse::{self, Frame, Parsed},
-    redirect::Hop,
+    room::Slot,
 };
-
-/// Working memory of one path run: the entries and keys it builds or copies out of the flow
-/// table (`nat`, `lb::new_flow`, `conntrack::update`, `snat`), in a per-CPU map slot of the
-/// hook (`maps::SLOTS`, `maps::SLOTS6`): on the 512 bytes of a BPF stack an IPv6 path could
-/// not hold them beside the rest (LLVM keeps every field of an entry in a register or a slot
-/// of its own: an IPv6 entry took 128 bytes), and IPv4's took 80 bytes more as one local than
-/// as separate values. A slot is used by one run at a time: program runs of one hook do not
-/// nest on a CPU.
-#[repr(C)]
-pub struct Room<A: Addr> {
-    /// The entry the packet is rewritten by.
-    pub entry: FlowOf<A>,
-    /// A live entry's next state (`conntrack::update`), or a masquerade claim (`snat`).
-    pub next: FlowOf<A>,
-    /// A partner entry being written, and a key being looked up or written.
-    pub other: FlowOf<A>,
-    pub key: FlowKeyOf<A>,
-    pub other_key: FlowKeyOf<A>,
-    /// Packet bytes being summed (`csum::fill_udp6`; IPv6's alone).
-    pub chunk: SumChunk,
-    /// The fast path's next hop (`redirect`).
-    pub hop: Hop<A>,
-    /// A DSR session being followed or opened (`dsr`), for the same reason.
-    pub dsr: DsrSessionOf<A>,
-}
-
-/// A run's per-CPU slot: what it parsed (read through a reference, like the room, so that
-/// its addresses are not kept in registers spilled to the stack around every helper call)
-/// and its room.
-#[repr(C)]
-pub struct Slot<A: Addr> {
-    pub parsed: Parsed<FlowKeyOf<A>>,
-    pub room: Room<A>,
-}
 
 pub trait Inet: FamilyMaps {
     /// The slot of a run at `hook` (per CPU).

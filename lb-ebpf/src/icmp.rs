@@ -17,8 +17,9 @@ use lb_common::{
 
 use crate::{
     conntrack::{self, Found},
-    family::{Inet, Room},
+    family::Inet,
     parse::{IcmpError, L3_OFF},
+    room::Room,
     verdict::{Ctx, Verdict},
 };
 

@@ -16,9 +16,10 @@ use lb_common::{
 
 use crate::{
     conntrack,
-    family::{Inet, Room},
+    family::Inet,
     maps::ADDR_FILTER,
     parse::{Frame, Packet},
+    room::Room,
     stats,
 };
 

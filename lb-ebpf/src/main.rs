@@ -20,6 +20,7 @@ mod maps;
 mod nat;
 mod parse;
 mod redirect;
+mod room;
 mod snat;
 mod sock;
 mod stats;

@@ -2,18 +2,19 @@
 //! maps) per network; the controller pins them under `<bpffs>/<network>/` and records their
 //! layout versions (`lb_common::MAP_LAYOUTS`).
 //!
-//! Who writes what: the controller is the only writer of the service, backend, address,
-//! address filter, endpoint, interface, DSR backend, socket config and config maps. The programs write `lb_flows`
-//! (entries of new flows, state and expiry of live ones), `lb_dsr_sessions`,
-//! `lb_sock_rev`, `lb_frags`, and the counters; the
-//! controller only deletes from `lb_flows` and `lb_dsr_sessions` (expired entries, and the
-//! UDP flows and sessions of a removed backend).
+//! Who writes what (each IPv6 twin as its IPv4 map): the controller is the only writer of the
+//! service, backend, address, address filter, endpoint, interface, DSR backend, socket
+//! config, config, vetted-since, liberal, layout and jump maps. The programs write `lb_flows`
+//! (entries of new flows, state and expiry of live ones), `lb_dsr_sessions`, `lb_sock_rev`,
+//! `lb_frags`, the counters, their own slots (`lb_slots`) and the ring of conntrack requests
+//! (`lb_ct_requests`, which the controller reads); the controller only deletes from
+//! `lb_flows` and `lb_dsr_sessions` (expired entries, and the UDP flows and sessions of a
+//! removed backend).
 //!
 //! Every map is a BTF map (`#[btf_map]`, section `.maps`): the kernel keeps its key and value
 //! types, so `bpftool map dump` shows each field by name. A map pinned by an lb of before the
 //! BTF maps (legacy `maps` section) is adopted as it is when its type, sizes and flags match:
 //! the programs read it the same, and it shows bytes until it is created again.
-use crate::family::Slot;
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap, ProgramArray, RingBuf},
@@ -28,6 +29,8 @@ use lb_common::{
     PortKey6, PortKeyOf, REASONS, Service, SockConfig, SockRev, SockRev6, SockRevKey, SockRevKey6,
     VipKey, VipKey6, VipKeyOf, filter::AddrFilter,
 };
+
+use crate::room::Slot;
 
 /// `BPF_F_NO_PREALLOC` as a BTF map's flags parameter: hashes that are mostly empty allocate
 /// per entry instead of their whole capacity up front.
@@ -302,7 +305,7 @@ family_maps!(
     DSR_BACKENDS6
 );
 
-/// The working memory of the paths, a slot per hook (`family::Slot`): never persisted, never
+/// The working memory of the paths, a slot per hook (`room::Slot`): never persisted, never
 /// read by the controller.
 #[btf_map(name = "lb_slots")]
 pub static SLOTS: PerCpuArray<Slot<u32>, { HOOKS.len() }> = PerCpuArray::new();

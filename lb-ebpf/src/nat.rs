@@ -20,11 +20,12 @@ use crate::{
     conntrack::{self, Found},
     csum::{self, SumChunk},
     dsr,
-    family::{Inet, Room, Slot},
+    family::Inet,
     frag, icmp, lb,
     maps::CONFIG,
     parse::{Frag, Frame, L3_OFF, Packet, Parsed, Skb, Xdp},
     redirect::{self, Towards},
+    room::{Room, Slot},
     snat, stats,
     verdict::{Ctx, Verdict},
 };

@@ -39,9 +39,10 @@ use lb_common::{
 
 use crate::{
     conntrack,
-    family::{Inet, Room},
+    family::Inet,
     maps::{CT_REQUESTS, VETTED_SINCE},
     parse::{L3_OFF, Skb, ptr_at, read},
+    room::{Hop, Room},
 };
 
 const ETH_HLEN: u32 = L3_OFF as u32;
@@ -53,18 +54,6 @@ pub enum Towards {
     Backend,
     /// A backend's reply, source rewritten to the service.
     Client,
-}
-
-/// Room for finding a packet's next hop, in the run's slot (`family::Room`): on the stack,
-/// it left the IPv6 TC ingress program's frame, with DSR's beside it, over its 512 bytes.
-#[repr(C)]
-pub struct Hop<A> {
-    /// The packet's destination as it stands.
-    pub daddr: A,
-    /// A FIB lookup's parameters and answer.
-    pub fib: FibParams,
-    /// The endpoint that lookup gives.
-    pub ep: Endpoint,
 }
 
 /// The destination address of the packet as it stands (after its rewrite).

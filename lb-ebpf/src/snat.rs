@@ -18,9 +18,10 @@ use lb_common::{
 
 use crate::{
     conntrack::{self, Found},
-    family::{Inet, Room},
+    family::Inet,
     lb::{self, Sockets},
     parse::{Frag, Packet, Skb},
+    room::Room,
     stats,
     verdict::Verdict,
 };

@@ -1,8 +1,11 @@
 //! The `lb` controller.
 //!
 //! The [`core`] is pure (model → compose → elements): everything a dataplane will be told is
-//! decided there and can be asserted without root. The effectful
-//! shell (dataplanes, netlink, daemon, api, cli) is built around it.
+//! decided there and can be asserted without root. The effectful shell is built around it:
+//! the live node ([`node`]), the dataplanes ([`dataplane`]), the daemon and its store
+//! ([`daemon`]), its API ([`api`]), the cluster over etcd ([`cluster`]), the CNI plugin
+//! ([`cni`]), `lb load` ([`oneshot`]) and the writers' locks ([`lock`]); the command line is
+//! the `lb` binary's (`src/cli/`).
 pub mod api;
 pub mod cluster;
 pub mod cni;

@@ -9,6 +9,9 @@
 //! The doc comments of the types and fields a document has are its reference too: they are the
 //! descriptions of the JSON Schema derived from these types (`lb schema`, [`super::schema`]),
 //! so they say what a field means to the operator writing it.
+//!
+//! One file because it is the format in one place: the types `lb apply -f` reads and `lb state`
+//! prints, and the keys derived from them, each with the parsing and printing of its fields.
 
 use std::fmt;
 use std::net::IpAddr;

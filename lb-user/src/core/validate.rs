@@ -6,6 +6,10 @@
 //! network and across the networks of one namespace. Whatever passes is something
 //! [`crate::core::compose`] and the dataplanes can take as is: they never re-check. What
 //! depends on the live node (its interfaces and addresses) is checked by [`crate::node::check`].
+//!
+//! One file because the rules are one set, refused in one vocabulary ([`Invalid`]): `edit.rs`
+//! accepts an edit exactly when these rules would pass the state it leads to, so they are read
+//! together.
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 

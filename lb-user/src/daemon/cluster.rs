@@ -23,6 +23,10 @@
 //!   (write it with `lb --cluster …`). Networks stay the node's: adding one lets in the
 //!   cluster's contributions for it, removing it takes them out (they wait, unrefused).
 //! - etcd away changes nothing that is served: the follower only reports it.
+//!
+//! One file because its contracts hold over all of it: letting contributions in by create revision,
+//! refusing one on this node, and taking one back from a younger one are one algorithm over the
+//! same state of the daemon.
 use std::{
     collections::{BTreeMap, BTreeSet},
     time::{Instant, SystemTime},

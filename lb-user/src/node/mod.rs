@@ -1,5 +1,5 @@
-//! The live node: its namespaces ([`netns`]), addresses, aliases and links over rtnetlink
-//! ([`netlink`]), what a change is checked against before it is saved ([`check`]), and the
+//! The live node: its namespaces ([`netns`]), its kernel state over rtnetlink (addresses and
+//! lb's aliases, links, neighbours, bridge forwarding entries, tc filters: [`netlink`]), what a change is checked against before it is saved ([`check`]), and the
 //! events that tell the daemon the node changed under a network ([`watch`]), and whether the
 //! node's firewall filters forwarded traffic, which the fast path would skip ([`filter`]), and
 //! whether a veth's peer takes what XDP sends out of it ([`veth`]); the published ports the

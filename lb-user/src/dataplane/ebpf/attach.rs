@@ -21,6 +21,10 @@
 //!   a replacement is attached beside the old one (the cgroup runs both; the second finds a
 //!   socket the first sent to a backend, which is no service) and pinned over it, which
 //!   detaches the old one.
+//!
+//! One file because the contracts above hold for every kind of hook alike (TCX, netlink clsact
+//! filters, XDP, cgroup links): one identity test, one rule for replacing in one step, one for
+//! detaching.
 use std::{collections::BTreeSet, path::Path};
 
 use anyhow::{Context as _, Result};

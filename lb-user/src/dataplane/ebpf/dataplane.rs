@@ -10,6 +10,10 @@
 //! removes XDP alone, and the VIP aliases move with the first interface (added on the new one
 //! before they leave the old). Only a change of namespace removes the network first: its
 //! hooks and aliases are in another namespace, which the new one's apply cannot reach.
+//!
+//! One file because it is the [`Dataplane`] trait's eBPF implementation, a method per operation of
+//! the trait; what the methods need at length (plans, syncs, attaching, the fast path, DSR) is in
+//! the modules beside it.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,

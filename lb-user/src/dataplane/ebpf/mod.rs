@@ -16,7 +16,7 @@
 //!   it is touched: its old programs keep serving with its old maps, and the network fails
 //!   with a message naming each map, the two versions and the way out. Statistics maps
 //!   (`DISPOSABLE_MAPS`) are replaced without asking, and so is `lb_config`, converted
-//!   ([`converted_config`]: every apply rewrites it but for the flow-hash key, which is
+//!   (`layouts.rs`: every apply rewrites it but for the flow-hash key, which is
 //!   carried over). For the rest lb defines no conversion, so the way out is the operator's
 //!   explicit choice:
 //!   `--replace-incompatible-maps` (daemon, `lb load`) replaces those maps, once, losing what
@@ -32,6 +32,10 @@
 //!   to a dead backend); a disabled backend is not gone, and its flows drain.
 //! - Expired flow entries are deleted by the collector ([`gc`]) off the hot path; the programs
 //!   already treat them as absent.
+//!
+//! One file because it is [`EbpfNetwork`] itself: opening one under the contracts above
+//! (which pinned maps it may adopt is `layouts.rs`'s), recording its layouts, and the typed
+//! handles to its maps that the modules beside it use.
 use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
@@ -46,8 +50,7 @@ use aya::{
 use lb_common::{
     Addr6, Backend, Backend6, BackendKey, Config, Counters, DISPOSABLE_MAPS, DsrSession,
     DsrSession6, Endpoint, Flow, Flow6, FlowKey, FlowKey6, Iface, Iface6, LAYOUT_MAP, MAP_LAYOUTS,
-    PortKey, PortKey6, REASONS, Reason, Service, SockConfig, Timeouts, VipKey, VipKey6,
-    filter::AddrFilter,
+    PortKey, PortKey6, REASONS, Reason, Service, SockConfig, VipKey, VipKey6, filter::AddrFilter,
 };
 
 mod attach;
@@ -55,11 +58,14 @@ pub mod dataplane;
 pub mod dsr;
 pub mod fast;
 pub mod gc;
+mod layouts;
 mod liberal;
 mod plan;
 mod sync;
 
 pub use attach::detach_all;
+use layouts::{CONFIG_MAP, Incompatible, converted_config, incompatible_layouts};
+pub use layouts::{OnIncompatible, layouts_compatible};
 pub use plan::{
     Held, MapAddr, MapIp, MapSizes, Need, NodeAddrs, Plan, PlanSets, ServiceKey, SetBackend, be,
     be4, be6, ip, ip4, ip6, need, need_sets, plan, plan_sets,
@@ -195,124 +201,6 @@ pub struct EbpfNetwork {
 /// The pin directory of `network` under `bpffs`.
 pub fn pin_dir(bpffs: &Path, network: &str) -> PathBuf {
     bpffs.join(network)
-}
-
-/// The layout versions recorded in `dir` (`None` when nothing is recorded).
-fn recorded_layouts(dir: &Path) -> Result<Option<Vec<u32>>> {
-    let path = dir.join(LAYOUT_MAP);
-    if !path.exists() {
-        return Ok(None);
-    }
-    let map = MapData::from_pin(&path).with_context(|| format!("opening {}", path.display()))?;
-    let array: Array<MapData, u32> = Array::try_from(Map::Array(map))?;
-    let versions = (0..MAP_LAYOUTS.len() as u32)
-        .map(|i| array.get(&i, 0).unwrap_or(0))
-        .collect();
-    Ok(Some(versions))
-}
-
-/// A pinned map whose recorded layout is not this binary's.
-struct Incompatible {
-    pin: PathBuf,
-    name: &'static str,
-    /// The layout recorded for it (1: pinned before layouts were recorded).
-    have: u32,
-    /// `"name (layout A, this lb reads B)"`.
-    described: String,
-}
-
-/// The pinned maps of `dir` whose recorded layout is not this binary's.
-fn incompatible_layouts(dir: &Path) -> Result<Vec<Incompatible>> {
-    let recorded = recorded_layouts(dir)?;
-    let mut out = Vec::new();
-    for (i, (name, version)) in MAP_LAYOUTS.iter().enumerate() {
-        let pin = dir.join(name);
-        if !pin.exists() {
-            continue;
-        }
-        // Maps pinned before versions were recorded are version 1.
-        let have = recorded.as_ref().map_or(1, |r| r[i]);
-        if have != *version {
-            out.push(Incompatible {
-                pin,
-                name,
-                have,
-                described: format!("{name} (layout {have}, this lb reads {version})"),
-            });
-        }
-    }
-    Ok(out)
-}
-
-/// The map the controller rewrites whole at every apply but for one value it must keep: the
-/// network's flow-hash key (a flow that loses its entries is re-created on its backend by it).
-/// One pinned in another layout is replaced without asking, its values carried over
-/// ([`converted_config`]).
-const CONFIG_MAP: &str = "lb_config";
-
-/// `lb_config`'s value in layout 2 (before `tcp_time_wait`): the fields of [`Config`] then.
-#[repr(C)]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct ConfigLayout2 {
-    masquerade: u32,
-    hash_key: u32,
-    masq_port_min: u16,
-    masq_port_max: u16,
-    masq_hole_min: u16,
-    masq_hole_max: u16,
-    tcp_syn: u32,
-    tcp_established: u32,
-    tcp_closing: u32,
-    tcp_unreplied: u32,
-    udp: u32,
-    fast_path: u32,
-}
-
-/// The config an `lb_config` pinned in layout `have` holds, in this binary's layout (what it
-/// lacks at its default), or `None` where it is nothing to keep: layout 1 had no hash key.
-/// Programs attached by the next apply run with it until that apply's sync writes the
-/// network's own (attaching comes first), so it must be whole, not just the key.
-fn converted_config(pin: &Path, have: u32) -> Result<Option<Config>> {
-    if have != 2 {
-        return Ok(None);
-    }
-    let map = MapData::from_pin(pin).with_context(|| format!("opening {}", pin.display()))?;
-    let array: Array<MapData, [u8; size_of::<ConfigLayout2>()]> = Array::try_from(Map::Array(map))
-        .with_context(|| format!("{} is not a layout 2 lb_config", pin.display()))?;
-    let bytes = (array.get(&0, 0)).with_context(|| format!("reading {}", pin.display()))?;
-    let old: ConfigLayout2 = bytemuck::pod_read_unaligned(&bytes);
-    Ok((old.hash_key != 0).then_some(Config {
-        masquerade: old.masquerade,
-        hash_key: old.hash_key,
-        masq_port_min: old.masq_port_min,
-        masq_port_max: old.masq_port_max,
-        masq_hole_min: old.masq_hole_min,
-        masq_hole_max: old.masq_hole_max,
-        timeouts: Timeouts {
-            tcp_syn: old.tcp_syn,
-            tcp_established: old.tcp_established,
-            tcp_closing: old.tcp_closing,
-            tcp_unreplied: old.tcp_unreplied,
-            udp: old.udp,
-            tcp_time_wait: Timeouts::DEFAULT.tcp_time_wait,
-        },
-        fast_path: old.fast_path,
-    }))
-}
-
-/// Whether every map pinned in `dir` is of this binary's layout (an unreadable record is not).
-pub fn layouts_compatible(dir: &Path) -> bool {
-    incompatible_layouts(dir).is_ok_and(|v| v.is_empty())
-}
-
-/// What to do with pinned maps of another layout (see the module's contracts).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum OnIncompatible {
-    /// Refuse the network and touch nothing.
-    #[default]
-    Refuse,
-    /// Replace those maps, losing their contents once (the operator asked).
-    Replace,
 }
 
 impl EbpfNetwork {

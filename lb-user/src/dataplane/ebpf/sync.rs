@@ -5,6 +5,10 @@
 //! and may have left the maps differing from it), then updated with every write. A sync
 //! compares the plan with the mirror and makes one map call per entry that differs; it
 //! reads no map, so a one-backend change costs a handful of syscalls at any size.
+//!
+//! One file because the [`Mirror`] is true only while every write of a sync updates it with
+//! its map: the writes stay beside the mirror they keep true, and so does [`write_exactly`],
+//! the same rule for the maps the DSR and fast-path writers rewrite whole from the node.
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,

@@ -68,6 +68,9 @@
 //!
 //! Counters: each `real-server` element counts the new sessions it placed (the first packet
 //! of a session; the rest follow the session map), as the NAT elements count new flows.
+//!
+//! One file because the DSR table has one layout (above): its declaration, chains, fill and probe
+//! are written from the same names.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,

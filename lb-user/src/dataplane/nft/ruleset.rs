@@ -23,6 +23,10 @@
 //! a chain per set is refused by nothing but costs 30 s at 10,000 services because the kernel
 //! finds a set by name in a list). Here the number of sets is the number of shapes, not of
 //! services, and each map is a hash (or a one-field interval map of a few elements).
+//!
+//! One file because the layout is one: the names and shapes of chains, maps and units are defined
+//! here once, for the whole tables rendered here and for the differences `diff.rs` renders from the
+//! same pieces.
 use std::{
     collections::{BTreeMap, BTreeSet},
     fmt::Write as _,
