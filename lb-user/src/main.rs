@@ -1,6 +1,6 @@
 //! The `lb` command: the daemon, its API client, and the one-shot `load`/`unload`. A failure
 //! prints a one-line reason on stderr (a JSON object under `--json`) and exits with the code
-//! that tells the cases apart (`cli::args::EXIT_*`, README "Exit codes").
+//! that tells the cases apart (`cli::args::EXIT_*`, docs/operating.md "Using the CLI").
 use clap::Parser as _;
 use lb_user::api;
 

@@ -793,6 +793,11 @@ fn errors_are_cni_errors_with_the_spec_codes() {
         );
         assert!(out["cniVersion"].is_string(), "{what}: {out}");
         if what.ends_with("no daemon") {
+            // `msg` (what a runtime logs) names the failure, not only the step.
+            assert!(
+                (out["msg"].as_str().unwrap()).contains("cannot reach the daemon"),
+                "{what}: {out}"
+            );
             // The hint names the plugin's setting, not the CLI's flags.
             let text = out.to_string();
             assert!(

@@ -1,6 +1,8 @@
 //! Requests: what a method, path and body mean ([`route`], the daemon's side) and the method,
 //! path and body of a request ([`Request::to_http`], the client's side). Both sides are here
 //! so that they cannot drift apart: `route(to_http(r)) == r` for every request.
+//!
+//! One file because of that: the two directions of every route, side by side.
 use hyper::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 

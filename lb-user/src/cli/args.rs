@@ -1,18 +1,23 @@
 //! The `lb` command line: DESIGN.md's CLI, in the style of `ip`, `nft` and `docker`: every
 //! command and flag described, the allowed values listed, each option on the commands it
 //! acts on.
+//!
+//! One file because clap derives the command line as one tree: every command's flags, their
+//! help and their allowed values, in the order `lb --help` and the man pages show them (the
+//! options shared between commands are in `options.rs`).
 use std::{net::SocketAddr, path::PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use super::options::{Before, ClusterArgs, Global, JsonArg, SocketArg};
 use lb_user::{
-    api::DEFAULT_SOCKET,
     core::model::{Attach, DEFAULT_GENERATION, FastPath, HoldPorts, Masquerade, Mode},
     daemon::{self, DataplaneChoice},
     dataplane::ebpf::{DEFAULT_BPFFS, MapSizes, OnIncompatible, TcMode},
     oneshot,
 };
 
-/// Exit codes, as the README's "Exit codes" lists them.
+/// Exit codes, as docs/operating.md's "Using the CLI" lists them.
 pub const EXIT_REFUSED: i32 = 1;
 pub const EXIT_USAGE: i32 = 2;
 pub const EXIT_NOT_APPLIED: i32 = 3;
@@ -38,126 +43,6 @@ pub struct Cli {
     pub cmd: Cmd,
     #[command(flatten)]
     pub before: Before,
-}
-
-/// The options before the command's name (`lb -j status`, `lb --socket PATH network ls`), as
-/// earlier lb versions took every option: hidden, and taken only by a command they act on
-/// (`Cli::global`), so a command's help offers what it uses and nothing else.
-#[derive(Args, Clone)]
-pub struct Before {
-    #[arg(long, hide = true)]
-    pub socket: Option<PathBuf>,
-    #[arg(short = 'j', long, hide = true)]
-    pub json: bool,
-    #[arg(long, hide = true)]
-    pub cluster: Option<String>,
-    #[arg(long, hide = true)]
-    pub cluster_prefix: Option<String>,
-    #[arg(long, hide = true)]
-    pub cluster_ca: Option<PathBuf>,
-    #[arg(long, hide = true)]
-    pub cluster_cert: Option<PathBuf>,
-    #[arg(long, hide = true)]
-    pub cluster_key: Option<PathBuf>,
-}
-
-/// `--socket`, on the commands that talk to the daemon (and the daemon, which listens on it).
-/// Global within the command, so `lb network --socket PATH add …` and `lb network add …
-/// --socket PATH` both work.
-#[derive(Args, Clone)]
-pub struct SocketArg {
-    /// The daemon's API socket [default: /run/lb/lb.sock].
-    #[arg(long, env = "LB_SOCKET", value_name = "PATH", global = true)]
-    pub socket: Option<PathBuf>,
-}
-
-/// `-j`, on the commands that print something a script reads.
-#[derive(Args, Clone)]
-pub struct JsonArg {
-    /// Print JSON: the same data as the table, one document on stdout; errors as JSON on
-    /// stderr.
-    #[arg(short = 'j', long, global = true)]
-    pub json: bool,
-}
-
-/// `--cluster` and its TLS files, on the daemon and the commands that can write the cluster.
-#[derive(Args, Clone)]
-pub struct ClusterArgs {
-    /// An etcd cluster, etcd://HOST:PORT[,HOST:PORT…]: `lb daemon` serves its services beside
-    /// the node's own; `service set|rm|backend`, `state`, `apply` and `nodes` act on the
-    /// cluster instead of the node (no daemon needed).
-    #[arg(long, env = "LB_CLUSTER", value_name = "URL", global = true)]
-    pub cluster: Option<String>,
-    /// Where lb's keys live in etcd [default: /lb/].
-    #[arg(long, env = "LB_CLUSTER_PREFIX", value_name = "PREFIX", global = true)]
-    pub cluster_prefix: Option<String>,
-    /// The CA certificate (PEM) that signed etcd's (TLS: the endpoints become https).
-    #[arg(long, value_name = "FILE", global = true)]
-    pub cluster_ca: Option<PathBuf>,
-    /// A client certificate (PEM) for etcd, with --cluster-key.
-    #[arg(long, value_name = "FILE", global = true)]
-    pub cluster_cert: Option<PathBuf>,
-    /// The client certificate's key (PEM).
-    #[arg(long, value_name = "FILE", global = true)]
-    pub cluster_key: Option<PathBuf>,
-}
-
-/// The options a command runs with: its own, else the ones given before its name, else the
-/// defaults.
-#[derive(Clone)]
-pub struct Global {
-    pub socket: PathBuf,
-    pub json: bool,
-    pub cluster: Option<String>,
-    pub cluster_prefix: String,
-    pub cluster_ca: Option<PathBuf>,
-    pub cluster_cert: Option<PathBuf>,
-    pub cluster_key: Option<PathBuf>,
-}
-
-impl Cli {
-    /// The options `cmd` runs with. An option given before the name of a command it does not
-    /// act on is refused (`lb --socket PATH load …`), not ignored. An option before the name
-    /// wins over the command's own environment variable (it was typed; the variable was not).
-    pub fn global(&self) -> Result<Global, String> {
-        let (socket, json, cluster) = self.cmd.options();
-        let b = &self.before;
-        let name = self.cmd.name();
-        let refused = |flag: &str| Err(format!("{flag} does not act on `lb {name}`"));
-        if socket.is_none() && b.socket.is_some() {
-            return refused("--socket");
-        }
-        if json.is_none() && b.json {
-            return refused("--json");
-        }
-        if cluster.is_none()
-            && (b.cluster.is_some()
-                || b.cluster_prefix.is_some()
-                || b.cluster_ca.is_some()
-                || b.cluster_cert.is_some()
-                || b.cluster_key.is_some())
-        {
-            return refused("--cluster");
-        }
-        let c = |f: fn(&ClusterArgs) -> &Option<PathBuf>, before: &Option<PathBuf>| {
-            before
-                .clone()
-                .or_else(|| cluster.and_then(|c| f(c).clone()))
-        };
-        Ok(Global {
-            socket: (b.socket.clone())
-                .or_else(|| socket.and_then(|s| s.socket.clone()))
-                .unwrap_or_else(|| DEFAULT_SOCKET.into()),
-            json: b.json || json.is_some_and(|j| j.json),
-            cluster: (b.cluster.clone()).or_else(|| cluster.and_then(|c| c.cluster.clone())),
-            cluster_prefix: (b.cluster_prefix.clone())
-                .or_else(|| cluster.and_then(|c| c.cluster_prefix.clone()))
-                .unwrap_or_else(|| lb_user::cluster::DEFAULT_PREFIX.into()),
-            cluster_ca: c(|c| &c.cluster_ca, &b.cluster_ca),
-            cluster_cert: c(|c| &c.cluster_cert, &b.cluster_cert),
-            cluster_key: c(|c| &c.cluster_key, &b.cluster_key),
-        })
-    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -652,43 +537,6 @@ impl DataplaneArg {
 }
 
 impl Cmd {
-    /// The option groups this command takes: what `Cli::global` resolves.
-    fn options(&self) -> (Option<&SocketArg>, Option<&JsonArg>, Option<&ClusterArgs>) {
-        match self {
-            Cmd::Daemon {
-                socket, cluster, ..
-            } => (Some(socket), None, Some(cluster)),
-            Cmd::Service {
-                socket,
-                json,
-                cluster,
-                ..
-            }
-            | Cmd::Apply {
-                socket,
-                json,
-                cluster,
-                ..
-            }
-            | Cmd::State {
-                socket,
-                json,
-                cluster,
-            } => (Some(socket), Some(json), Some(cluster)),
-            Cmd::Network { socket, json, .. }
-            | Cmd::Batch { socket, json, .. }
-            | Cmd::Watch { socket, json, .. }
-            | Cmd::Elements { socket, json, .. }
-            | Cmd::Conntrack { socket, json, .. }
-            | Cmd::Status { socket, json, .. } => (Some(socket), Some(json), None),
-            Cmd::Nodes { json, cluster } => (None, Some(json), Some(cluster)),
-            Cmd::Schema => (None, None, None),
-            Cmd::Version { json } | Cmd::Load { json, .. } | Cmd::Unload { json, .. } => {
-                (None, Some(json), None)
-            }
-        }
-    }
-
     /// The command's name, as typed.
     pub fn name(&self) -> &'static str {
         match self {

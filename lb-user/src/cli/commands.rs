@@ -1,5 +1,9 @@
 //! What each command does: the daemon, a client request and its rendering, or the one-shot
 //! `load`/`unload`.
+//!
+//! One file because it is one dispatch, a match over `args::Cmd` whose arms each turn a
+//! command's arguments into a request and its rendering; what is longer than that (the
+//! cluster's writes, the rendering, the version) lives in its own module already.
 use std::{
     collections::BTreeSet,
     io::Read as _,

@@ -3,5 +3,6 @@ pub mod args;
 pub mod cluster;
 pub mod commands;
 pub mod generate;
+pub mod options;
 pub mod render;
 pub mod version;

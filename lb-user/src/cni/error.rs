@@ -36,11 +36,13 @@ impl CniError {
         }
     }
 
-    /// `msg` with an anyhow error's whole chain as the details.
-    pub fn with(code: u32, msg: impl Into<String>, e: &anyhow::Error) -> Self {
+    /// What was being done and what failed, `"{doing}: {failure}"`, as `msg` (a runtime such as
+    /// containerd or Nomad logs only `msg`: it must name the failure, not just the step), with
+    /// the failure's whole chain as the details.
+    pub fn with(code: u32, doing: impl Into<String>, e: &anyhow::Error) -> Self {
         CniError {
             details: format!("{e:#}"),
-            ..CniError::new(code, msg)
+            ..CniError::new(code, format!("{}: {e}", doing.into()))
         }
     }
 
