@@ -70,6 +70,12 @@ fn main() {
             let message = message.lines().next().unwrap_or_default();
             usage_exit(message.trim_start_matches("error: "), true)
         }
+        // clap's usage error (its usage line and tip kept), in lb's one style: `lb: …`.
+        Err(e) if e.use_stderr() => {
+            let text = e.render().to_string();
+            eprint!("lb: {}", text.strip_prefix("error: ").unwrap_or(&text));
+            std::process::exit(EXIT_USAGE);
+        }
         Err(e) => e.exit(),
     };
     let global = match cli.global() {

@@ -556,6 +556,44 @@ fn habits_of_other_tools_get_a_hint() {
         assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
         assert!(r.stderr.contains("out of range"), "{args:?}: {r:?}");
     }
+    // So are names, by the daemon's own rule.
+    for (args, said) in [
+        (
+            &["network", "add", "a b", "--interface", "eth0"][..],
+            "network name",
+        ),
+        (&["network", "rm", ".."], "network name"),
+        (
+            &["service", "set", "web", "a/b", "--vip", "10.99.0.1"],
+            "service id",
+        ),
+        (
+            &["service", "rm", "web", "api", "--generation", ""],
+            "generation",
+        ),
+        (
+            &[
+                "service",
+                "backend",
+                "add",
+                "web",
+                "api",
+                "10.0.0.1",
+                "--generation",
+                "g!",
+            ],
+            "generation",
+        ),
+    ] {
+        let r: Run = Command::new(lb())
+            .args(args)
+            .args(["--socket", nowhere.to_str().unwrap()])
+            .output()
+            .unwrap()
+            .into();
+        assert_eq!(r.code, Some(2), "{args:?}: {r:?}");
+        assert!(r.stderr.contains(said), "{args:?}: {r:?}");
+    }
     // `LB_SOCKET= lb …`: an empty variable is an unset one, not a flag without its value.
     let r: Run = Command::new(lb())
         .env("LB_SOCKET", "")
@@ -782,10 +820,13 @@ fn options_are_offered_where_they_act_and_the_old_spellings_still_work() {
             );
         }
     }
-    // After the name, where it does not act: clap's own usage error.
+    // After the name, where it does not act: clap's usage error, in lb's one error style.
     let r = run_with(&["load", "-f", "/nonexistent", "--socket", "/x.sock"], &[]);
     assert_eq!(r.code, Some(2), "{r:?}");
-    assert!(r.stderr.contains("unexpected argument '--socket'"), "{r:?}");
+    assert!(
+        r.stderr.starts_with("lb: unexpected argument '--socket'"),
+        "{r:?}"
+    );
 
     // `--state-dir` is the daemon's desired state; `lb load`'s record of what it programmed is
     // `--record-dir`, the old spelling kept as an alias (it reaches the record, not usage).

@@ -11,7 +11,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 pub use super::options::{Before, ClusterArgs, Global, JsonArg, SocketArg};
 use lb_user::{
-    core::model::{Attach, DEFAULT_GENERATION, FastPath, HoldPorts, Masquerade, Mode},
+    core::{
+        model::{Attach, DEFAULT_GENERATION, FastPath, HoldPorts, Masquerade, Mode},
+        validate,
+    },
     daemon::{self, DataplaneChoice},
     dataplane::ebpf::{DEFAULT_BPFFS, MapSizes, OnIncompatible, TcMode},
     oneshot,
@@ -300,6 +303,7 @@ pub enum NetworkCmd {
     Add {
         /// The network's name (letters, digits, `_`, `.`, `-`): names its pins, its nftables
         /// table and its services' keys.
+        #[arg(value_parser = network_name)]
         name: String,
         /// An interface the programs attach to (a bridge, a veth, the node's uplink); the
         /// first one also carries the VIP aliases. Repeatable; one that does not exist yet is
@@ -341,6 +345,7 @@ pub enum NetworkCmd {
     #[command(visible_alias = "remove")]
     Rm {
         /// The network's name.
+        #[arg(value_parser = network_name)]
         name: String,
     },
     /// Change a network's settings in place; what is not given stays. Flows are kept,
@@ -348,6 +353,7 @@ pub enum NetworkCmd {
     /// anew there).
     Set {
         /// The network's name.
+        #[arg(value_parser = network_name)]
         name: String,
         /// Replace the interfaces with these (repeatable).
         #[arg(long = "interface", value_name = "IFNAME")]
@@ -392,12 +398,14 @@ pub enum ServiceCmd {
     /// Add or replace one contribution (service id + generation) of a network's service.
     Set {
         /// The network it belongs to.
+        #[arg(value_parser = network_name)]
         network: String,
         /// The service's id (a container, a sandbox, a job): generations of one id compose.
+        #[arg(value_parser = service_id)]
         service_id: String,
         /// The contribution's generation: several generations of one service (a rolling
         /// update) are served together, their backends in one set.
-        #[arg(long, default_value = DEFAULT_GENERATION)]
+        #[arg(value_parser = generation, long, default_value = DEFAULT_GENERATION)]
         generation: String,
         /// A VIP (every port of it is balanced over the backends of its family); repeatable
         /// once per family (a dual-stack service: `--vip 10.99.0.10 --vip fd99::10`).
@@ -421,11 +429,13 @@ pub enum ServiceCmd {
     #[command(visible_alias = "remove")]
     Rm {
         /// The network it belongs to.
+        #[arg(value_parser = network_name)]
         network: String,
         /// The service's id.
+        #[arg(value_parser = service_id)]
         service_id: String,
         /// Only this generation.
-        #[arg(long)]
+        #[arg(value_parser = generation, long)]
         generation: Option<String>,
         /// With --cluster: remove only if the key is at this etcd revision.
         #[arg(long, value_name = "REVISION")]
@@ -461,13 +471,15 @@ pub enum BackendCmd {
 #[derive(Args)]
 pub struct BackendArgs {
     /// The network it belongs to.
+    #[arg(value_parser = network_name)]
     pub network: String,
     /// The service's id.
+    #[arg(value_parser = service_id)]
     pub service_id: String,
     /// The backend's address (`add`: IP[,disabled]).
     pub backend: String,
     /// The generation; without it, the service's only one.
-    #[arg(long)]
+    #[arg(value_parser = generation, long)]
     pub generation: Option<String>,
 }
 
@@ -557,4 +569,20 @@ impl Cmd {
             Cmd::Unload { .. } => "unload",
         }
     }
+}
+
+/// A name the daemon would refuse, refused here as usage (exit 2) before it is asked.
+fn network_name(s: &str) -> Result<String, String> {
+    validate::check_network_name(s).map_err(|e| e.to_string())?;
+    Ok(s.to_owned())
+}
+
+fn service_id(s: &str) -> Result<String, String> {
+    validate::check_service_id(s).map_err(|e| e.to_string())?;
+    Ok(s.to_owned())
+}
+
+fn generation(s: &str) -> Result<String, String> {
+    validate::check_generation(s).map_err(|e| e.to_string())?;
+    Ok(s.to_owned())
 }

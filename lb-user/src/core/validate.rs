@@ -219,7 +219,7 @@ impl Network {
     /// over each other's backends.
     pub fn validate(&self) -> Result<(), ValidationError> {
         let at = at_path(self.path());
-        check_name("network name", &self.name, MAX_NETWORK_NAME).map_err(&at)?;
+        check_network_name(&self.name).map_err(&at)?;
         if let Some(netns) = &self.netns {
             check_netns(netns).map_err(&at)?;
         }
@@ -413,8 +413,8 @@ impl ComposedNetwork {
 impl Service {
     /// What one contribution must satisfy on its own.
     pub fn validate(&self) -> Result<(), Invalid> {
-        check_name("service id", &self.id, MAX_SERVICE_NAME)?;
-        check_name("generation", &self.generation, MAX_SERVICE_NAME)?;
+        check_service_id(&self.id)?;
+        check_generation(&self.generation)?;
         if self.vips.is_empty() && self.ports.is_empty() {
             return Err(Invalid::NothingServed);
         }
@@ -491,6 +491,22 @@ fn at_path(path: String) -> impl Fn(Invalid) -> ValidationError {
         path: path.clone(),
         reason,
     }
+}
+
+/// A network's name, a service's id or a generation alone, as the CLI reads one from its
+/// arguments: refused there, before the daemon is asked, by the rule the daemon applies.
+pub fn check_network_name(value: &str) -> Result<(), Invalid> {
+    check_name("network name", value, MAX_NETWORK_NAME)
+}
+
+/// See [`check_network_name`].
+pub fn check_service_id(value: &str) -> Result<(), Invalid> {
+    check_name("service id", value, MAX_SERVICE_NAME)
+}
+
+/// See [`check_network_name`].
+pub fn check_generation(value: &str) -> Result<(), Invalid> {
+    check_name("generation", value, MAX_SERVICE_NAME)
 }
 
 /// Names that become nftables table names, bpffs directory names and map pin paths: a
