@@ -10,7 +10,7 @@
 //!   block (also when a block fails), with `$N` the prefix of every name they make;
 //! - `<!-- not run: REASON -->`: shown, never run, for REASON;
 //! - `<!-- first-five-minutes -->` and `<!-- first-five-minutes-cleanup -->` (README only):
-//!   the quick start, which `readme.rs` runs and checks.
+//!   the quick start, which `first_five_minutes` runs and checks.
 //!
 //! Any other shell block, and a fence without a language (output samples are `text`), fails
 //! `every_shell_block_is_run_or_marked`.
@@ -154,7 +154,7 @@ fn every_shell_block_is_run_or_marked() {
     }
     println!("shell blocks by marker: {counts:?}");
     assert!(all.is_empty(), "{}", all.join("\n"));
-    // The quick start is there for readme.rs, and something runs here.
+    // The quick start is there for first_five_minutes, and something runs here.
     assert_eq!(counts.get(FIVE), Some(&1), "{counts:?}");
     assert_eq!(counts.get(FIVE_CLEANUP), Some(&1), "{counts:?}");
     assert!(counts.get(AFTER_FIVE).is_some_and(|n| *n > 0), "{counts:?}");
@@ -336,11 +336,8 @@ impl Drop for Cleanup<'_> {
     }
 }
 
-#[test]
-fn runnable_blocks_run() {
-    if !require_root("runnable_blocks_run") {
-        return;
-    }
+/// The README's quick start and its clean-up block.
+fn quick_start() -> (String, String) {
     let readme = blocks(&read("README.md"));
     let find = |m: &str| {
         (readme.iter())
@@ -348,7 +345,62 @@ fn runnable_blocks_run() {
             .map(|b| b.body.clone())
             .unwrap_or_else(|| panic!("no {m} block in README.md"))
     };
-    let (five, cleanup) = (find(FIVE), find(FIVE_CLEANUP));
+    (find(FIVE), find(FIVE_CLEANUP))
+}
+
+/// The README's "First five minutes", run as it stands, a newcomer's first block, and what it
+/// printed checked: where the requests went, the drain, the dry run, the tables.
+#[test]
+fn first_five_minutes() {
+    if !require_root("first_five_minutes") {
+        return;
+    }
+    let (five, cleanup) = quick_start();
+    // Short: it names namespaces and a bpffs directory; unique per run.
+    let prefix = format!("f{}", std::process::id() % 100_000);
+    let guard = Cleanup {
+        script: &cleanup,
+        prefix: prefix.clone(),
+    };
+    let (ok, out) = run(&five, &prefix, false);
+    let log = std::fs::read_to_string(format!("/tmp/{prefix}/daemon.log")).unwrap_or_default();
+    println!("{out}");
+    assert!(ok, "the block failed:\n{out}\ndaemon log:\n{log}");
+
+    let counts: Vec<(u32, &str)> = (out.lines())
+        .filter_map(|l| {
+            // `uniq -c`'s lines: a count and a backend's page.
+            let (n, who) = l.trim().split_once(' ')?;
+            let who = who.trim();
+            (who == "b1" || who == "b2").then_some((n.parse().ok()?, who))
+        })
+        .collect();
+    // 20 requests over both backends, then 5 while b1 drains: b2 alone.
+    assert_eq!(counts.len(), 3, "{out}");
+    assert_eq!(counts[0].1, "b1", "{out}");
+    assert_eq!(counts[1].1, "b2", "{out}");
+    assert_eq!(counts[0].0 + counts[1].0, 20, "{out}");
+    assert_eq!(counts[2], (5, "b2"), "{out}");
+    for want in [
+        "NETWORK  INTERFACES",
+        "NETWORK  SERVICE  GENERATION  FRONTENDS",
+        "~ backend 10.20.0.11 of service api generation 1 in web: active -> disabled",
+        "dry run: nothing saved or applied; the change would make",
+        "~ network web: masquerade: auto -> always",
+        "\"dataplane\":",
+    ] {
+        assert!(out.contains(want), "{want:?} missing:\n{out}");
+    }
+    drop(guard);
+    assert!(!Path::new(&format!("/sys/fs/bpf/{prefix}")).exists());
+}
+
+#[test]
+fn runnable_blocks_run() {
+    if !require_root("runnable_blocks_run") {
+        return;
+    }
+    let (five, cleanup) = quick_start();
     let mut ran = 0;
     for doc in documents() {
         for (i, b) in blocks(&read(&doc)).into_iter().enumerate() {
