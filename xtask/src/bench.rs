@@ -4,26 +4,14 @@ use std::{path::PathBuf, process::Command};
 
 use anyhow::{Result, bail};
 
-use crate::{cargo, is_root, root, run, setup};
+use crate::{is_root, root, run, setup};
 
 pub fn bench(quick: bool, out: Option<PathBuf>, dataplane: Vec<String>) -> Result<()> {
     if !is_root() {
         bail!("the benchmark loads eBPF programs: run it as root");
     }
     setup()?;
-    run(cargo().args([
-        "build",
-        "--locked",
-        "--release",
-        "-p",
-        "lb-tests",
-        "--bin",
-        "lb-bench",
-        "-p",
-        "lb-user",
-        "--bin",
-        "lb",
-    ]))?;
+    crate::build::release_bins(&[("lb-tests", "lb-bench"), ("lb-user", "lb")])?;
     let release = root().join("target/release");
     let out = out.unwrap_or_else(|| {
         if quick {

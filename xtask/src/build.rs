@@ -9,6 +9,17 @@ use anyhow::{Context as _, Result, bail};
 
 use crate::{cargo, is_root, root, run, setup};
 
+/// `cargo build --locked --release` of the binaries `bins` names, each `(package, binary)`:
+/// what install-cni, dist and bench ship or run.
+pub fn release_bins(bins: &[(&str, &str)]) -> Result<()> {
+    let mut cmd = cargo();
+    cmd.args(["build", "--locked", "--release"]);
+    for (package, bin) in bins {
+        cmd.args(["-p", package, "--bin", bin]);
+    }
+    run(&mut cmd)
+}
+
 pub fn build(release: bool) -> Result<()> {
     let mut cmd = cargo();
     cmd.args(["build", "--locked", "--all-targets"]);
@@ -23,15 +34,7 @@ pub fn build(release: bool) -> Result<()> {
 pub fn install_cni(dir: &Path) -> Result<()> {
     let say = |what: &str| println!("xtask install-cni: {what}");
     say("building lb-cni (cargo build --release --bin lb-cni)");
-    run(cargo().args([
-        "build",
-        "--locked",
-        "--release",
-        "-p",
-        "lb-user",
-        "--bin",
-        "lb-cni",
-    ]))?;
+    release_bins(&[("lb-user", "lb-cni")])?;
     let built = root().join("target/release/lb-cni");
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let to = dir.join("lb-cni");

@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 
-use crate::{cargo, deb, output, root, run};
+use crate::{deb, output, root, run};
 
 /// The pieces both artifacts are made of, generated once into the work directory.
 pub struct Staged {
@@ -62,17 +62,7 @@ fn say(what: &str) {
 
 pub fn dist() -> Result<()> {
     say("building the release lb and lb-cni");
-    run(cargo().args([
-        "build",
-        "--locked",
-        "--release",
-        "-p",
-        "lb-user",
-        "--bin",
-        "lb",
-        "--bin",
-        "lb-cni",
-    ]))?;
+    crate::build::release_bins(&[("lb-user", "lb"), ("lb-user", "lb-cni")])?;
     let release = root().join("target/release");
     let out = root().join("target/dist");
     let work = out.join("work");

@@ -303,7 +303,7 @@ pub enum NetworkCmd {
     Add {
         /// The network's name (letters, digits, `_`, `.`, `-`): names its pins, its nftables
         /// table and its services' keys.
-        #[arg(value_parser = network_name)]
+        #[arg(value_parser = checked(validate::check_network_name))]
         name: String,
         /// An interface the programs attach to (a bridge, a veth, the node's uplink); the
         /// first one also carries the VIP aliases. Repeatable; one that does not exist yet is
@@ -345,7 +345,7 @@ pub enum NetworkCmd {
     #[command(visible_alias = "remove")]
     Rm {
         /// The network's name.
-        #[arg(value_parser = network_name)]
+        #[arg(value_parser = checked(validate::check_network_name))]
         name: String,
     },
     /// Change a network's settings in place; what is not given stays. Flows are kept,
@@ -353,7 +353,7 @@ pub enum NetworkCmd {
     /// anew there).
     Set {
         /// The network's name.
-        #[arg(value_parser = network_name)]
+        #[arg(value_parser = checked(validate::check_network_name))]
         name: String,
         /// Replace the interfaces with these (repeatable).
         #[arg(long = "interface", value_name = "IFNAME")]
@@ -398,14 +398,14 @@ pub enum ServiceCmd {
     /// Add or replace one contribution (service id + generation) of a network's service.
     Set {
         /// The network it belongs to.
-        #[arg(value_parser = network_name)]
+        #[arg(value_parser = checked(validate::check_network_name))]
         network: String,
         /// The service's id (a container, a sandbox, a job): generations of one id compose.
-        #[arg(value_parser = service_id)]
+        #[arg(value_parser = checked(validate::check_service_id))]
         service_id: String,
         /// The contribution's generation: several generations of one service (a rolling
         /// update) are served together, their backends in one set.
-        #[arg(value_parser = generation, long, default_value = DEFAULT_GENERATION)]
+        #[arg(value_parser = checked(validate::check_generation), long, default_value = DEFAULT_GENERATION)]
         generation: String,
         /// A VIP (every port of it is balanced over the backends of its family); repeatable
         /// once per family (a dual-stack service: `--vip 10.99.0.10 --vip fd99::10`).
@@ -429,13 +429,13 @@ pub enum ServiceCmd {
     #[command(visible_alias = "remove")]
     Rm {
         /// The network it belongs to.
-        #[arg(value_parser = network_name)]
+        #[arg(value_parser = checked(validate::check_network_name))]
         network: String,
         /// The service's id.
-        #[arg(value_parser = service_id)]
+        #[arg(value_parser = checked(validate::check_service_id))]
         service_id: String,
         /// Only this generation.
-        #[arg(value_parser = generation, long)]
+        #[arg(value_parser = checked(validate::check_generation), long)]
         generation: Option<String>,
         /// With --cluster: remove only if the key is at this etcd revision.
         #[arg(long, value_name = "REVISION")]
@@ -471,15 +471,15 @@ pub enum BackendCmd {
 #[derive(Args)]
 pub struct BackendArgs {
     /// The network it belongs to.
-    #[arg(value_parser = network_name)]
+    #[arg(value_parser = checked(validate::check_network_name))]
     pub network: String,
     /// The service's id.
-    #[arg(value_parser = service_id)]
+    #[arg(value_parser = checked(validate::check_service_id))]
     pub service_id: String,
     /// The backend's address (`add`: IP[,disabled]).
     pub backend: String,
     /// The generation; without it, the service's only one.
-    #[arg(value_parser = generation, long)]
+    #[arg(value_parser = checked(validate::check_generation), long)]
     pub generation: Option<String>,
 }
 
@@ -571,18 +571,13 @@ impl Cmd {
     }
 }
 
-/// A name the daemon would refuse, refused here as usage (exit 2) before it is asked.
-fn network_name(s: &str) -> Result<String, String> {
-    validate::check_network_name(s).map_err(|e| e.to_string())?;
-    Ok(s.to_owned())
-}
-
-fn service_id(s: &str) -> Result<String, String> {
-    validate::check_service_id(s).map_err(|e| e.to_string())?;
-    Ok(s.to_owned())
-}
-
-fn generation(s: &str) -> Result<String, String> {
-    validate::check_generation(s).map_err(|e| e.to_string())?;
-    Ok(s.to_owned())
+/// A name the daemon would refuse, refused here as usage (exit 2) before it is asked, by
+/// `check`, the daemon's own rule for it.
+fn checked(
+    check: fn(&str) -> Result<(), validate::Invalid>,
+) -> impl Fn(&str) -> Result<String, String> + Clone + Send + Sync + 'static {
+    move |s| {
+        check(s).map_err(|e| e.to_string())?;
+        Ok(s.to_owned())
+    }
 }
