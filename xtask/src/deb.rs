@@ -17,8 +17,8 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 
 use crate::{
-    dist::{Staged, copy, normalise, remove_dir, unit},
     output, root, run,
+    stage::{Staged, copy, normalise, remove_dir, unit},
 };
 
 /// The package's maintainer (control, changelog, copyright's contact).

@@ -18,6 +18,7 @@ mod build;
 mod deb;
 mod dist;
 mod setup;
+mod stage;
 mod test;
 
 use setup::setup;

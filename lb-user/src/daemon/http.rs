@@ -14,7 +14,7 @@ use http_body_util::BodyExt as _;
 use hyper::StatusCode;
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use super::{metrics, server::Job};
+use super::{job::Job, metrics};
 use crate::api::{self, ApiError, MAX_REQUEST, Request};
 
 /// Binds the API socket (under the socket's lock: a file there is a stale one) with mode

@@ -49,6 +49,7 @@ mod caps;
 pub mod cluster;
 mod commit;
 mod http;
+mod job;
 mod metrics;
 mod reconcile;
 mod requests;

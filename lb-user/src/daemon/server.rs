@@ -13,43 +13,16 @@ use anyhow::{Context as _, Result, bail};
 use super::{
     APPLIED, Daemon, DataplaneChoice, Options, create_private_dir,
     http::{bind_socket, serve_conn, serve_metrics},
-    metrics, read_state, store,
+    job::Job,
+    read_state, store,
 };
 use crate::{
-    api::{ApiError, Reply, Request},
     cluster::follow,
     core::model::{DesiredState, Network},
     dataplane::{Dataplane, EbpfDataplane, Kind, NftDataplane, probe},
     lock::Lock,
     node::watch,
 };
-
-/// A watcher's history (JSON lines) and its subscription to what follows.
-type Watching = (
-    Vec<hyper::body::Bytes>,
-    tokio::sync::broadcast::Receiver<hyper::body::Bytes>,
-);
-
-pub(super) enum Job {
-    /// A request, answered with the store's revision once it is done.
-    Api(
-        Request,
-        tokio::sync::oneshot::Sender<(Result<Reply, ApiError>, u64)>,
-    ),
-    Metrics(tokio::sync::oneshot::Sender<metrics::Scrape>),
-    /// A new watcher: its history and its subscription, taken between two changes.
-    Watch(
-        Option<u64>,
-        tokio::sync::oneshot::Sender<Result<Watching, ApiError>>,
-    ),
-    /// Something in a namespace changed (from [`watch`]).
-    Node(watch::NetnsKey, watch::Changes),
-    /// The cluster's services changed, or contact with etcd did (from [`follow`]).
-    Cluster(follow::Update),
-    /// The daemon is stopping. Explicit, because the actor holds a sender of its own (the
-    /// watchers report through it), so the channel never disconnects while it runs.
-    Stop,
-}
 
 fn actor(
     mut daemon: Daemon,
