@@ -34,17 +34,18 @@ fn asked_for_json() -> bool {
     std::env::args().any(|a| a == "-j" || a == "--json")
 }
 
-/// A usage error (exit 2, nothing asked), in the style of every other error.
-fn usage_exit(message: &str, json: bool) -> ! {
+/// Every failure's one style: `lb: MESSAGE` on stderr, or under `--json` one JSON object
+/// carrying the exit code too; then the exit with `code`.
+fn fail(message: &str, code: i32, json: bool) -> ! {
     if json {
         eprintln!(
             "{}",
-            serde_json::json!({ "error": message, "exit_code": EXIT_USAGE })
+            serde_json::json!({ "error": message, "exit_code": code })
         );
     } else {
         eprintln!("lb: {message}");
     }
-    std::process::exit(EXIT_USAGE);
+    std::process::exit(code);
 }
 
 fn main() {
@@ -63,24 +64,23 @@ fn main() {
     }
     let cli = match cli::args::Cli::try_parse() {
         Ok(cli) => cli,
-        // Help and version exit 0 on stdout; a usage error exits 2 (EXIT_USAGE) on stderr,
-        // as one JSON document when the line asked for JSON (clap could not say so: it failed).
-        Err(e) if e.use_stderr() && asked_for_json() => {
-            let message = e.render().to_string();
-            let message = message.lines().next().unwrap_or_default();
-            usage_exit(message.trim_start_matches("error: "), true)
-        }
-        // clap's usage error (its usage line and tip kept), in lb's one style: `lb: …`.
+        // Help and version exit 0 on stdout; a usage error exits 2 (EXIT_USAGE) on stderr, in
+        // lb's one style with clap's usage line and tip kept, or as one JSON document of its
+        // first line when the line asked for JSON (clap could not say so: it failed).
         Err(e) if e.use_stderr() => {
             let text = e.render().to_string();
-            eprint!("lb: {}", text.strip_prefix("error: ").unwrap_or(&text));
+            let text = text.strip_prefix("error: ").unwrap_or(&text);
+            if asked_for_json() {
+                fail(text.lines().next().unwrap_or_default(), EXIT_USAGE, true);
+            }
+            eprint!("lb: {text}");
             std::process::exit(EXIT_USAGE);
         }
         Err(e) => e.exit(),
     };
     let global = match cli.global() {
         Ok(global) => global,
-        Err(e) => usage_exit(&e, asked_for_json()),
+        Err(e) => fail(&e, EXIT_USAGE, asked_for_json()),
     };
     let daemon = matches!(cli.cmd, cli::args::Cmd::Daemon { .. });
     if !daemon {
@@ -105,16 +105,6 @@ fn main() {
         .init();
     let json = global.json;
     if let Err(e) = cli::commands::run(cli, &global) {
-        let code = exit_code(&e);
-        let message = format!("{e:#}").replace('\n', " ");
-        if json {
-            eprintln!(
-                "{}",
-                serde_json::json!({ "error": message, "exit_code": code })
-            );
-        } else {
-            eprintln!("lb: {message}");
-        }
-        std::process::exit(code);
+        fail(&format!("{e:#}").replace('\n', " "), exit_code(&e), json);
     }
 }

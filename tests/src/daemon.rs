@@ -271,19 +271,10 @@ impl LbDaemon {
     /// line each in the daemon's order (read from `-j`: the table's columns are for a reader,
     /// and the notation is what the nft listings and the plans are compared in).
     pub fn elements(&self, network: &str) -> String {
-        let listed: Vec<serde_json::Value> =
+        let listed: Vec<lb_user::api::ElementEntry> =
             serde_json::from_str(&self.ok(&["elements", network, "-j"]))
-                .expect("lb elements -j is a JSON list");
-        (listed.iter())
-            .map(|e| {
-                format!(
-                    "{} {} : {}\n",
-                    e["map"].as_str().unwrap(),
-                    e["key"].as_str().unwrap(),
-                    e["value"].as_str().unwrap()
-                )
-            })
-            .collect()
+                .expect("lb elements -j is a JSON list of elements");
+        listed.iter().map(|e| format!("{e}\n")).collect()
     }
 
     /// The entry of `network` in `lb status --json`; panics (with the status) without one.

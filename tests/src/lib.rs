@@ -9,16 +9,26 @@
 /// is also recorded: one line with the test's name appended to the file [`SKIPS_ENV`] names,
 /// from which `cargo xtask test` counts and names the skipped tests apart from the passed.
 pub fn require_root(test: &str) -> bool {
+    is_root()
+        || skip(
+            test,
+            "needs root (BPF, netns); run `cargo xtask test` as root",
+        )
+}
+
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Says why `test` cannot run and records it as skipped (see [`require_root`]), returning
+/// false for the test to return early; under `CI=true` fails it instead: any test that cannot
+/// run what it checks (no root, a tool missing) goes through here.
+pub fn skip(test: &str, why: &str) -> bool {
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
-    assert!(
-        !ci,
-        "{test}: needs root (BPF, netns), and CI=true forbids skipping it"
-    );
-    eprintln!("{test}: SKIPPED: needs root (BPF, netns); run `cargo xtask test` as root");
+    assert!(!ci, "{test}: {why}, and CI=true forbids skipping it");
+    eprintln!("{test}: SKIPPED: {why}");
     if let Some(path) = std::env::var_os(SKIPS_ENV) {
         use std::io::Write as _;
         // One write of one line to a file opened for appending: lines of tests running at once

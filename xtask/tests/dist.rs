@@ -18,6 +18,8 @@ use std::{
     sync::OnceLock,
 };
 
+use lb_tests::{is_root, skip};
+
 /// The tools `dist` and these tests run.
 const TOOLS: &[&str] = &[
     "dpkg",
@@ -31,41 +33,12 @@ const TOOLS: &[&str] = &[
     "md5sum",
 ];
 
-fn ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
-}
-
-/// Says why `test` cannot run and records it as skipped (the file `cargo xtask test` counts
-/// skips from, as lb_tests::require_root does); under CI=true, fails it instead.
-fn skip(test: &str, why: &str) {
-    assert!(!ci(), "{test}: {why}, and CI=true forbids skipping it");
-    eprintln!("{test}: SKIPPED: {why}");
-    if let Some(path) = std::env::var_os("LB_TEST_SKIPS") {
-        use std::io::Write as _;
-        let recorded = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .and_then(|mut f| f.write_all(format!("{test}\n").as_bytes()));
-        assert!(recorded.is_ok(), "{test}: recording the skip: {recorded:?}");
-    }
-}
-
 fn on_path(tool: &str) -> bool {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path).any(|dir| {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::metadata(dir.join(tool))
             .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    })
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
-        s.lines()
-            .find(|l| l.starts_with("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(2))
-            == Some("0")
     })
 }
 

@@ -123,6 +123,13 @@ impl ElementEntry {
     }
 }
 
+/// The element in DESIGN.md's notation (its network is not part of it).
+impl std::fmt::Display for ElementEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        crate::core::elements::notation(f, &self.map, &self.key, &self.value)
+    }
+}
+
 /// What the last successful apply of a network wrote, and when.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastSync {

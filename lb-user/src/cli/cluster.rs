@@ -43,7 +43,7 @@ fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
 
 /// One service edit, written with compare-and-swap; prints what it changed.
 pub fn edit(global: &Global, c: &Cluster, e: Edit, if_revision: Option<i64>) -> Result<()> {
-    let what = describe(&e);
+    let what = e.describe();
     let (changes, revision) = block_on(write::edit(c, e, if_revision))?;
     render::done(
         global.json,
@@ -55,43 +55,6 @@ pub fn edit(global: &Global, c: &Cluster, e: Edit, if_revision: Option<i64>) -> 
         },
     );
     Ok(())
-}
-
-fn describe(e: &Edit) -> String {
-    match e {
-        Edit::ServiceSet { network, service } => format!(
-            "service {} generation {} set in {network}",
-            service.id, service.generation
-        ),
-        Edit::ServiceRm {
-            network, service, ..
-        } => format!("service {service} removed from {network}"),
-        Edit::BackendAdd {
-            network,
-            service,
-            backend,
-            ..
-        } => format!("backend {} added to {service} in {network}", backend.ip),
-        Edit::BackendRm {
-            network,
-            service,
-            ip,
-            ..
-        } => format!("backend {ip} removed from {service} in {network}"),
-        Edit::BackendDisable {
-            network,
-            service,
-            ip,
-            ..
-        } => format!("backend {ip} of {service} in {network} drained"),
-        Edit::BackendEnable {
-            network,
-            service,
-            ip,
-            ..
-        } => format!("backend {ip} of {service} in {network} enabled"),
-        other => format!("{other:?}"),
-    }
 }
 
 /// `lb --cluster state`: the cluster's services, by network.

@@ -59,7 +59,7 @@ pub fn main() -> ! {
     match done {
         Ok(()) => std::process::exit(0),
         Err(e) => {
-            eprintln!("lb generate: {e:#}");
+            eprintln!("lb: generate: {e:#}");
             std::process::exit(1);
         }
     }

@@ -108,23 +108,20 @@ impl Cli {
         {
             return refused("--cluster");
         }
-        let c = |f: fn(&ClusterArgs) -> &Option<PathBuf>, before: &Option<PathBuf>| {
-            before
-                .clone()
-                .or_else(|| cluster.and_then(|c| f(c).clone()))
-        };
+        // Before the name wins; else the command's own (given, or its variable).
+        fn pick<T: Clone>(before: &Option<T>, own: Option<&Option<T>>) -> Option<T> {
+            before.clone().or_else(|| own.and_then(Option::clone))
+        }
         Ok(Global {
-            socket: (b.socket.clone())
-                .or_else(|| socket.and_then(|s| s.socket.clone()))
+            socket: pick(&b.socket, socket.map(|s| &s.socket))
                 .unwrap_or_else(|| DEFAULT_SOCKET.into()),
             json: b.json || json.is_some_and(|j| j.json),
-            cluster: (b.cluster.clone()).or_else(|| cluster.and_then(|c| c.cluster.clone())),
-            cluster_prefix: (b.cluster_prefix.clone())
-                .or_else(|| cluster.and_then(|c| c.cluster_prefix.clone()))
+            cluster: pick(&b.cluster, cluster.map(|c| &c.cluster)),
+            cluster_prefix: pick(&b.cluster_prefix, cluster.map(|c| &c.cluster_prefix))
                 .unwrap_or_else(|| lb_user::cluster::DEFAULT_PREFIX.into()),
-            cluster_ca: c(|c| &c.cluster_ca, &b.cluster_ca),
-            cluster_cert: c(|c| &c.cluster_cert, &b.cluster_cert),
-            cluster_key: c(|c| &c.cluster_key, &b.cluster_key),
+            cluster_ca: pick(&b.cluster_ca, cluster.map(|c| &c.cluster_ca)),
+            cluster_cert: pick(&b.cluster_cert, cluster.map(|c| &c.cluster_cert)),
+            cluster_key: pick(&b.cluster_key, cluster.map(|c| &c.cluster_key)),
         })
     }
 }

@@ -109,6 +109,74 @@ impl Edit {
             | Edit::BackendEnable { network, .. } => network,
         }
     }
+
+    /// The edit in words, as its answer says it was done: the daemon's and the cluster
+    /// writers' (`lb --cluster`) alike.
+    pub fn describe(&self) -> String {
+        let generation = |g: &Option<String>| {
+            g.as_ref()
+                .map_or_else(String::new, |g| format!(" generation {g}"))
+        };
+        match self {
+            Edit::NetworkAdd { network } => format!("network {} added", network.name),
+            Edit::NetworkRm { network } => format!("network {network} removed"),
+            Edit::NetworkSet { network, .. } => format!("network {network} set"),
+            Edit::ServiceSet { network, service } => format!(
+                "service {} generation {} set in {network}",
+                service.id, service.generation
+            ),
+            Edit::ServiceRm {
+                network,
+                service,
+                generation: g,
+            } => {
+                format!("service {service}{} removed from {network}", generation(g))
+            }
+            Edit::BackendAdd {
+                network,
+                service,
+                generation: g,
+                backend,
+            } => format!(
+                "backend {} added to service {service}{} in {network}",
+                backend.ip,
+                generation(g)
+            ),
+            Edit::BackendRm {
+                network,
+                service,
+                generation: g,
+                ip,
+            } => {
+                format!(
+                    "backend {ip} removed from service {service}{} in {network}",
+                    generation(g)
+                )
+            }
+            Edit::BackendDisable {
+                network,
+                service,
+                generation: g,
+                ip,
+            } => {
+                format!(
+                    "backend {ip} of service {service}{} in {network} disabled",
+                    generation(g)
+                )
+            }
+            Edit::BackendEnable {
+                network,
+                service,
+                generation: g,
+                ip,
+            } => {
+                format!(
+                    "backend {ip} of service {service}{} in {network} enabled",
+                    generation(g)
+                )
+            }
+        }
+    }
 }
 
 /// A network's settings as `lb network set` changes them: each field given replaces the

@@ -38,8 +38,14 @@ pub struct Element {
 
 impl fmt::Display for Element {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} {} : {}", self.map, self.key, self.value)
+        notation(f, self.map, &self.key, &self.value)
     }
+}
+
+/// DESIGN.md's element notation, `{map} {key} : {value}`: of a composed [`Element`] and of the
+/// API's `ElementEntry` alike.
+pub fn notation(f: &mut fmt::Formatter<'_>, map: &str, key: &str, value: &str) -> fmt::Result {
+    write!(f, "{map} {key} : {value}")
 }
 
 /// An inclusive range `start-end` of buckets.

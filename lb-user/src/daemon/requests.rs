@@ -40,7 +40,7 @@ impl Daemon {
             }),
             Request::Changes { changes, dry_run } => {
                 let what = match changes.as_slice() {
-                    [one] => describe(one),
+                    [one] => one.describe(),
                     many => format!("{} changes applied as one", many.len()),
                 };
                 self.commit(Change::Edits(changes), what, dry_run)
@@ -84,7 +84,7 @@ impl Daemon {
 
     /// Commits the one edit of a request, its answer saying what it did.
     fn edit(&mut self, edit: Edit) -> Result<Reply, ApiError> {
-        let what = describe(&edit);
+        let what = edit.describe();
         self.commit(Change::Edits(vec![edit]), what, false)
     }
 
@@ -185,73 +185,6 @@ impl Daemon {
             });
         }
         out
-    }
-}
-
-/// One edit in words, as its answer says it was done.
-fn describe(edit: &Edit) -> String {
-    let generation = |g: &Option<String>| {
-        g.as_ref()
-            .map_or_else(String::new, |g| format!(" generation {g}"))
-    };
-    match edit {
-        Edit::NetworkAdd { network } => format!("network {} added", network.name),
-        Edit::NetworkRm { network } => format!("network {network} removed"),
-        Edit::NetworkSet { network, .. } => format!("network {network} set"),
-        Edit::ServiceSet { network, service } => format!(
-            "service {} generation {} set in {network}",
-            service.id, service.generation
-        ),
-        Edit::ServiceRm {
-            network,
-            service,
-            generation: g,
-        } => {
-            format!("service {service}{} removed from {network}", generation(g))
-        }
-        Edit::BackendAdd {
-            network,
-            service,
-            generation: g,
-            backend,
-        } => format!(
-            "backend {} added to service {service}{} in {network}",
-            backend.ip,
-            generation(g)
-        ),
-        Edit::BackendRm {
-            network,
-            service,
-            generation: g,
-            ip,
-        } => {
-            format!(
-                "backend {ip} removed from service {service}{} in {network}",
-                generation(g)
-            )
-        }
-        Edit::BackendDisable {
-            network,
-            service,
-            generation: g,
-            ip,
-        } => {
-            format!(
-                "backend {ip} of service {service}{} in {network} disabled",
-                generation(g)
-            )
-        }
-        Edit::BackendEnable {
-            network,
-            service,
-            generation: g,
-            ip,
-        } => {
-            format!(
-                "backend {ip} of service {service}{} in {network} enabled",
-                generation(g)
-            )
-        }
     }
 }
 
